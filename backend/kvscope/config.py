@@ -1,0 +1,39 @@
+"""Engine configuration: the knobs of the scheduler, the KV cache and the runner."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None          # checkpoint dir or hub id; None = the embedded default
+    device: str = "auto"              # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"               # auto | float32 | bfloat16 | float16
+    load_format: str = "auto"         # auto | dummy (random weights from config.json)
+    seed: int = 0
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # default: the model's max_position_embeddings (capped)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    kv_cache_mib: int | None = None   # CPU budget (default 512) or explicit GPU budget
+    gpu_memory_utilization: float = 0.90
+    num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
+    attention_backend: str = "auto"   # auto | torch | triton | flash_attn
+    enforce_eager: bool = False       # no CUDA graphs
+    num_threads: int | None = None    # CPU intra-op threads
+
+    def __post_init__(self):
+        if self.block_size < 1 or self.block_size > 256:
+            raise ValueError(f"block_size must be in 1..256, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.attention_backend not in ("auto", "torch", "triton", "flash_attn"):
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r}")

@@ -1,0 +1,170 @@
+"""Asynchronous, streaming front end: the engine steps in its own thread and each request
+is an async iterator of token deltas. Commands from the event loop (add, abort, pause,
+step, knob changes) run on the engine thread between steps, so engine state is only ever
+touched by one thread."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.sequence import Sequence
+from kvscope.outputs import RequestOutput
+from kvscope.sampling_params import SamplingParams
+
+
+@dataclass
+class StreamDelta:
+    request_id: str
+    token_id: int | None
+    text: str
+    logprob: dict | None = None
+    finished: bool = False
+    output: RequestOutput | None = None    # set on the last delta
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
+        engine.stream_text = True
+        self.engine = engine
+        self.idle_wait = idle_wait
+        self.paused = False
+        self._steps_allowed = 0                      # single-steps granted while paused
+        self._commands: queue.Queue = queue.Queue()
+        self._wake = threading.Event()
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kvscope-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from the event loop ----------------------------------------------------
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread between steps and await its result."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.put((fn, loop, future))
+        self._wake.set()
+        return await future
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
+                       source: str = "api", on_added: Callable[[Sequence], None] | None = None
+                       ) -> AsyncIterator[StreamDelta]:
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue = asyncio.Queue()
+
+        def add() -> Sequence:
+            seq = self.engine.add_request(prompt, params, request_id, source)
+            self._streams[seq.seq_id] = (loop, deltas)
+            if seq.is_finished:   # refused at admission: the reason is the last delta
+                self._close(seq)
+            return seq
+
+        seq = await self.call(add)
+        if on_added is not None:
+            on_added(seq)
+        done = False
+        try:
+            while not done:
+                delta = await deltas.get()
+                done = delta.finished
+                yield delta
+        finally:
+            if not done:   # the consumer went away: free its blocks now
+                await self.call(lambda: self._abort_now(seq.request_id))
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.call(lambda: self._abort_now(request_id))
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._wake.set()
+
+    async def step_once(self) -> None:
+        """While paused: let exactly one engine step run."""
+        def grant():
+            self._steps_allowed += 1
+        await self.call(grant)
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # -- the engine thread -------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._drain_commands()
+            can_step = not self.paused or self._steps_allowed > 0
+            if not (can_step and self.engine.scheduler.has_work):
+                self._wake.wait(self.idle_wait)
+                self._wake.clear()
+                continue
+            if self.paused:
+                self._steps_allowed -= 1
+            try:
+                deltas, finished = self.engine.step()
+            except Exception as exc:   # never leave a stream waiting forever
+                self.error = exc
+                self._fail_all(f"engine error: {exc}")
+                continue
+            for d in deltas:
+                self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
+                                              d.seq.logprobs[-1] if d.seq.params.logprobs is not None
+                                              and d.seq.logprobs else None))
+            for seq in finished:
+                self._close(seq)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                fn, loop, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                result, error = fn(), None
+            except Exception as exc:
+                result, error = None, exc
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _abort_now(self, request_id: str) -> bool:
+        seq = self.engine.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self.engine.abort(request_id)
+        self._close(seq)
+        return True
+
+    def _push(self, seq: Sequence, delta: StreamDelta) -> None:
+        stream = self._streams.get(seq.seq_id)
+        if stream is not None:
+            loop, q = stream
+            loop.call_soon_threadsafe(q.put_nowait, delta)
+
+    def _close(self, seq: Sequence) -> None:
+        stream = self._streams.pop(seq.seq_id, None)
+        if stream is not None:
+            loop, q = stream
+            final = StreamDelta(seq.request_id, None, "", finished=True, output=RequestOutput.from_sequence(seq))
+            loop.call_soon_threadsafe(q.put_nowait, final)
+
+    def _fail_all(self, reason: str) -> None:
+        for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
+            self.engine.scheduler.finish(seq, "error", reason)
+            self._close(seq)
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

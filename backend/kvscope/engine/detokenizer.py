@@ -1,0 +1,40 @@
+"""Incremental detokenization: text deltas as tokens arrive, holding back a delta while
+it ends inside a multi-byte character (byte-level BPE splits UTF-8 across tokens)."""
+from __future__ import annotations
+
+from kvscope.engine.sequence import Sequence
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.prefix_offset = 0   # output tokens before this are settled text
+        self.read_offset = 0     # output tokens before this were decoded already
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def step(self, seq: Sequence) -> str:
+        ids = seq.output_token_ids
+        settled = self._decode(ids[self.prefix_offset:self.read_offset])
+        current = self._decode(ids[self.prefix_offset:])
+        if current.endswith("\ufffd"):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+        return current[len(settled):]
+
+    def flush(self, seq: Sequence) -> str:
+        full = self._decode(seq.output_token_ids)
+        return full[len(seq.text):] if full.startswith(seq.text) else ""
+
+
+def find_stop(text: str, delta_len: int, stops: list[str]) -> int | None:
+    """Earliest index in `text` where a stop string begins, looking only where the last
+    delta could have completed one."""
+    best = None
+    for stop in stops:
+        start = max(0, len(text) - delta_len - len(stop) + 1)
+        i = text.find(stop, start)
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best

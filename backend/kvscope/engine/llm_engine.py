@@ -1,0 +1,207 @@
+"""The engine: load a model, size the KV cache, then schedule → run → postprocess, step
+after step. Synchronous; the async front end drives it from a thread."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvscope.config import EngineConfig
+from kvscope.engine.block_manager import BlockManager
+from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
+from kvscope.engine.devices import kv_cache_blocks, resolve_device, resolve_dtype
+from kvscope.engine.model_runner import ModelRunner
+from kvscope.engine.observer import EngineObserver, StepRecord
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.sequence import Sequence
+from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
+from kvscope.sampling_params import SamplingParams
+
+MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are capped here
+
+
+@dataclass
+class TokenDelta:
+    seq: Sequence
+    token_id: int
+    text: str
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **kwargs):
+        self.config = config = config or EngineConfig(**kwargs)
+        self.device = resolve_device(config.device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_path = resolve_model_path(config.model)
+        self.model_config = read_model_config(self.model_path)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
+        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
+                             f"must be >= max_model_len ({self.max_model_len})")
+        torch.manual_seed(config.seed)
+        self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
+                                 self.device, self.max_model_len, config.seed)
+        self.tokenizer = load_tokenizer(self.model_path)
+        num_blocks = kv_cache_blocks(config, self.model_config, self.model, self.device, self.dtype)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
+        self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
+        self.observers: list[EngineObserver] = []
+        self.watched: dict[int, set[int] | None] = {}   # seq_id -> layers to capture (None: all)
+        self.generators: dict[int, torch.Generator] = {}
+        self.detokenizers: dict[int, IncrementalDetokenizer] = {}
+        self.stream_text = False   # set by the async front end: detokenize every token
+
+    def _eos_ids(self) -> set[int]:
+        ids = set(self.model_config.eos_token_ids)
+        gen_cfg = self.model_path / "generation_config.json"
+        if gen_cfg.is_file():
+            eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
+            ids |= set([eos] if isinstance(eos, int) else (eos or []))
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # -- requests ----------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass token ids")
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token ids must be integers in [0, {vocab}); got {bad[:3]}")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str = "", source: str = "api") -> Sequence:
+        params = params or SamplingParams()
+        seq = Sequence(self.tokenize(prompt), params, request_id=request_id, source=source)
+        if params.seed is not None:
+            self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this checkpoint has none")
+        if (self.stream_text or params.stop) and self.tokenizer is not None:
+            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+        error = self.scheduler.admission_error(seq)
+        for obs in self.observers:
+            obs.on_request_added(seq)
+        if error:
+            self._finish(seq, "error", error)
+        else:
+            self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def watch(self, seq_id: int, layers: set[int] | None = None) -> None:
+        self.watched[seq_id] = layers
+
+    def unwatch(self, seq_id: int) -> None:
+        self.watched.pop(seq_id, None)
+
+    def add_observer(self, observer: EngineObserver) -> None:
+        self.observers.append(observer)
+        self.block_manager.events = []
+
+    def remove_observer(self, observer: EngineObserver) -> None:
+        self.observers.remove(observer)
+        if not self.observers:
+            self.block_manager.events = None
+
+    # -- one step ----------------------------------------------------------------------
+    def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
+        """Schedule, run the model, append tokens. Returns (new tokens, finished sequences)."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return [], []
+        t1 = time.perf_counter()
+        watched = {e.seq.seq_id for e in out.entries if e.seq.seq_id in self.watched}
+        layers = self._capture_layers(watched)
+        result = self.runner.run(out, self.generators, watched, layers)
+        t2 = time.perf_counter()
+        finished = self.scheduler.postprocess(out, result.tokens)
+        deltas = self._emit_tokens(out, result, finished)
+        for seq in finished:
+            self._cleanup(seq)
+        if self.observers:
+            self._publish_step(out, result, finished, t0, t1, t2)
+        return deltas, finished
+
+    def _capture_layers(self, watched: set[int]) -> set[int] | None:
+        if not watched:
+            return None
+        wanted = [self.watched[s] for s in watched]
+        return None if any(w is None for w in wanted) else set().union(*wanted)
+
+    def _emit_tokens(self, out, result, finished) -> list[TokenDelta]:
+        deltas = []
+        for entry in out.entries:
+            seq = entry.seq
+            if not entry.samples or seq.seq_id not in result.tokens:
+                continue
+            if seq.seq_id in result.logprobs:
+                seq.logprobs.append(result.logprobs[seq.seq_id])
+            text = self._detokenize(seq, finished)
+            deltas.append(TokenDelta(seq, result.tokens[seq.seq_id], text))
+            for obs in self.observers:
+                obs.on_token(seq, result.tokens[seq.seq_id], text)
+        return deltas
+
+    def _detokenize(self, seq: Sequence, finished: list[Sequence]) -> str:
+        detok = self.detokenizers.get(seq.seq_id)
+        if detok is None:
+            return ""
+        delta = detok.step(seq)
+        if seq.is_finished:
+            delta += detok.flush(seq) if not delta else ""
+        seq.text += delta
+        if seq.params.stop:
+            cut = find_stop(seq.text, len(delta), seq.params.stop)
+            if cut is not None:
+                kept = len(seq.text) - len(delta)
+                delta = seq.text[kept:cut] if cut > kept else ""
+                seq.text = seq.text[:cut]
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "stop")
+                    finished.append(seq)
+                else:
+                    seq.finish_reason = "stop"
+        return delta
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        self.scheduler.finish(seq, reason, error)
+        self._cleanup(seq)
+
+    def _cleanup(self, seq: Sequence) -> None:
+        if self.tokenizer is not None and seq.seq_id not in self.detokenizers and seq.output_token_ids:
+            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        self.generators.pop(seq.seq_id, None)
+        self.detokenizers.pop(seq.seq_id, None)
+        self.watched.pop(seq.seq_id, None)
+        for obs in self.observers:
+            obs.on_request_finished(seq)
+
+    def _publish_step(self, out, result, finished, t0, t1, t2) -> None:
+        events, self.block_manager.events = self.block_manager.events or [], []
+        record = StepRecord(out, result, finished, events, schedule_seconds=t1 - t0,
+                            model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
+                            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running))
+        for obs in self.observers:
+            obs.on_step(record)

@@ -1,0 +1,181 @@
+"""Runs one scheduled step: flattens the batch (tokens, positions, slot mapping, block
+tables, context lengths), runs the model over it, and samples the next tokens."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+from kvscope.config import EngineConfig
+from kvscope.engine.cuda_graphs import DecodeGraphs
+from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
+from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
+from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
+from kvscope.layers.capture import AttentionCapture, WatchedRows
+from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
+from kvscope.layers.triton_attention import HAS_TRITON
+from kvscope.models.decoder import CausalLM
+
+
+@dataclass
+class StepResult:
+    tokens: dict[int, int] = field(default_factory=dict)            # seq_id -> sampled token
+    logprobs: dict[int, dict] = field(default_factory=dict)         # seq_id -> {logprob, top}
+    attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)   # watched seq_id -> row (cpu)
+    used_cuda_graph: bool = False
+
+
+def pick_attention_backend(requested: str, device: torch.device, block_size: int) -> str:
+    if requested == "auto":
+        if device.type != "cuda":
+            return "torch"
+        if HAS_FLASH_ATTN and block_size % 256 == 0:
+            return "flash_attn"
+        return "triton" if HAS_TRITON else "torch"
+    if requested == "triton" and not HAS_TRITON:
+        raise ValueError("attention_backend='triton' needs the triton package")
+    if requested == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("the triton backend runs on CUDA (or on CPU under TRITON_INTERPRET=1)")
+    if requested == "flash_attn" and not (HAS_FLASH_ATTN and device.type == "cuda" and block_size % 256 == 0):
+        raise ValueError("attention_backend='flash_attn' needs flash-attn, CUDA and a block_size multiple of 256")
+    return requested
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: CausalLM, device: torch.device,
+                 dtype: torch.dtype, num_blocks: int, max_model_len: int):
+        self.config, self.model, self.device, self.dtype = config, model, device, dtype
+        self.block_size = config.block_size
+        self.num_blocks = num_blocks
+        self.max_model_len = max_model_len
+        self.attention_backend = pick_attention_backend(config.attention_backend, device, self.block_size)
+        self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        self._allocate_kv_cache()
+        self.sampler = Sampler(device, config.seed)
+        self.graphs = None
+        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch":
+            self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
+
+    # -- KV cache ----------------------------------------------------------------------
+    def _allocate_kv_cache(self) -> None:
+        cfg = self.model.config
+        shape = (self.num_blocks + 1, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k_caches, self.v_caches = [], []
+        for layer in self.attn_layers:
+            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.backend = self.attention_backend
+            self.k_caches.append(layer.k_cache)
+            self.v_caches.append(layer.v_cache)
+
+    @property
+    def scratch_slot(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
+
+    # -- inputs ------------------------------------------------------------------------
+    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        bs = self.block_size
+        pos = torch.arange(start, end)
+        return torch.tensor(block_table, dtype=torch.long)[pos // bs] * bs + pos % bs
+
+    def prepare(self, out: SchedulerOutput, watched: set[int]):
+        prefills = [e for e in out.entries if e.num_new_tokens > 1]
+        decodes = [e for e in out.entries if e.num_new_tokens == 1]
+        ids, positions, slots, spans, sample_rows, sample_entries, watch_rows = [], [], [], [], [], [], []
+        row = 0
+        for e in prefills:
+            seq, n = e.seq, e.num_new_tokens
+            ids += seq.token_ids[e.start:e.start + n]
+            positions += range(e.start, e.start + n)
+            context = self._slots(seq.block_table, 0, e.start + n)
+            slots.append(context[e.start:])
+            spans.append(PrefillSpan(row, n, e.start, context.to(self.device) if e.start else None))
+            if seq.seq_id in watched:
+                watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, e.start + n)),
+                                              context.to(self.device)))
+            row += n
+            if e.samples:
+                sample_rows.append(row - 1)
+                sample_entries.append(e)
+        bs = self.block_size
+        for e in decodes:
+            seq, pos = e.seq, e.start
+            ids.append(seq.token_ids[pos])
+            positions.append(pos)
+            slots.append(torch.tensor([seq.block_table[pos // bs] * bs + pos % bs]))
+            if seq.seq_id in watched:
+                watch_rows.append(WatchedRows(seq.seq_id, row, [pos],
+                                              self._slots(seq.block_table, 0, pos + 1).to(self.device)))
+            sample_rows.append(row)
+            sample_entries.append(e)
+            row += 1
+        md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
+                               num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
+        if decodes:
+            self._decode_metadata(md, decodes)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        return ids_t, pos_t, md, sample_rows, sample_entries, watch_rows
+
+    def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
+        width = max(len(e.seq.block_table) for e in decodes)
+        tables = torch.zeros(len(decodes), width, dtype=torch.int32)
+        for i, e in enumerate(decodes):
+            tables[i, :len(e.seq.block_table)] = torch.tensor(e.seq.block_table, dtype=torch.int32)
+        lens = torch.tensor([e.start + 1 for e in decodes], dtype=torch.int32)
+        md.block_tables, md.context_lens = tables.to(self.device), lens.to(self.device)
+        md.max_context_len = int(lens.max())
+        if self.attention_backend == "torch":
+            pos = torch.arange(md.max_context_len)
+            md.decode_slots = (tables[:, pos // self.block_size].long() * self.block_size
+                               + pos % self.block_size).to(self.device)
+            md.decode_mask = (pos[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(self.device)
+
+    # -- one step ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator],
+            watched: set[int] | None = None, capture_layers: set[int] | None = None) -> StepResult:
+        watched = watched or set()
+        ids, pos, md, sample_rows, entries, watch_rows = self.prepare(out, watched)
+        result = StepResult()
+        if watch_rows:
+            md.capture = AttentionCapture(watch_rows, capture_layers)
+        if self.graphs is not None and not md.prefills and md.capture is None and self.graphs.fits(len(ids)):
+            hidden = self.graphs.run(ids, pos, md)
+            result.used_cuda_graph = True
+        else:
+            with step_metadata(md):
+                hidden = self.model(ids, pos)
+        if not entries:
+            return result
+        logits = self.model.compute_logits(hidden[sample_rows]).float()
+        seqs = [e.seq for e in entries]
+        batch = SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
+        tokens = self.sampler(logits, batch)
+        self._collect(result, seqs, logits, tokens, watched)
+        if md.capture is not None:
+            result.attention = md.capture.weights
+        return result
+
+    def _collect(self, result, seqs, logits, tokens, watched) -> None:
+        token_list = tokens.tolist()
+        result.tokens = {s.seq_id: t for s, t in zip(seqs, token_list)}
+        n_max = max((s.params.logprobs or 0 for s in seqs), default=0)
+        wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if wants:
+            chosen, top = top_logprobs(logits[wants], tokens[wants], n_max)
+            for j, i in enumerate(wants):
+                n = seqs[i].params.logprobs
+                result.logprobs[seqs[i].seq_id] = {
+                    "logprob": float(chosen[j]),
+                    "top": list(zip(top.indices[j, :n].tolist(), top.values[j, :n].tolist())) if n else [],
+                }
+        for i, s in enumerate(seqs):
+            if s.seq_id in watched:
+                result.logits[s.seq_id] = logits[i].cpu()

@@ -1,0 +1,95 @@
+"""Turn each row of logits into a token: greedy, temperature, top-k, top-p, min-p.
+
+Random draws use the exponential race (argmax of p / E with E ~ Exp(1) is a draw from p),
+with the noise for a seeded request coming from that request's own generator, so the same
+seed gives the same tokens whatever else shares the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvscope.sampling_params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingBatch:
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+
+
+def apply_temperature(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    return logits / temps.clamp_min(1e-6).unsqueeze(1)
+
+
+def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """top_k: [B] with 0 meaning no limit."""
+    vocab = logits.shape[1]
+    k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab))
+    kth = logits.topk(int(k.max()), dim=1).values.gather(1, (k - 1).unsqueeze(1))
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches top_p."""
+    sorted_logits, order = logits.sort(dim=1, descending=True)
+    probs = sorted_logits.softmax(dim=1)
+    before = probs.cumsum(dim=1) - probs          # mass strictly above each token
+    drop_sorted = before >= top_p.unsqueeze(1)
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=1)
+    threshold = probs.max(dim=1, keepdim=True).values * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, NEG_INF)
+
+
+def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p, min-p — each applied only if some row asks for it."""
+    dev = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=dev)
+    logits = apply_temperature(logits, temps)
+    if any(p.top_k > 0 for p in params):
+        logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev))
+    if any(p.top_p < 1.0 for p in params):
+        logits = apply_top_p(logits, torch.tensor([p.top_p for p in params], device=dev))
+    if any(p.min_p > 0.0 for p in params):
+        logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], device=dev))
+    return logits
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int = 0):
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """logits: [B, V] float32 → token ids [B]."""
+        greedy = logits.argmax(dim=1)
+        if all(p.greedy for p in batch.params):
+            return greedy
+        probs = filtered_logits(logits, batch.params).softmax(dim=1)
+        noise = torch.empty_like(probs)
+        for row, gen in enumerate(batch.generators):
+            if gen is not None:
+                noise[row].exponential_(generator=gen)
+        unseeded = [r for r, g in enumerate(batch.generators) if g is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device) \
+                .exponential_(generator=self.generator)
+        drawn = (probs / noise).argmax(dim=1)
+        is_greedy = torch.tensor([p.greedy for p in batch.params], device=logits.device)
+        return torch.where(is_greedy, greedy, drawn)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, n_max: int):
+    """Log-probabilities (of the unmodified distribution) of the chosen tokens and of the
+    n most likely ones per row."""
+    logp = logits.log_softmax(dim=1)
+    chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    top = logp.topk(n_max, dim=1) if n_max else None
+    return chosen, top

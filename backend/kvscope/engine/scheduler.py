@@ -1,0 +1,181 @@
+"""Continuous batching: which sequences run this step, and how many tokens each computes.
+
+Every step has a token budget and a cap on sequences. Running sequences go first (a decode
+costs one token; an unfinished prompt continues with the next chunk), then waiting ones are
+admitted, their prompts cut into chunks when the budget is short. When blocks run out, the
+most recently admitted sequence is preempted: its blocks are freed and it is recomputed
+later (its prefix-cached blocks often survive, so recomputing is cheap).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvscope.config import EngineConfig
+from kvscope.engine.block_manager import BlockManager
+from kvscope.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    start: int            # num_computed_tokens when scheduled: first position computed
+    samples: bool         # this chunk reaches the last known token, so a new token is drawn
+
+
+@dataclass
+class SchedulerOutput:
+    step: int
+    entries: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(e.num_new_tokens for e in self.entries)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.entries
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int,
+                 eos_token_ids: set[int]):
+        self.config = config
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_steps = 0
+
+    @property
+    def has_work(self) -> bool:
+        return any(not s.hold for s in self.running) or any(not s.hold for s in self.waiting)
+
+    def admission_error(self, seq: Sequence) -> str | None:
+        n = seq.num_prompt_tokens
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.max_model_len:
+            return f"prompt has {n} tokens; this engine's max_model_len is {self.max_model_len}"
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if n + 1 > capacity:
+            return f"prompt has {n} tokens; the whole KV cache holds only {capacity}"
+        return None
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    # -- one step ----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        self.num_steps += 1
+        out = SchedulerOutput(step=self.num_steps)
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        bm = self.block_manager
+        queue = deque(self.running)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            if seq.hold or budget == 0:
+                kept.append(seq)
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not bm.can_append(seq, n) and queue:
+                self._preempt(queue.pop(), out)
+            if not bm.can_append(seq, n):
+                self._preempt(seq, out)
+                continue
+            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
+                                            seq.num_computed_tokens + n == seq.num_tokens))
+            bm.append_slots(seq, n)
+            budget -= n
+            kept.append(seq)
+        self.running = kept
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm, bs = self.block_manager, self.block_manager.block_size
+        for seq in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if seq.hold:
+                continue
+            hits = bm.match_prefix(seq)
+            remaining = seq.num_tokens - len(hits) * bs
+            if remaining > budget and not self.config.enable_chunked_prefill:
+                break
+            n = min(remaining, budget)
+            if not bm.can_allocate(hits, len(hits) * bs + n):
+                break
+            bm.allocate(seq, hits, n)
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
+                                            seq.num_computed_tokens + n == seq.num_tokens))
+            budget -= n
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        if seq in self.running:
+            self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    # -- after the model ran -----------------------------------------------------------
+    def postprocess(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+        """Advance computed counts, append sampled tokens, finish what hit a stop condition.
+        `sampled` maps seq_id to the drawn token. Returns the sequences finished now."""
+        finished = []
+        for entry in out.entries:
+            seq = entry.seq
+            if seq.is_finished:      # aborted while the step ran
+                continue
+            seq.num_computed_tokens += entry.num_new_tokens
+            self.block_manager.commit(seq)
+            if entry.samples:
+                seq.append_token(sampled[seq.seq_id])
+                reason = self._stop_reason(seq)
+                if reason:
+                    self.finish(seq, reason)
+                    finished.append(seq)
+                elif seq.pause_after_token:   # its owner steps it one token at a time
+                    seq.hold = True
+        return finished
+
+    def _stop_reason(self, seq: Sequence) -> str | None:
+        token, p = seq.token_ids[-1], seq.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if seq.num_tokens + 1 > capacity:
+            return "length"   # the sequence filled the whole KV cache
+        return None
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.finish(reason, error)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None

@@ -1,0 +1,92 @@
+"""One request as the engine sees it: its tokens, how many have been computed, its blocks."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvscope.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    source: str = "api"
+    status: SequenceStatus = SequenceStatus.WAITING
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0      # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0        # of those, how many came from prefix-cache hits
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = None
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    logprobs: list[dict] = field(default_factory=list)
+    text: str = ""                    # detokenized output so far (when streamed or stopped on strings)
+    hold: bool = False                # paused by its owner: not scheduled until released
+    pause_after_token: bool = False   # hold again after each new token (step-by-step viewing)
+
+    def __post_init__(self):
+        if not self.request_id:
+            self.request_id = f"req-{self.seq_id}"
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed_tokens < self.num_prompt_tokens
+
+    def append_token(self, token_id: int) -> None:
+        now = time.perf_counter()
+        if self.first_token_time is None:
+            self.first_token_time = now
+        self.token_times.append(now)
+        self.token_ids.append(token_id)
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.error = error
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def inter_token_latencies(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]

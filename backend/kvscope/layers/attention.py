@@ -1,0 +1,58 @@
+"""Paged attention layer: write this step's K/V into the cache, then attend through the
+block tables with the selected backend."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kvscope.layers import torch_attention
+from kvscope.layers.context import get_metadata
+
+try:
+    from flash_attn import flash_attn_with_kvcache
+    HAS_FLASH_ATTN = True
+except ImportError:
+    HAS_FLASH_ATTN = False
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, layer_idx: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.layer_idx = layer_idx
+        self.backend = "torch"
+        # [num_blocks + 1, block_size, KVH, D]; bound by the model runner (the extra block
+        # is a scratch target for the padded rows of a CUDA-graph batch)
+        self.k_cache = self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        md = get_metadata()
+        k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)
+        v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
+        k_flat.index_copy_(0, md.slot_mapping, k)
+        v_flat.index_copy_(0, md.slot_mapping, v)
+
+        out = torch.empty_like(q)
+        for span in md.prefills:
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            out[rows] = torch_attention.prefill_attention(
+                q[rows], k[rows], v[rows], k_flat, v_flat, span, self.scale)
+        if md.num_decodes:
+            q_dec = q[md.num_prefill_tokens:]
+            out[md.num_prefill_tokens:] = self._decode(q_dec, k_flat, v_flat, md)
+        if md.capture is not None:
+            md.capture.record(self.layer_idx, q, k_flat, self.scale)
+        return out.view(q.shape[0], -1)
+
+    def _decode(self, q, k_flat, v_flat, md):
+        if self.backend == "triton":
+            from kvscope.layers.triton_attention import paged_decode_attention
+            return paged_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
+                                          md.context_lens, self.scale)
+        if self.backend == "flash_attn":
+            out = flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache,
+                                          cache_seqlens=md.context_lens, block_table=md.block_tables,
+                                          softmax_scale=self.scale, causal=True)
+            return out.squeeze(1)
+        return torch_attention.decode_attention(q, k_flat, v_flat, md, self.scale)

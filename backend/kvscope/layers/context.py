@@ -1,0 +1,53 @@
+"""What the attention layers need to know about the current step, set once per forward
+pass by the model runner (the layers read it instead of taking extra arguments)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PrefillSpan:
+    """A sequence computing several tokens this step (a whole prompt or a chunk of one)."""
+    q_start: int            # first row of this span in the step's flattened tokens
+    q_len: int
+    start: int              # position of the first computed token (= tokens already cached)
+    context_slots: torch.Tensor | None = None   # cache slots of positions [0, start + q_len)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    # decode rows (one new token each) follow the prefill rows
+    block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
+    context_lens: torch.Tensor | None = None    # [num_decodes]
+    max_context_len: int = 0
+    decode_slots: torch.Tensor | None = None    # [num_decodes, max_context_len] (reference path)
+    decode_mask: torch.Tensor | None = None     # [num_decodes, 1, 1, max_context_len]
+    capture: object | None = None               # AttentionCapture while a request is watched
+
+    @property
+    def num_decodes(self) -> int:
+        return 0 if self.context_lens is None else self.context_lens.shape[0]
+
+
+_current: AttentionMetadata | None = None
+
+
+def get_metadata() -> AttentionMetadata:
+    assert _current is not None, "attention called outside a model-runner step"
+    return _current
+
+
+@contextmanager
+def step_metadata(metadata: AttentionMetadata):
+    global _current
+    previous, _current = _current, metadata
+    try:
+        yield metadata
+    finally:
+        _current = previous

@@ -1,0 +1,35 @@
+"""The readable reference: paged attention in plain PyTorch, on CPU or GPU.
+
+K and V are read back from the paged cache through each sequence's block table, so this
+path exercises exactly the layout the kernels use."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvscope.layers.context import AttentionMetadata, PrefillSpan
+
+
+def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float):
+    """q: [q_len, H, D]; k, v: this span's new keys/values [q_len, KVH, D]."""
+    qs = q.transpose(0, 1).unsqueeze(0)                        # [1, H, q_len, D]
+    if span.start == 0:   # nothing cached: the new keys are the whole context
+        ks, vs = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        ctx = span.start + span.q_len
+        ks = k_cache[span.context_slots].transpose(0, 1).unsqueeze(0)   # [1, KVH, ctx, D]
+        vs = v_cache[span.context_slots].transpose(0, 1).unsqueeze(0)
+        query_pos = torch.arange(span.start, ctx, device=q.device)[:, None]
+        mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(0).transpose(0, 1)                        # [q_len, H, D]
+
+
+def decode_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float):
+    """q: [B, H, D], one query per sequence, each attending to its own cached context."""
+    ks = k_cache[md.decode_slots].transpose(1, 2)                 # [B, KVH, ctx, D]
+    vs = v_cache[md.decode_slots].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=md.decode_mask,
+                                         scale=scale, enable_gqa=True)
+    return out.squeeze(2)                                        # [B, H, D]

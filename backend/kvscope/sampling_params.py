@@ -1,0 +1,50 @@
+"""Per-request generation settings, validated up front so bad input fails with a clear message."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0              # 0 or -1: no top-k filter
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None     # same seed => same output, whatever else is in the batch
+    max_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n alternatives per generated token
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k is None or self.top_k < 0:
+            self.top_k = 0
+        self.validate()
+
+    def validate(self) -> None:
+        checks = [
+            (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
+            (isinstance(self.top_k, int), f"top_k must be an integer, got {self.top_k!r}"),
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+             f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20,
+             f"logprobs must be between 0 and 20, got {self.logprobs}"),
+            (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+             "stop_token_ids must be non-negative integers"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
