@@ -52,13 +52,18 @@ class AsyncEngine:
         return await future
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
-                       source: str = "api", on_added: Callable[[Sequence], None] | None = None
+                       source: str = "api", on_added: Callable[[Sequence], None] | None = None,
+                       prepare: Callable[[Sequence], None] | None = None
                        ) -> AsyncIterator[StreamDelta]:
+        """`prepare` runs on the engine thread right after the request is added, before any
+        step (to hold or watch it from its first token)."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
 
         def add() -> Sequence:
             seq = self.engine.add_request(prompt, params, request_id, source)
+            if prepare is not None and not seq.is_finished:
+                prepare(seq)
             self._streams[seq.seq_id] = (loop, deltas)
             if seq.is_finished:   # refused at admission: the reason is the last delta
                 self._close(seq)
@@ -93,6 +98,25 @@ class AsyncEngine:
             self._steps_allowed += 1
         await self.call(grant)
 
+    async def step_now(self) -> int | None:
+        """Run exactly one engine step now (on the engine thread) and return its number;
+        None when no request can advance."""
+        def one():
+            if not self.engine.scheduler.has_work:
+                return None
+            self._step_and_push()
+            return self.engine.scheduler.num_steps
+        return await self.call(one)
+
+    async def reset(self) -> int:
+        """Abort every request (their streams end with reason 'abort') and empty the KV pool."""
+        def do():
+            aborted = self.engine.reset()
+            for seq in aborted:
+                self._close(seq)
+            return len(aborted)
+        return await self.call(do)
+
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()
@@ -109,18 +133,21 @@ class AsyncEngine:
                 continue
             if self.paused:
                 self._steps_allowed -= 1
-            try:
-                deltas, finished = self.engine.step()
-            except Exception as exc:   # never leave a stream waiting forever
-                self.error = exc
-                self._fail_all(f"engine error: {exc}")
-                continue
-            for d in deltas:
-                self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
-                                              d.seq.logprobs[-1] if d.seq.params.logprobs is not None
-                                              and d.seq.logprobs else None))
-            for seq in finished:
-                self._close(seq)
+            self._step_and_push()
+
+    def _step_and_push(self) -> None:
+        try:
+            deltas, finished = self.engine.step()
+        except Exception as exc:   # never leave a stream waiting forever
+            self.error = exc
+            self._fail_all(f"engine error: {exc}")
+            return
+        for d in deltas:
+            self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
+                                          d.seq.logprobs[-1] if d.seq.params.logprobs is not None
+                                          and d.seq.logprobs else None))
+        for seq in finished:
+            self._close(seq)
 
     def _drain_commands(self) -> None:
         while True:
@@ -157,7 +184,7 @@ class AsyncEngine:
 
     def _fail_all(self, reason: str) -> None:
         for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
-            self.engine.scheduler.finish(seq, "error", reason)
+            self.engine._finish(seq, "error", reason)   # observers hear of it too
             self._close(seq)
 
 

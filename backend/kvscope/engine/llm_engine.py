@@ -124,6 +124,40 @@ class LLMEngine:
         if not self.observers:
             self.block_manager.events = None
 
+    # -- live changes (the instructor's knobs) ------------------------------------------
+    KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")
+
+    def set_knobs(self, **knobs) -> dict:
+        """Change scheduler knobs between steps; validated like the constructor's. Returns
+        the knobs now in force."""
+        unknown = set(knobs) - set(self.KNOBS)
+        if unknown:
+            raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(self.KNOBS)}")
+        merged = {**{k: getattr(self.config, k) for k in self.KNOBS}, **knobs}
+        if not merged["enable_chunked_prefill"] and merged["max_num_batched_tokens"] < self.max_model_len:
+            raise ValueError(f"without chunked prefill, max_num_batched_tokens must be >= "
+                             f"max_model_len ({self.max_model_len})")
+        candidate = EngineConfig(**{**self.config.__dict__, **merged})   # runs the checks
+        for k in self.KNOBS:
+            setattr(self.config, k, getattr(candidate, k))
+        return self.knobs()
+
+    def knobs(self) -> dict:
+        return {k: getattr(self.config, k) for k in self.KNOBS}
+
+    def reset(self) -> list[Sequence]:
+        """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
+        aborted = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in aborted:
+            self._finish(seq, "abort")
+        bm = self.block_manager
+        self.block_manager = BlockManager(bm.num_blocks, bm.block_size, bm.enable_prefix_caching)
+        self.block_manager.events = [] if self.observers else None
+        self.scheduler.block_manager = self.block_manager
+        for obs in self.observers:
+            obs.on_reset()
+        return aborted
+
     # -- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
         """Schedule, run the model, append tokens. Returns (new tokens, finished sequences)."""

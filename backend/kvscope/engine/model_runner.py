@@ -79,6 +79,11 @@ class ModelRunner:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
     # -- inputs ------------------------------------------------------------------------
+    def _blocks_for(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
+        """Block ids holding positions [0, num_tokens), as a device tensor."""
+        n = -(-num_tokens // self.block_size)
+        return torch.tensor(block_table[:n], dtype=torch.long).to(self.device)
+
     def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
         bs = self.block_size
         pos = torch.arange(start, end)
@@ -91,30 +96,31 @@ class ModelRunner:
         row = 0
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
-            ids += seq.token_ids[e.start:e.start + n]
-            positions += range(e.start, e.start + n)
-            context = self._slots(seq.block_table, 0, e.start + n)
-            slots.append(context[e.start:])
-            spans.append(PrefillSpan(row, n, e.start, context.to(self.device) if e.start else None))
+            end = e.start + n
+            ids += seq.token_ids[e.start:end]
+            positions += range(e.start, end)
+            slots.append(self._slots(seq.block_table, e.start, end))
+            blocks = self._blocks_for(seq.block_table, end) if e.start or seq.seq_id in watched else None
+            spans.append(PrefillSpan(row, n, e.start, blocks if e.start else None))
             if seq.seq_id in watched:
-                watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, e.start + n)),
-                                              context.to(self.device)))
+                watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, end)), blocks))
             row += n
             if e.samples:
                 sample_rows.append(row - 1)
                 sample_entries.append(e)
         bs = self.block_size
+        decode_slots = []
         for e in decodes:
             seq, pos = e.seq, e.start
             ids.append(seq.token_ids[pos])
             positions.append(pos)
-            slots.append(torch.tensor([seq.block_table[pos // bs] * bs + pos % bs]))
+            decode_slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             if seq.seq_id in watched:
-                watch_rows.append(WatchedRows(seq.seq_id, row, [pos],
-                                              self._slots(seq.block_table, 0, pos + 1).to(self.device)))
+                watch_rows.append(WatchedRows(seq.seq_id, row, [pos], self._blocks_for(seq.block_table, pos + 1)))
             sample_rows.append(row)
             sample_entries.append(e)
             row += 1
+        slots.append(torch.tensor(decode_slots, dtype=torch.long))
         md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
                                num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
         if decodes:
@@ -125,16 +131,13 @@ class ModelRunner:
 
     def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
         width = max(len(e.seq.block_table) for e in decodes)
-        tables = torch.zeros(len(decodes), width, dtype=torch.int32)
-        for i, e in enumerate(decodes):
-            tables[i, :len(e.seq.block_table)] = torch.tensor(e.seq.block_table, dtype=torch.int32)
+        tables = torch.tensor([e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes],
+                              dtype=torch.int32)
         lens = torch.tensor([e.start + 1 for e in decodes], dtype=torch.int32)
         md.block_tables, md.context_lens = tables.to(self.device), lens.to(self.device)
         md.max_context_len = int(lens.max())
         if self.attention_backend == "torch":
-            pos = torch.arange(md.max_context_len)
-            md.decode_slots = (tables[:, pos // self.block_size].long() * self.block_size
-                               + pos % self.block_size).to(self.device)
+            pos = torch.arange(width * self.block_size)
             md.decode_mask = (pos[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(self.device)
 
     # -- one step ----------------------------------------------------------------------

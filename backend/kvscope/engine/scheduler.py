@@ -87,7 +87,7 @@ class Scheduler:
             if seq.hold or budget == 0:
                 kept.append(seq)
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget)
             while not bm.can_append(seq, n) and queue:
                 self._preempt(queue.pop(), out)
             if not bm.can_append(seq, n):
@@ -112,7 +112,7 @@ class Scheduler:
             remaining = seq.num_tokens - len(hits) * bs
             if remaining > budget and not self.config.enable_chunked_prefill:
                 break
-            n = min(remaining, budget)
+            n = self._chunk(remaining, budget)
             if not bm.can_allocate(hits, len(hits) * bs + n):
                 break
             bm.allocate(seq, hits, n)
@@ -122,6 +122,12 @@ class Scheduler:
             out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
                                             seq.num_computed_tokens + n == seq.num_tokens))
             budget -= n
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens a sequence computes this step: what is left, within the budget and the
+        per-sequence prefill chunk (a decode's single token is never cut)."""
+        cap = self.config.prefill_chunk_size
+        return min(remaining, budget, cap) if cap else min(remaining, budget)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)

@@ -37,15 +37,15 @@ class PagedAttention(nn.Module):
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             out[rows] = torch_attention.prefill_attention(
-                q[rows], k[rows], v[rows], k_flat, v_flat, span, self.scale)
+                q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
         if md.num_decodes:
             q_dec = q[md.num_prefill_tokens:]
-            out[md.num_prefill_tokens:] = self._decode(q_dec, k_flat, v_flat, md)
+            out[md.num_prefill_tokens:] = self._decode(q_dec, md)
         if md.capture is not None:
-            md.capture.record(self.layer_idx, q, k_flat, self.scale)
+            md.capture.record(self.layer_idx, q, self.k_cache, self.scale)
         return out.view(q.shape[0], -1)
 
-    def _decode(self, q, k_flat, v_flat, md):
+    def _decode(self, q, md):
         if self.backend == "triton":
             from kvscope.layers.triton_attention import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
@@ -55,4 +55,4 @@ class PagedAttention(nn.Module):
                                           cache_seqlens=md.context_lens, block_table=md.block_tables,
                                           softmax_scale=self.scale, causal=True)
             return out.squeeze(1)
-        return torch_attention.decode_attention(q, k_flat, v_flat, md, self.scale)
+        return torch_attention.decode_attention(q, self.k_cache, self.v_cache, md, self.scale)

@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvscope.layers.torch_attention import gather_context
+
 
 @dataclass
 class WatchedRows:
     seq_id: int
     row_start: int                # rows of this sequence in the step's flattened tokens
     positions: list[int]          # absolute positions of those rows
-    context_slots: torch.Tensor   # cache slots of positions [0, last position]
+    context_blocks: torch.Tensor  # block ids holding positions [0, last position]
 
 
 @dataclass
@@ -23,12 +25,12 @@ class AttentionCapture:
     heads: list[int] | None = None          # None: every head
     weights: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (seq, layer) -> [H, rows, ctx]
 
-    def record(self, layer: int, q: torch.Tensor, k_flat: torch.Tensor, scale: float) -> None:
+    def record(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> None:
         if self.layers is not None and layer not in self.layers:
             return
         for w in self.watched:
             rows = q[w.row_start:w.row_start + len(w.positions)].float()        # [R, H, D]
-            keys = k_flat[w.context_slots].float()                               # [C, KVH, D]
+            keys = gather_context(k_cache, w.context_blocks, w.positions[-1] + 1).float()  # [C, KVH, D]
             group = rows.shape[1] // keys.shape[1]
             keys = keys.repeat_interleave(group, dim=1)                          # [C, H, D]
             scores = torch.einsum("rhd,chd->hrc", rows, keys) * scale

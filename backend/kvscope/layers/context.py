@@ -14,7 +14,7 @@ class PrefillSpan:
     q_start: int            # first row of this span in the step's flattened tokens
     q_len: int
     start: int              # position of the first computed token (= tokens already cached)
-    context_slots: torch.Tensor | None = None   # cache slots of positions [0, start + q_len)
+    context_blocks: torch.Tensor | None = None  # block ids holding positions [0, start + q_len)
 
 
 @dataclass
@@ -26,8 +26,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
     context_lens: torch.Tensor | None = None    # [num_decodes]
     max_context_len: int = 0
-    decode_slots: torch.Tensor | None = None    # [num_decodes, max_context_len] (reference path)
-    decode_mask: torch.Tensor | None = None     # [num_decodes, 1, 1, max_context_len]
+    decode_mask: torch.Tensor | None = None     # [num_decodes, 1, 1, max_blocks * block_size] (reference path)
     capture: object | None = None               # AttentionCapture while a request is watched
 
     @property

@@ -1,0 +1,248 @@
+"""Benchmarks that print figures: `kvscope bench throughput` (nano-vllm's workload: random
+prompts and output lengths, EOS ignored) and `kvscope bench latency` (batch 1), each run
+against Hugging Face transformers' generate on the same model in the same process."""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from kvscope.sampling_params import SamplingParams
+
+
+def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
+    sub = bench.add_subparsers(dest="bench", required=True)
+    tp = sub.add_parser("throughput", help="many random requests: output tokens/s vs transformers")
+    _common(tp)
+    tp.add_argument("--num-requests", type=int, default=None)
+    tp.add_argument("--input-len", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    tp.add_argument("--output-len", type=int, nargs=2, metavar=("MIN", "MAX"), default=None)
+    tp.add_argument("--max-num-seqs", type=int, default=None)
+    tp.add_argument("--max-num-batched-tokens", type=int, default=None)
+    tp.add_argument("--hf-batch-size", type=int, default=None, help="transformers' static batch size")
+    tp.add_argument("--instrument", choices=["off", "listen", "watch"], default="off",
+                    help="attach instrumentation: none, a listener, or a listener watching one request")
+    tp.set_defaults(run=run_throughput)
+    lat = sub.add_parser("latency", help="batch-1 time to first token and time per output token")
+    _common(lat)
+    lat.add_argument("--input-len", type=int, default=None)
+    lat.add_argument("--output-len", type=int, default=128)
+    lat.add_argument("--repeats", type=int, default=3)
+    lat.set_defaults(run=run_latency)
+    try:
+        from kvscope.server import loadtest
+        serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")
+        loadtest.add_arguments(serve)
+        serve.set_defaults(run=loadtest.run)
+    except ImportError:
+        pass
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded model)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+
+
+# -- workload ------------------------------------------------------------------------------
+def make_workload(n: int, input_len, output_len, vocab: int, seed: int):
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(*input_len))] for _ in range(n)]
+    outputs = [rng.randint(*output_len) for _ in range(n)]
+    return prompts, outputs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _engine(args, **overrides):
+    from kvscope.engine import LLMEngine
+    kw = dict(model=args.model, load_format=args.load_format, device=args.device, dtype=args.dtype,
+              seed=args.seed, enforce_eager=args.enforce_eager)
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return LLMEngine(**kw)
+
+
+def run_kvscope(engine, prompts, outputs, watch_first: bool = False) -> dict:
+    bm = engine.block_manager
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
+            for p, o in zip(prompts, outputs)]
+    if watch_first:
+        engine.watch(seqs[0].seq_id)
+    peak_used, steps = 0, 0
+    _sync(engine.device)
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        peak_used = max(peak_used, bm.num_used_blocks)
+    _sync(engine.device)
+    elapsed = time.perf_counter() - start
+    generated = sum(s.num_output_tokens for s in seqs)
+    return {"elapsed": elapsed, "generated": generated, "steps": steps, "peak_used_blocks": peak_used,
+            "preemptions": sum(s.num_preemptions for s in seqs),
+            "failed": sum(s.finish_reason == "error" for s in seqs)}
+
+
+def hf_model_like(engine):
+    """transformers' model for the same checkpoint (random weights for a dummy engine)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    path = str(engine.model_path)
+    if engine.config.load_format == "dummy":
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=engine.dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=engine.dtype)
+    return model.to(engine.device).eval()
+
+
+@torch.inference_mode()
+def run_hf_static(model, prompts, outputs, batch_size: int, device) -> dict:
+    """Static batches: left-padded prompts, every row decodes until the batch's longest output."""
+    _sync(device)
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        batch, outs = prompts[i:i + batch_size], outputs[i:i + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(batch):
+            ids[row, width - len(p):] = torch.tensor(p)
+            mask[row, width - len(p):] = 1
+        n = max(outs)
+        model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0, eos_token_id=None)
+    _sync(device)
+    return {"elapsed": time.perf_counter() - start, "generated": sum(outputs)}
+
+
+def roofline_tokens_per_s(engine, prompts, outputs, concurrency: int) -> float:
+    """Upper bound from memory bandwidth alone: every decode step reads all weights once
+    (shared by the batch) plus each sequence's KV cache."""
+    from kvscope.hardware import device_spec
+    spec = device_spec(engine.device)
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    kv_per_token = engine.model_config.kv_elements_per_token * engine.runner.k_caches[0].element_size()
+    total_out = sum(outputs)
+    steps = total_out / max(1, min(concurrency, len(prompts)))
+    kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * kv_per_token
+    seconds = (steps * weights + kv_read) / spec.peak_bandwidth_bytes_per_s
+    return total_out / seconds, spec
+
+
+def _defaults(args, engine_device_is_gpu: bool) -> None:
+    gpu = engine_device_is_gpu
+    args.num_requests = args.num_requests or (256 if gpu else 64)
+    args.input_len = args.input_len or ([100, 1024] if gpu else [16, 256])
+    args.output_len = args.output_len or ([100, 1024] if gpu else [16, 256])
+    args.max_num_seqs = args.max_num_seqs or (256 if gpu else 64)
+    args.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if gpu else 2048)
+    args.hf_batch_size = args.hf_batch_size or (64 if gpu else 16)
+
+
+def run_throughput(args) -> int:
+    gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    _defaults(args, gpu)
+    engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    prompts, outputs = make_workload(args.num_requests, args.input_len, args.output_len,
+                                     engine.model_config.vocab_size, args.seed)
+    print(f"workload: {len(prompts)} requests, prompts {args.input_len[0]}-{args.input_len[1]} tokens, "
+          f"outputs {args.output_len[0]}-{args.output_len[1]} tokens (EOS ignored)")
+    print(f"model: {engine.model_config.name} ({engine.model_config.architecture}), device {engine.device}, "
+          f"dtype {str(engine.dtype).removeprefix('torch.')}, attention {engine.runner.attention_backend}, "
+          f"cuda graphs {'on' if engine.runner.graphs else 'off'}")
+    if args.instrument != "off":
+        from kvscope.instrumentation import attach_for_bench
+        attach_for_bench(engine, args.instrument)
+    run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
+    ours = run_kvscope(engine, prompts, outputs, watch_first=args.instrument == "watch")
+    bm = engine.block_manager
+    ours_rate = ours["generated"] / ours["elapsed"]
+    print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
+          f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
+          f"instrumentation {args.instrument})")
+    print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
+          f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
+    if not args.no_hf:
+        model = hf_model_like(engine)
+        run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
+        hf = run_hf_static(model, prompts, outputs, args.hf_batch_size, engine.device)
+        hf_rate = hf["generated"] / hf["elapsed"]
+        print(f"transformers generate (static batches of {args.hf_batch_size}): {hf['generated']} output "
+              f"tokens in {hf['elapsed']:.2f} s = {hf_rate:,.0f} tok/s")
+        print(f"speed-up: {ours_rate / hf_rate:.2f}x")
+    roof, spec = roofline_tokens_per_s(engine, prompts, outputs, args.max_num_seqs)
+    print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
+          f"({spec.bandwidth_source}, {spec.name}); kvscope reaches {100 * ours_rate / roof:.1f}%")
+    return 0
+
+
+def run_latency(args) -> int:
+    gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
+    args.input_len = args.input_len or (512 if gpu else 128)
+    engine = _engine(args, max_num_seqs=8)
+    prompts, _ = make_workload(1, (args.input_len, args.input_len), (1, 1), engine.model_config.vocab_size, args.seed)
+    prompt, n = prompts[0], args.output_len
+    print(f"batch 1: prompt {len(prompt)} tokens, {n} output tokens; model {engine.model_config.name}, "
+          f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}")
+    ttfts, tpots = [], []
+    run_kvscope(engine, [prompt[:8]], [4])   # warm-up
+    for r in range(args.repeats):
+        vocab = engine.model_config.vocab_size
+        fresh = [(t + r + 1) % vocab for t in prompt]   # a new prompt each time: no prefix-cache hits
+        ttft, tpot = _kvscope_latency(engine, fresh, n)
+        ttfts.append(ttft)
+        tpots.append(tpot)
+    print(f"kvscope: TTFT {1e3 * statistics.median(ttfts):.2f} ms, "
+          f"time per output token {1e3 * statistics.median(tpots):.3f} ms "
+          f"({1 / statistics.median(tpots):,.0f} tok/s)")
+    if not args.no_hf:
+        model = hf_model_like(engine)
+        ttft, tpot = _hf_latency(model, prompt, n, engine.device, args.repeats)
+        print(f"transformers generate: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
+              f"({1 / tpot:,.0f} tok/s)")
+        print(f"decode speed-up: {tpot / statistics.median(tpots):.2f}x")
+    return 0
+
+
+def _kvscope_latency(engine, prompt, n):
+    seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    _sync(engine.device)
+    start = time.perf_counter()
+    first = None
+    while engine.has_unfinished():
+        engine.step()
+        if first is None and seq.num_output_tokens:
+            _sync(engine.device)
+            first = time.perf_counter()
+    _sync(engine.device)
+    end = time.perf_counter()
+    return first - start, (end - first) / max(1, n - 1)
+
+
+@torch.inference_mode()
+def _hf_latency(model, prompt, n, device, repeats):
+    ids = torch.tensor([prompt], device=device)
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
+    model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)   # warm-up
+    ttfts, totals = [], []
+    for _ in range(repeats):
+        _sync(device)
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        _sync(device)
+        ttfts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        _sync(device)
+        totals.append(time.perf_counter() - t)
+    ttft, total = statistics.median(ttfts), statistics.median(totals)
+    return ttft, (total - ttft) / max(1, n - 1)

@@ -1,0 +1,73 @@
+"""What the device can do: memory, peak bandwidth and FLOP/s — public spec-sheet figures
+for known GPUs, a measured copy bandwidth for the host CPU."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+# name fragment -> (HBM bytes/s, dense bf16 FLOP/s); public spec-sheet figures
+GPU_SPECS = {
+    "H200": (4.8e12, 989e12),
+    "H100 PCIe": (2.0e12, 756e12),
+    "H100": (3.35e12, 989e12),
+    "A100": (2.0e12, 312e12),
+    "L40S": (0.864e12, 362e12),
+    "L4": (0.3e12, 121e12),
+    "RTX 4090": (1.008e12, 165e12),
+    "RTX 4070": (0.504e12, 58e12),
+}
+H100_SXM = {"name": "NVIDIA H100 SXM", "hbm_bytes": 80e9, "hbm_bandwidth_bytes_per_s": 3.35e12,
+            "l2_bytes": 50e6, "num_sms": 132, "shared_memory_per_sm_bytes": 228 * 1024,
+            "peak_bf16_flops": 989e12, "pcie_bytes_per_s": 64e9, "nvlink_bytes_per_s": 900e9}
+
+
+@dataclass
+class DeviceSpec:
+    type: str
+    name: str
+    total_memory_bytes: int
+    peak_bandwidth_bytes_per_s: float
+    peak_flops: float
+    bandwidth_source: str   # "spec sheet" or "measured"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def device_spec(device: torch.device) -> DeviceSpec:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        bw, flops = next((v for k, v in GPU_SPECS.items() if k in props.name), (1e12, 100e12))
+        return DeviceSpec("cuda", props.name, props.total_memory, bw, flops, "spec sheet")
+    return _cpu_spec()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_spec() -> DeviceSpec:
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), name)
+    except OSError:
+        pass
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    threads = torch.get_num_threads()
+    # rough peak: fp32 FMA, AVX2-class (16 FLOP/cycle/core) at ~2.5 GHz
+    return DeviceSpec("cpu", name, total, measure_copy_bandwidth(), threads * 16 * 2.5e9, "measured")
+
+
+def measure_copy_bandwidth(size_mib: int = 128, repeats: int = 5) -> float:
+    """Bytes/s of a large tensor copy (read + write counted), best of a few runs."""
+    src = torch.ones(size_mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best

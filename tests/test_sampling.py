@@ -1,0 +1,102 @@
+"""Sampling: seeds reproduce, filters never pick outside their set, temperature 0 is argmax."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvscope.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p
+from kvscope.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    from hf_models import make_checkpoint
+    from kvscope import LLM
+    return LLM(str(make_checkpoint("qwen3", tmp_path_factory.mktemp("s"))), device="cpu")
+
+
+def draw(logits, params, n=400, seed=0):
+    sampler = Sampler(torch.device("cpu"), seed)
+    batch = SamplingBatch([params] * n, [None] * n)
+    return sampler(logits.expand(n, -1).clone(), batch)
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(5, 50)
+    batch = SamplingBatch([SamplingParams(temperature=0.0)] * 5, [None] * 5)
+    assert torch.equal(Sampler(torch.device("cpu"))(logits, batch), logits.argmax(1))
+
+
+def test_top_k_never_leaves_the_k_most_likely():
+    logits = torch.randn(1, 100)
+    allowed = set(logits[0].topk(5).indices.tolist())
+    tokens = draw(logits, SamplingParams(temperature=1.5, top_k=5))
+    assert set(tokens.tolist()) <= allowed
+    assert len(set(tokens.tolist())) > 1          # it does sample, not just argmax
+
+
+def test_top_p_never_leaves_the_nucleus():
+    logits = torch.tensor([[3.0, 2.5, 2.0, 0.0, -1.0, -2.0, -3.0]])
+    probs = logits.softmax(-1)[0]
+    # nucleus for 0.8: smallest prefix of the sorted tokens with mass >= 0.8
+    order = probs.argsort(descending=True).tolist()
+    mass, nucleus = 0.0, set()
+    for t in order:
+        nucleus.add(t)
+        mass += probs[t].item()
+        if mass >= 0.8:
+            break
+    tokens = draw(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert set(tokens.tolist()) <= nucleus
+    assert set(tokens.tolist()) == nucleus        # 400 draws hit every member
+
+
+def test_min_p_drops_tokens_below_the_threshold():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = apply_min_p(logits.clone(), torch.tensor([0.2]))     # threshold 0.1
+    assert torch.isinf(kept[0, 3]) and not torch.isinf(kept[0, :3]).any()
+    tokens = draw(logits, SamplingParams(temperature=1.0, min_p=0.2))
+    assert 3 not in tokens.tolist()
+
+
+def test_filters_keep_at_least_one_token():
+    logits = torch.randn(3, 20)
+    assert (~torch.isinf(apply_top_p(logits, torch.tensor([1e-9] * 3)))).sum(1).min() == 1
+    assert (~torch.isinf(apply_top_k(logits, torch.tensor([1, 0, 3])))).sum(1).tolist() == [1, 20, 3]
+
+
+def test_same_seed_same_output_whatever_the_batch(llm):
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
+    alone = llm.generate([[5, 6, 7]], params)[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True) for _ in range(3)]
+    batched = llm.generate([[1, 2], [5, 6, 7], [9] * 30, [3]], [others[0], params, others[1], others[2]])
+    assert batched[1].token_ids == alone
+    different = llm.generate([[5, 6, 7]], SamplingParams(temperature=1.0, top_p=0.95, seed=99,
+                                                         max_tokens=20, ignore_eos=True))[0]
+    assert different.token_ids != alone
+
+
+def test_stop_token_ids_stop_strings_and_max_tokens(llm):
+    greedy = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert len(greedy.token_ids) == 12 and greedy.finish_reason == "length"
+    stop_at = greedy.token_ids[4]
+    first = greedy.token_ids.index(stop_at)
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                   stop_token_ids=[stop_at]))[0]
+    assert out.token_ids == greedy.token_ids[:first + 1] and out.finish_reason == "stop"
+
+
+def test_logprobs_are_reported(llm):
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, logprobs=3))[0]
+    assert len(out.logprobs) == 3
+    for lp, tok in zip(out.logprobs, out.token_ids):
+        assert lp["top"][0][0] == tok and lp["logprob"] == pytest.approx(lp["top"][0][1])
+        assert lp["logprob"] <= 0
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),
+                                 dict(max_tokens=0), dict(logprobs=50), dict(stop=[""])])
+def test_bad_params_are_rejected_with_a_message(bad):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**bad)
+    assert str(err.value)
