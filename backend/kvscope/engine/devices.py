@@ -77,7 +77,7 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
             layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
     ids = torch.zeros(n, dtype=torch.long, device=device)
-    rope_len = model.model.layers[0].self_attn.rotary.cos_cache.shape[0]
+    rope_len = model.model.rotary.cos_cache.shape[0]
     pos = torch.arange(n, device=device) % rope_len
     md = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
                            prefills=[PrefillSpan(0, n, 0)], num_prefill_tokens=n)

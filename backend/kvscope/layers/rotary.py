@@ -46,8 +46,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Looked up once per forward pass and shared by every layer: [tokens, 1, head_dim]."""
+        return (self.cos_cache[positions].to(dtype).unsqueeze(1),
+                self.sin_cache[positions].to(dtype).unsqueeze(1))
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -21,8 +21,11 @@ class ModelLoadError(RuntimeError):
 
 def resolve_model_path(model: str | None) -> Path:
     if model is None:
-        from kvscope.default_model import default_model_path
-        return Path(default_model_path())
+        from kvscope.default_model import DefaultModelMissing, default_model_path
+        try:
+            return Path(default_model_path())
+        except DefaultModelMissing as exc:
+            raise ModelLoadError(str(exc)) from None
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
