@@ -1,0 +1,54 @@
+"""The command line, run as a user would: a real subprocess on the embedded model."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+
+def kvscope(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvscope.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+
+
+def test_generate_with_stats_on_the_default_model():
+    proc = kvscope("generate", "--prompt", "Once upon a time", "--max-new-tokens", "24",
+                   "--device", "cpu", "--show-stats")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("Once upon a time") and len(lines[0]) > len("Once upon a time") + 10
+    stats = dict(kv.split("=") for kv in lines[-1].split())
+    assert set(stats) == {"prompt_tokens", "generated_tokens", "elapsed_seconds", "tokens_per_second",
+                          "device", "dtype"}
+    assert int(stats["generated_tokens"]) <= 24 and float(stats["tokens_per_second"]) > 0
+    assert stats["device"] == "cpu" and stats["dtype"] == "float32"
+
+
+def test_seeded_sampling_is_reproducible_from_the_cli():
+    args = ("generate", "--prompt", "Mia went to the", "--max-new-tokens", "16", "--temperature", "0.9",
+            "--top-k", "40", "--top-p", "0.95", "--seed", "7", "--device", "cpu")
+    a, b = kvscope(*args), kvscope(*args)
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_bad_model_is_one_clear_line():
+    proc = kvscope("generate", "--model", "/nonexistent/dir/x", "--prompt", "hi")
+    assert proc.returncode == 2
+    assert re.fullmatch(r"kvscope: error: .+\n", proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_sampling_value_is_one_clear_line():
+    proc = kvscope("generate", "--prompt", "hi", "--top-p", "3", "--device", "cpu")
+    assert proc.returncode == 2 and "top_p" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_throughput_prints_both_engines_and_the_roofline():
+    proc = kvscope("bench", "throughput", "--num-requests", "6", "--input-len", "8", "32",
+                   "--output-len", "4", "16", "--device", "cpu", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(r"kvscope: \d+ output tokens in [\d.]+ s = [\d,]+ tok/s", out), out
+    assert re.search(r"transformers generate .*= [\d,]+ tok/s", out), out
+    assert re.search(r"speed-up: [\d.]+x", out) and "bandwidth roofline" in out
