@@ -1,0 +1,224 @@
+"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the
+kvscope marks of docs/authoring.md:
+
+- `[[term]]` / `[[shown words|term]]` → `<kv-term>` with the glossary's short definition
+  as a tooltip (hover and keyboard focus). An unknown term raises RenderError.
+- a ```quiz fence (YAML) → `<kv-quiz>` markup: radio groups, answers and every `why`.
+- a widget element on a line of its own → the element as a block (not inside a <p>).
+- `<kv-value key=… format=…>` stays as written; its key and format are checked.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from html import escape
+
+import yaml
+from markdown_it import MarkdownIt
+from markdown_it.rules_block import StateBlock
+from markdown_it.rules_inline import StateInline
+from mdit_py_plugins.anchors import anchors_plugin
+
+from kvscope.server.rendering.content import Glossary
+
+WIDGET_TAGS = frozenset({"kv-tokenizer", "kv-attention", "kv-cache-view", "kv-pages", "kv-memory"})
+VALUE_FORMATS = frozenset({"int", "bytes", "float", "text"})
+VALUE_KEYS = frozenset(
+    [f"model.{k}" for k in (
+        "name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+        "intermediate_size", "vocab_size", "max_position_embeddings", "rope_theta", "num_params",
+        "dtype", "dtype_bytes", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings")]
+    + [f"device.{k}" for k in ("type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops")]
+    + [f"engine.{k}" for k in (
+        "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
+        "max_model_len", "enable_prefix_caching", "attention_backend")]
+)
+WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
+KV_VALUE = re.compile(r"<kv-value\b([^>]*)>")
+ATTRIBUTE = re.compile(r'([a-z-]+)\s*=\s*"([^"]*)"')
+MIN_QUIZ_QUESTIONS = 3
+
+
+class RenderError(ValueError):
+    """A chapter breaks the authoring contract (unknown term, bad quiz, bad key)."""
+
+
+@dataclass
+class RenderContext:
+    """Per-render state: where we are (for messages) and counters for unique ids."""
+    source: str
+    glossary: Glossary
+    terms_used: set[str] = field(default_factory=set)
+    next_id: int = 0
+
+    def new_id(self, prefix: str) -> str:
+        self.next_id += 1
+        return f"{prefix}-{self.next_id}"
+
+
+# -- [[term]] --------------------------------------------------------------------------
+
+def _glossary_rule(state: StateInline, silent: bool) -> bool:
+    src, pos = state.src, state.pos
+    if not src.startswith("[[", pos):
+        return False
+    end = src.find("]]", pos + 2)
+    if end < 0 or "\n" in src[pos + 2:end]:
+        return False
+    inner = src[pos + 2:end]
+    if not inner.strip():
+        return False
+    if not silent:
+        shown, _, name = inner.partition("|")
+        token = state.push("kv_term", "kv-term", 0)
+        token.meta = {"shown": shown.strip(), "name": (name or shown).strip()}
+    state.pos = end + 2
+    return True
+
+
+def _render_term(self, tokens, idx, options, env) -> str:
+    ctx: RenderContext = env["kvscope"]
+    meta = tokens[idx].meta
+    term = ctx.glossary.lookup(meta["name"])
+    if term is None:
+        raise RenderError(f"{ctx.source}: unknown glossary term [[{meta['name']}]] "
+                          "(add it to content/glossary/*.yaml or fix the spelling)")
+    ctx.terms_used.add(term.term)
+    tip_id = ctx.new_id("kv-tip")
+    return (f'<kv-term tabindex="0" role="term" data-term="{escape(term.term)}" aria-describedby="{tip_id}">'
+            f'{escape(meta["shown"])}'
+            f'<span class="kv-term__tip" role="tooltip" id="{tip_id}">'
+            f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
+
+
+# -- widgets on a line of their own ----------------------------------------------------
+
+def _widget_block_rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
+    begin = state.bMarks[start_line] + state.tShift[start_line]
+    line = state.src[begin:state.eMarks[start_line]]
+    if state.sCount[start_line] - state.blkIndent >= 4:
+        return False
+    match = WIDGET_LINE.match(line)
+    if not match or match.group(1) in ("kv-value", "kv-term", "kv-quiz"):
+        return False
+    if silent:
+        return True
+    tag, attributes = match.group(1), match.group(2) or ""
+    token = state.push("kv_widget", "", 0)
+    token.meta = {"tag": tag, "attributes": attributes}
+    token.map = [start_line, start_line + 1]
+    state.line = start_line + 1
+    return True
+
+
+def _render_widget(self, tokens, idx, options, env) -> str:
+    ctx: RenderContext = env["kvscope"]
+    tag, attributes = tokens[idx].meta["tag"], tokens[idx].meta["attributes"]
+    if tag not in WIDGET_TAGS:
+        raise RenderError(f"{ctx.source}: unknown widget <{tag}> (known: {', '.join(sorted(WIDGET_TAGS))})")
+    # The class lets the page lay the widget out before its script has loaded.
+    return f'<{tag} class="kv-widget"{attributes}></{tag}>\n'
+
+
+# -- ```quiz ---------------------------------------------------------------------------
+
+def _quiz_questions(text: str, source: str) -> list[dict]:
+    try:
+        questions = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise RenderError(f"{source}: the quiz is not valid YAML: {error}") from error
+    if not isinstance(questions, list) or len(questions) < MIN_QUIZ_QUESTIONS:
+        raise RenderError(f"{source}: a quiz needs a list of at least {MIN_QUIZ_QUESTIONS} questions")
+    for n, question in enumerate(questions, 1):
+        choices = question.get("choices") if isinstance(question, dict) else None
+        if not isinstance(question, dict) or not question.get("q") or not isinstance(choices, list) or len(choices) < 2:
+            raise RenderError(f"{source}: quiz question {n} needs `q` and at least two `choices`")
+        if sum(1 for c in choices if isinstance(c, dict) and c.get("correct") is True) != 1:
+            raise RenderError(f"{source}: quiz question {n} needs exactly one choice with `correct: true`")
+        for m, choice in enumerate(choices, 1):
+            if not isinstance(choice, dict) or not choice.get("text") or not choice.get("why"):
+                raise RenderError(f"{source}: quiz question {n}, choice {m} needs `text` and `why`")
+    return questions
+
+
+def _render_quiz(md: MarkdownIt, text: str, env: dict) -> str:
+    ctx: RenderContext = env["kvscope"]
+    questions = _quiz_questions(text, ctx.source)
+    quiz_id = ctx.new_id("kv-quiz")
+    inline = lambda s: md.renderInline(str(s), env)  # noqa: E731 - short and local
+    parts = [f'<kv-quiz id="{quiz_id}" data-questions="{len(questions)}">']
+    for n, question in enumerate(questions, 1):
+        qid = f"{quiz_id}-q{n}"
+        parts.append(f'<fieldset class="kv-quiz__question" id="{qid}">'
+                     f'<legend>{n}. {inline(question["q"])}</legend>'
+                     f'<ul class="kv-quiz__choices" role="list">')
+        for m, choice in enumerate(question["choices"]):
+            cid = f"{qid}-c{m}"
+            correct = "true" if choice.get("correct") is True else "false"
+            parts.append(
+                f'<li class="kv-quiz__choice" data-correct="{correct}">'
+                f'<label for="{cid}"><input type="radio" id="{cid}" name="{qid}" value="{m}">'
+                f'<span>{inline(choice["text"])}</span></label>'
+                f'<p class="kv-quiz__why" id="{cid}-why" hidden>{inline(choice["why"])}</p></li>')
+        parts.append('</ul><div class="kv-quiz__actions">'
+                     '<button type="button" class="kv-button kv-quiz__check">Check answer</button>'
+                     '<p class="kv-quiz__feedback" role="status" aria-live="polite"></p></div></fieldset>')
+    parts.append('<p class="kv-quiz__score" role="status" aria-live="polite"></p></kv-quiz>\n')
+    return "".join(parts)
+
+
+def _check_values(source: str, text: str) -> None:
+    for match in KV_VALUE.finditer(text):
+        attributes = dict(ATTRIBUTE.findall(match.group(1)))
+        key, fmt = attributes.get("key"), attributes.get("format", "int")
+        if key not in VALUE_KEYS:
+            raise RenderError(f"{source}: <kv-value key={key!r}> is not a key of the hello event")
+        if fmt not in VALUE_FORMATS:
+            raise RenderError(f"{source}: <kv-value format={fmt!r}> (one of {', '.join(sorted(VALUE_FORMATS))})")
+
+
+def make_markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": True, "typographer": False})
+    md.enable("table")
+    md.use(anchors_plugin, min_level=2, max_level=3, permalink=False)
+    md.inline.ruler.before("link", "kv_term", _glossary_rule)
+    md.block.ruler.before("html_block", "kv_widget", _widget_block_rule,
+                          {"alt": ["paragraph", "reference", "blockquote"]})
+    md.add_render_rule("kv_term", _render_term)
+    md.add_render_rule("kv_widget", _render_widget)
+
+    default_fence = md.renderer.rules["fence"]
+
+    def fence(self, tokens, idx, options, env):
+        if tokens[idx].info.strip() == "quiz":
+            return _render_quiz(md, tokens[idx].content, env)
+        return default_fence(tokens, idx, options, env)
+
+    md.add_render_rule("fence", fence)
+    return md
+
+
+@dataclass
+class Rendered:
+    html: str
+    terms_used: set[str]
+    widgets: list[str]
+    has_quiz: bool
+    headings: list[tuple[str, str]]   # (id, text) of the h2 sections
+
+
+def render_markdown(md: MarkdownIt, text: str, glossary: Glossary, source: str) -> Rendered:
+    _check_values(source, text)
+    ctx = RenderContext(source=source, glossary=glossary)
+    env = {"kvscope": ctx}
+    tokens = md.parse(text, env)
+    html = md.renderer.render(tokens, md.options, env)
+    widgets = [t.meta["tag"] for t in tokens if t.type == "kv_widget"]
+    headings = []
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open" and token.tag == "h2":
+            content = "".join(c.content for c in tokens[i + 1].children or [] if c.type in ("text", "code_inline"))
+            headings.append((token.attrs.get("id", ""), content))
+    return Rendered(html=html, terms_used=ctx.terms_used, widgets=widgets,
+                    has_quiz=any(t.type == "fence" and t.info.strip() == "quiz" for t in tokens),
+                    headings=headings)

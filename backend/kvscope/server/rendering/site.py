@@ -1,0 +1,142 @@
+"""The whole site: load content once, render pages with Jinja2, cache the HTML until a
+content file changes. Used by `kvscope.server.pages` and by `export_static_site`."""
+from __future__ import annotations
+
+import shutil
+import threading
+from itertools import groupby
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+
+from kvscope.server.rendering.content import (PARTS, Chapter, content_dir, frontend_dir, load_chapters,
+                                              load_glossary, signature)
+from kvscope.server.rendering.markdown import make_markdown, render_markdown
+
+STATIC_PREFIX = "/static/"
+
+
+class Site:
+    def __init__(self, content: Path | None = None, frontend: Path | None = None, recordings: Path | None = None):
+        self.content = Path(content) if content else content_dir()
+        self.frontend = Path(frontend) if frontend else frontend_dir()
+        self.recordings = Path(recordings) if recordings else self.frontend / "recordings"
+        self.templates = Environment(
+            loader=FileSystemLoader(str(self.frontend / "templates")),
+            autoescape=select_autoescape(["html"], default_for_string=True, default=True),
+            trim_blocks=True, lstrip_blocks=True)
+        self.templates.globals["static"] = lambda path: STATIC_PREFIX + path.lstrip("/")
+        self._lock = threading.Lock()
+        self._signature: tuple | None = None
+        self._pages: dict[str, str] = {}
+        self.markdown = make_markdown()
+
+    # -- content, reloaded when a file changes ------------------------------------------
+    def _fresh(self) -> None:
+        current = signature(self.content) + signature(self.frontend / "templates")
+        if current != self._signature:
+            self.glossary = load_glossary(self.content)
+            self.chapters = load_chapters(self.content)
+            self._by_slug = {c.slug: c for c in self.chapters}
+            self._pages = {}
+            self._signature = current
+
+    def _cached(self, key: str, build) -> str:
+        with self._lock:
+            self._fresh()
+            page = self._pages.get(key)
+            if page is None:
+                page = self._pages[key] = build()
+            return page
+
+    def chapter_list(self) -> list[Chapter]:
+        with self._lock:
+            self._fresh()
+            return list(self.chapters)
+
+    def find_chapter(self, slug: str) -> Chapter | None:
+        """By full slug, or by number alone ("12" or "12-anything")."""
+        with self._lock:
+            self._fresh()
+            if slug in self._by_slug:
+                return self._by_slug[slug]
+            head = slug.split("-", 1)[0]
+            if head.isdigit():
+                return next((c for c in self.chapters if c.number == int(head)), None)
+            return None
+
+    # -- pages ---------------------------------------------------------------------------
+    def recording_for(self, chapter: Chapter | None) -> str:
+        """Which committed recording a page replays with no backend: the chapter's own
+        (front matter `recording:` or a file named after its slug), else `default`, else
+        the first one there is; "" when there is none (the page then says so)."""
+        folder = self.recordings
+        names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        wanted = []
+        if chapter is not None:
+            if chapter.meta.get("recording"):
+                wanted.append(str(chapter.meta["recording"]))
+            wanted += [chapter.slug, chapter.slug.split("-", 1)[1]]
+        wanted.append("default")
+        for name in wanted:
+            if name in names:
+                return name
+        return names[0] if names else ""
+
+    def _render(self, template: str, **context) -> str:
+        context.setdefault("recording", self.recording_for(context.get("chapter")))
+        return self.templates.get_template(template).render(parts=PARTS, **context)
+
+    def home(self) -> str:
+        def build():
+            parts = [(key, label, [c for c in self.chapters if c.part == key]) for key, (label, _) in PARTS.items()]
+            return self._render("home.html", page="home", toc=parts)
+        return self._cached("/", build)
+
+    def chapter(self, chapter: Chapter) -> str:
+        def build():
+            rendered = render_markdown(self.markdown, chapter.body, self.glossary, chapter.path.name)
+            i = self.chapters.index(chapter)
+            previous = self.chapters[i - 1] if i > 0 else None
+            following = self.chapters[i + 1] if i + 1 < len(self.chapters) else None
+            return self._render("chapter.html", page="chapter", chapter=chapter, body=Markup(rendered.html),
+                                part_label=PARTS[chapter.part][0], previous=previous, next=following,
+                                widgets=rendered.widgets, headings=rendered.headings)
+        return self._cached(f"/chapters/{chapter.slug}", build)
+
+    def glossary_page(self) -> str:
+        def build():
+            terms = sorted(self.glossary.terms, key=lambda t: t.term.lower())
+            by_number = {c.number: c for c in self.chapters}
+            groups = [(letter, list(items)) for letter, items in groupby(terms, key=lambda t: t.term[0].upper())]
+            return self._render("glossary.html", page="glossary", groups=groups, chapters=by_number)
+        return self._cached("/glossary", build)
+
+    def not_found(self, path: str) -> str:
+        with self._lock:
+            self._fresh()
+        return self._render("not_found.html", page="not-found", path=path, chapters=self.chapter_list())
+
+    def render_all(self) -> dict[str, str]:
+        """Every page by its URL path; raises on the first content error."""
+        pages = {"/": self.home(), "/glossary": self.glossary_page()}
+        for chapter in self.chapter_list():
+            pages[chapter.url] = self.chapter(chapter)
+        return pages
+
+
+def export_static_site(out: Path, site: Site | None = None) -> Path:
+    """Writes the pages as plain files (`index.html` per URL) with `frontend/` under
+    `static/`: a site any file server can host, replaying recordings with no backend."""
+    site = site or Site()
+    out = Path(out)
+    for url, html in site.render_all().items():
+        target = out / url.strip("/") / "index.html" if url != "/" else out / "index.html"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(html, encoding="utf-8")
+    shutil.copytree(site.frontend, out / "static", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("templates", "__pycache__"))
+    if site.recordings.is_dir() and site.recordings != site.frontend / "recordings":
+        shutil.copytree(site.recordings, out / "static" / "recordings", dirs_exist_ok=True)
+    return out

@@ -1,0 +1,131 @@
+// The instructor console: drives the engine with the instructor WebSocket commands
+// (docs/events.md) through the shared event client.
+import { getClient } from './client.js';
+
+const $ = (id) => document.getElementById(id);
+const MAX_LOG = 200;
+
+function log(text, kind = 'info') {
+  const item = document.createElement('li');
+  item.className = kind;
+  item.textContent = `${new Date().toLocaleTimeString()}  ${text}`;
+  $('log').prepend(item);
+  while ($('log').children.length > MAX_LOG) $('log').lastChild.remove();
+}
+
+function numberOrNull(input) {
+  return input.value === '' ? null : Number(input.value);
+}
+
+function showEngine(e) {
+  $('s-paused').textContent = e.paused ? 'paused' : 'running';
+  $('s-step').textContent = String(e.step);
+  $('s-queues').textContent = `${e.num_running} / ${e.num_waiting}`;
+  const k = e.knobs;
+  $('s-knobs').textContent = `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
+    + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
+  $('s-viewers').textContent = String(e.num_viewers);
+  $('s-recording').textContent = e.recording ? `${e.recording.name} (${e.recording.events} events)` : 'off';
+  if (document.activeElement?.closest('#knobs') == null) {
+    $('k-budget').value = k.max_num_batched_tokens;
+    $('k-seqs').value = k.max_num_seqs;
+    $('k-chunk').value = k.prefill_chunk_size ?? '';
+    $('k-chunked').checked = k.enable_chunked_prefill;
+  }
+}
+
+function showStep(e) {
+  const prefill = e.seqs.filter((s) => s.kind === 'prefill').length;
+  $('s-last').textContent = `#${e.step}: ${e.seqs.length} sequences (${prefill} prefill), `
+    + `${e.num_batched_tokens}/${e.token_budget} tokens, ${(e.duration_s * 1000).toFixed(1)} ms`;
+  $('s-step').textContent = String(e.step);
+  $('s-queues').textContent = `${e.queues.running} / ${e.queues.waiting}`;
+}
+
+function showViewers(reply) {
+  const body = $('viewers-body');
+  body.replaceChildren();
+  for (const v of reply.viewers) {
+    const row = document.createElement('tr');
+    for (const cell of [v.client_id, v.role, v.peer, `${v.connected_s.toFixed(0)} s`, v.families.join(', ') || '–',
+      v.active_requests, v.pending, v.dropped]) {
+      const td = document.createElement('td');
+      td.textContent = String(cell);
+      row.append(td);
+    }
+    body.append(row);
+  }
+  $('viewers-caption').textContent = `${reply.viewers.length} connected`;
+}
+
+function connect(token) {
+  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+  document.body.dataset.wsUrl = `${scheme}://${location.host}/ws?token=${encodeURIComponent(token)}`;
+  const client = getClient();
+  const run = (cmd, fields = {}) => client.command(cmd, fields)
+    .then((reply) => { log(`${cmd}: ok ${summary(reply)}`); return reply; })
+    .catch((error) => { log(`${cmd}: ${error.code}: ${error.message}`, 'error'); return null; });
+
+  client.on('session', (s) => {
+    $('role').textContent = s.role === 'instructor'
+      ? `Connected as instructor (${s.client_id}).`
+      : 'Connected, but as a learner: the token was not accepted.';
+  });
+  client.on('engine', showEngine);
+  client.on('step', showStep);
+  client.subscribe(['step']);
+  client.onModeChange((mode) => { if (mode !== 'live') $('role').textContent = `Not live (${mode}).`; });
+
+  const paused = () => client.engine?.paused;
+  $('pause').onclick = () => run('pause');
+  $('resume').onclick = () => run('resume');
+  $('step').onclick = () => run('step');
+  $('reset').onclick = () => {
+    if (confirm('Reset aborts every request in flight and empties the KV cache. Go on?')) run('reset');
+  };
+  $('knobs').onsubmit = (event) => {
+    event.preventDefault();
+    run('set_knobs', {
+      max_num_batched_tokens: Number($('k-budget').value), max_num_seqs: Number($('k-seqs').value),
+      prefill_chunk_size: numberOrNull($('k-chunk')), enable_chunked_prefill: $('k-chunked').checked,
+    });
+  };
+  $('inject').onsubmit = (event) => {
+    event.preventDefault();
+    const fields = { n: Number($('i-n').value), max_tokens: Number($('i-tokens').value) };
+    if ($('i-prompt').value) fields.prompt_tokens = Number($('i-prompt').value);
+    run('inject', fields);
+  };
+  $('record').onsubmit = (event) => {
+    event.preventDefault();
+    run('record_start', $('r-name').value ? { name: $('r-name').value } : {});
+  };
+  $('r-stop').onclick = () => run('record_stop');
+  $('viewers').onclick = () => run('viewers').then((reply) => reply && showViewers(reply));
+
+  document.addEventListener('keydown', (event) => {
+    if (event.target.closest('input, textarea, select') || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.key === 'p') run(paused() ? 'resume' : 'pause');
+    else if (event.key === 's') run('step');
+    else if (event.key === 'v') $('viewers').click();
+  });
+}
+
+function summary(reply) {
+  const { type, ts, ref, cmd, ...rest } = reply;
+  const text = JSON.stringify(rest);
+  return text === '{}' ? '' : text.length > 160 ? `${text.slice(0, 160)}…` : text;
+}
+
+const token = new URLSearchParams(location.search).get('token') || sessionStorage.getItem('kvscope-token');
+$('token-form').onsubmit = (event) => {
+  event.preventDefault();
+  sessionStorage.setItem('kvscope-token', $('token').value);
+  location.search = `?token=${encodeURIComponent($('token').value)}`;
+};
+if (token) {
+  $('token').value = token;
+  connect(token);
+} else {
+  $('role').textContent = 'Enter the instructor token to connect.';
+}

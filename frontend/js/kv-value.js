@@ -1,0 +1,32 @@
+// <kv-value key="model.num_layers" format="int|bytes|float|text">: a number from the live
+// model's `hello` event, so chapters never hard-code what depends on the model. Shows "—"
+// until the engine (or a recording) has said hello; updates on every new hello.
+
+import { getClient } from './client.js';
+import { formatInt, formatValue, getPath } from './lib/format.js';
+
+class KvValue extends HTMLElement {
+  connectedCallback() {
+    const client = getClient();
+    this._off = client.on('hello', (hello) => this.update(hello));
+    this.update(client.hello);
+  }
+
+  disconnectedCallback() {
+    if (this._off) this._off();
+  }
+
+  update(hello) {
+    const key = this.getAttribute('key') || '';
+    const format = this.getAttribute('format') || 'int';
+    const value = hello ? getPath(hello, key) : undefined;
+    const known = value !== undefined && value !== null;
+    this.textContent = known ? formatValue(value, format) : '—';
+    this.dataset.state = known ? 'known' : 'unknown';
+    this.dataset.value = known ? String(value) : '';
+    const exact = known && format === 'bytes' ? ` (${formatInt(value)} bytes)` : '';
+    this.title = known ? `${key}${exact}, reported by the running engine` : `${key}: not known yet (no engine connected)`;
+  }
+}
+
+if (!customElements.get('kv-value')) customElements.define('kv-value', KvValue);

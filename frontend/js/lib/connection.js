@@ -1,0 +1,93 @@
+// <kv-connection>: the header badge that says whether the page shows the live engine or
+// a recording, and, while replaying, the replay controls (play/pause, step, speed).
+
+import { getClient } from '../client.js';
+
+const SPEEDS = [0.25, 0.5, 1, 2, 4];
+const REPLAY_TEXT = 'Replaying a recording — no live engine';
+
+class KvConnection extends HTMLElement {
+  connectedCallback() {
+    if (this._built) return;
+    this._built = true;
+    this.client = getClient();
+    this.badge = this.querySelector('.kv-badge') || document.createElement('span');
+    this.badge.className = 'kv-badge';
+    this.badge.setAttribute('role', 'status');
+    this.controls = this._buildControls();
+    this.replaceChildren(this.badge, this.controls);
+    this.client.onModeChange(() => this.update());
+    this.client.addEventListener('replaystate', () => this.update());
+    this.client.on('hello', () => this.update());
+    this.client.on('engine', () => this.update());
+    this.update();
+  }
+
+  _buildControls() {
+    const group = document.createElement('div');
+    group.className = 'kv-replay-controls';
+    group.setAttribute('role', 'group');
+    group.setAttribute('aria-label', 'Replay controls');
+    group.hidden = true;
+
+    this.playButton = document.createElement('button');
+    this.playButton.type = 'button';
+    this.playButton.className = 'kv-button';
+    this.playButton.addEventListener('click', () => {
+      if (this.client.replay.state.playing) this.client.replay.pause();
+      else this.client.replay.play();
+    });
+
+    const stepButton = document.createElement('button');
+    stepButton.type = 'button';
+    stepButton.className = 'kv-button';
+    stepButton.textContent = 'Step';
+    stepButton.title = 'Pause and advance the recording by one engine step';
+    stepButton.addEventListener('click', () => this.client.replay.step());
+
+    const label = document.createElement('label');
+    const speedId = 'kv-replay-speed';
+    label.htmlFor = speedId;
+    label.textContent = 'Speed';
+    this.speedSelect = document.createElement('select');
+    this.speedSelect.id = speedId;
+    this.speedSelect.className = 'kv-select';
+    for (const speed of SPEEDS) {
+      const option = document.createElement('option');
+      option.value = String(speed);
+      option.textContent = `${speed}×`;
+      this.speedSelect.append(option);
+    }
+    this.speedSelect.addEventListener('change', () => this.client.replay.setSpeed(Number(this.speedSelect.value)));
+
+    group.append(this.playButton, stepButton, label, this.speedSelect);
+    return group;
+  }
+
+  update() {
+    const { mode, hello } = this.client;
+    const replay = this.client.replay.state;
+    this.badge.dataset.mode = mode;
+    this.dataset.mode = mode;
+    let text;
+    if (mode === 'live') {
+      const model = hello && hello.model ? hello.model.name : 'the engine';
+      const device = hello && hello.device ? hello.device.type : '';
+      text = `Live engine: ${model}${device ? ` on ${device}` : ''}`;
+    } else if (mode === 'replay') {
+      text = replay.error ? 'No live engine, and no recording to replay' : REPLAY_TEXT;
+    } else {
+      text = 'Connecting to the engine…';
+    }
+    if (this.badge.textContent !== text) this.badge.textContent = text;
+    if (mode === 'replay' && replay.recording) this.badge.title = `Recording: ${replay.recording}${replay.description ? ` — ${replay.description}` : ''}`;
+    else this.badge.removeAttribute('title');
+
+    this.controls.hidden = !(mode === 'replay' && replay.loaded);
+    this.playButton.textContent = replay.playing ? 'Pause' : 'Play';
+    this.playButton.setAttribute('aria-label', replay.playing ? 'Pause the replay' : 'Play the replay');
+    this.speedSelect.value = String(replay.speed);
+  }
+}
+
+if (!customElements.get('kv-connection')) customElements.define('kv-connection', KvConnection);

@@ -1,0 +1,362 @@
+// ReplaySocket: a stand-in for WebSocket that plays a committed recording (JSONL, see
+// docs/events.md "Recordings") and answers commands the way the server would, so the
+// event client and every widget run the same code live and in replay.
+//
+//   const socket = new ReplaySocket('/static/recordings/demo.jsonl');
+//   socket.onmessage = (e) => handle(JSON.parse(e.data));
+//   socket.pause(); socket.step(); socket.speed = 2; socket.play();
+//
+// What it emulates: `hello`, a `session` with `replay: true`, subscriptions per family
+// (with request_id/layer/head filters), a snapshot on subscribe (kv, memory, request),
+// `ack` for subscribe/unsubscribe/snapshot/ping, and `error` code `replay` for commands
+// that need a live engine (submit, tokenize, sandbox, ...).
+
+const CONNECTING = 0;
+const OPEN = 1;
+const CLOSED = 3;
+
+// Families every connection receives whether subscribed or not.
+const ALWAYS_SENT = new Set(['hello', 'engine', 'error', 'ack', 'recording']);
+// Commands a recording can answer without an engine.
+const LOCAL_COMMANDS = new Set(['subscribe', 'unsubscribe', 'snapshot', 'ping', 'auth', 'replay']);
+// A recording may hold long idle stretches; nobody wants to watch those in real time.
+const MAX_GAP_S = 1.5;
+const LOOP_PAUSE_S = 3;
+
+/** The family an event type belongs to: 'request.token' → 'request', 'session' → 'hello'. */
+export function familyOf(type) {
+  if (type === 'session') return 'hello';
+  return String(type).split('.')[0];
+}
+
+function asList(value) {
+  if (value === undefined || value === null) return null;
+  return Array.isArray(value) ? value : [value];
+}
+
+/** Does `event` pass a subscription's filters ({request_id, layer, head})? */
+export function passesFilters(event, filters) {
+  if (!filters) return true;
+  const ids = asList(filters.request_id);
+  if (ids && 'request_id' in event && !ids.includes(event.request_id)) return false;
+  const layers = asList(filters.layer);
+  if (layers && 'layer' in event && !layers.includes(event.layer)) return false;
+  const heads = asList(filters.head);
+  if (heads && Array.isArray(event.heads) && !event.heads.some((h) => heads.includes(h))) return false;
+  return true;
+}
+
+/** Parses a recording's text: { header, events }. Throws on a file that is not one. */
+export function parseRecording(text) {
+  const lines = text.split('\n').filter((line) => line.trim());
+  if (!lines.length) throw new Error('the recording is empty');
+  const header = JSON.parse(lines[0]);
+  if (header.format !== 'kvscope-recording') throw new Error('not a kvscope recording (no header line)');
+  return { header, events: lines.slice(1).map((line) => JSON.parse(line)) };
+}
+
+export class ReplaySocket extends EventTarget {
+  static CONNECTING = CONNECTING;
+  static OPEN = OPEN;
+  static CLOSED = CLOSED;
+
+  /** `text`: the recording's contents when already fetched (then `url` is only its name). */
+  constructor(url, { speed = 1, loop = true, autoplay = true, text = null } = {}) {
+    super();
+    this.url = String(url);
+    this.readyState = CONNECTING;
+    this.onopen = null;
+    this.onmessage = null;
+    this.onclose = null;
+    this.onerror = null;
+    this.header = null;
+    this.loop = loop;
+    this.playing = autoplay;
+    this._speed = speed;
+    this._events = [];
+    this._playTimes = [];       // per event: seconds into the (gap-capped) replay
+    this._position = 0;
+    this._clock = 0;            // replay seconds reached
+    this._wallAt = null;        // performance.now() when _clock was reached
+    this._timer = null;
+    this._subscriptions = new Map();   // family → filters
+    this._state = { engine: null, memory: null, kv: null, requests: new Map() };
+    this._load(text);
+  }
+
+  get speed() { return this._speed; }
+
+  set speed(value) {
+    const speed = Number(value);
+    if (!(speed > 0)) return;
+    this._advanceClock();
+    this._speed = speed;
+    this._schedule();
+  }
+
+  /** Index of the next event and the total, for a progress display. */
+  get position() { return this._position; }
+  get length() { return this._events.length; }
+
+  play() {
+    if (this.readyState !== OPEN) { this.playing = true; return; }
+    if (this._position >= this._events.length) this._restart();
+    this.playing = true;
+    this._wallAt = performance.now();
+    this._schedule();
+  }
+
+  pause() {
+    this._advanceClock();
+    this.playing = false;
+    this._wallAt = null;
+    clearTimeout(this._timer);
+  }
+
+  /** Paused, advance by one engine step: events up to the next `step` and that step's batch. */
+  step() {
+    this.pause();
+    if (this._position >= this._events.length) this._restart();
+    let stepTs = null;
+    while (this._position < this._events.length) {
+      const event = this._events[this._position];
+      if (stepTs !== null && (event.type === 'step' || event.ts !== stepTs)) break;
+      this._emitAt(this._position);
+      this._position += 1;
+      if (event.type === 'step') stepTs = event.ts;
+    }
+    if (this._position < this._events.length) this._clock = this._playTimes[this._position];
+  }
+
+  send(data) {
+    if (this.readyState !== OPEN) throw new DOMException('the replay is not open', 'InvalidStateError');
+    let command;
+    try {
+      command = JSON.parse(data);
+    } catch {
+      this._reply({ type: 'error', ref: null, code: 'invalid_json', message: 'the message is not JSON' });
+      return;
+    }
+    const ref = command.ref ?? null;
+    const cmd = command.type;
+    if (!LOCAL_COMMANDS.has(cmd)) {
+      this._reply({
+        type: 'error', ref, cmd, code: 'replay',
+        message: `"${cmd}" needs a live engine; this page is replaying a recording`,
+      });
+      return;
+    }
+    if (cmd === 'subscribe') {
+      const families = command.families || [];
+      for (const family of families) this._subscriptions.set(family, command.filters || null);
+      this._reply({ type: 'ack', ref, cmd });
+      this._sendSnapshots(families);
+    } else if (cmd === 'unsubscribe') {
+      for (const family of command.families || []) this._subscriptions.delete(family);
+      this._reply({ type: 'ack', ref, cmd });
+    } else if (cmd === 'snapshot') {
+      this._reply({ type: 'ack', ref, cmd });
+      this._sendSnapshots(command.families || [...this._subscriptions.keys()]);
+    } else if (cmd === 'replay') {
+      if (command.speed) this.speed = command.speed;
+      if (command.action === 'pause') this.pause();
+      else if (command.action === 'play') this.play();
+      else if (command.action === 'step') this.step();
+      this._reply({ type: 'ack', ref, cmd });
+    } else {
+      this._reply({ type: 'ack', ref, cmd, role: 'learner' });
+    }
+  }
+
+  close(code = 1000, reason = '') {
+    if (this.readyState === CLOSED) return;
+    clearTimeout(this._timer);
+    this.readyState = CLOSED;
+    this._fire('close', Object.assign(new Event('close'), { code, reason, wasClean: code === 1000 }));
+  }
+
+  // -- loading and the clock -------------------------------------------------------------
+
+  async _load(preloaded) {
+    await null;   // let the caller attach onopen/onmessage first, as with a WebSocket
+    try {
+      let text = preloaded;
+      if (!text) {
+        const response = await fetch(this.url);
+        if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+        text = await response.text();
+      }
+      const { header, events } = parseRecording(text);
+      this.header = header;
+      this._events = events;
+      this._playTimes = this._capGaps(events);
+    } catch (error) {
+      this.loadError = error;
+      this._fire('error', new Event('error'));
+      this.close(1006, `could not load the recording: ${error.message}`);
+      return;
+    }
+    if (this.readyState === CLOSED) return;
+    this.readyState = OPEN;
+    this._fire('open', new Event('open'));
+    this._openStream();
+  }
+
+  _capGaps(events) {
+    const times = [];
+    let t = 0;
+    let previous = null;
+    for (const event of events) {
+      const ts = typeof event.ts === 'number' ? event.ts : previous ?? 0;
+      if (previous !== null) t += Math.min(Math.max(ts - previous, 0), MAX_GAP_S);
+      previous = ts;
+      times.push(t);
+    }
+    return times;
+  }
+
+  /** The server's connect sequence: hello, session, engine; then the stream. */
+  _openStream() {
+    const helloIndex = this._events.findIndex((event) => event.type === 'hello');
+    if (helloIndex >= 0) {
+      this._emitAt(helloIndex);
+      this._position = helloIndex + 1;
+    }
+    this._reply({
+      type: 'session', client_id: 'replay', role: 'learner', replay: true,
+      recording: this.header ? this.header.name : null,
+      subscriptions: Object.fromEntries(this._subscriptions), limits: {},
+    });
+    this._clock = this._playTimes[this._position] ?? 0;
+    if (this.playing) this.play();
+  }
+
+  _restart() {
+    const helloIndex = this._events.findIndex((event) => event.type === 'hello');
+    this._position = helloIndex + 1;
+    this._clock = this._playTimes[this._position] ?? 0;
+    this._state.requests.clear();
+    // Widgets drop what they drew for the previous pass, as after an engine reset.
+    this._reply({ type: 'engine', reason: 'reset', paused: false, replay_restart: true });
+  }
+
+  _advanceClock() {
+    if (this.playing && this._wallAt !== null) {
+      const now = performance.now();
+      this._clock += ((now - this._wallAt) / 1000) * this._speed;
+      this._wallAt = now;
+    }
+  }
+
+  _schedule() {
+    clearTimeout(this._timer);
+    if (!this.playing || this.readyState !== OPEN) return;
+    this._advanceClock();
+    while (this._position < this._events.length && this._playTimes[this._position] <= this._clock) {
+      this._emitAt(this._position);
+      this._position += 1;
+      if (!this.playing || this.readyState !== OPEN) return;  // a handler paused or closed us
+    }
+    if (this._position >= this._events.length) {
+      if (this.loop) this._timer = setTimeout(() => { this._restart(); this._wallAt = performance.now(); this._schedule(); }, LOOP_PAUSE_S * 1000);
+      else this.playing = false;
+      return;
+    }
+    const wait = ((this._playTimes[this._position] - this._clock) / this._speed) * 1000;
+    this._timer = setTimeout(() => this._schedule(), Math.max(0, wait));
+  }
+
+  // -- emitting --------------------------------------------------------------------------
+
+  _emitAt(index) {
+    const event = this._events[index];
+    this._track(event);
+    const family = familyOf(event.type);
+    if (!ALWAYS_SENT.has(family)) {
+      if (!this._subscriptions.has(family)) return;
+      if (!passesFilters(event, this._subscriptions.get(family))) return;
+    }
+    // Replies recorded for another client carry its refs; they must not match ours.
+    const { ref, ...rest } = event;
+    this._deliver(ref === undefined ? event : rest);
+  }
+
+  _reply(fields) {
+    const last = this._events[Math.max(0, this._position - 1)];
+    this._deliver({ ts: last && typeof last.ts === 'number' ? last.ts : 0, ...fields });
+  }
+
+  _deliver(event) {
+    if (this.readyState !== OPEN) return;
+    this._fire('message', new MessageEvent('message', { data: JSON.stringify(event) }));
+  }
+
+  _fire(type, event) {
+    const handler = this[`on${type}`];
+    if (typeof handler === 'function') handler.call(this, event);
+    this.dispatchEvent(event);
+  }
+
+  // -- state kept so a late subscriber gets a snapshot, as from the server ----------------
+
+  _track(event) {
+    const state = this._state;
+    switch (event.type) {
+      case 'engine':
+        state.engine = event;
+        break;
+      case 'memory':
+        state.memory = event;
+        break;
+      case 'kv':
+        if (event.kind === 'snapshot') {
+          state.kv = structuredClone(event);
+        } else if (state.kv) {
+          for (const block of event.blocks || []) state.kv.blocks[block.id] = block;
+          Object.assign(state.kv.tables, event.tables || {});
+          for (const id of event.removed_tables || []) delete state.kv.tables[id];
+          for (const key of ['step', 'num_free', 'num_cached', 'prefix_hits', 'evictions', 'ts']) {
+            if (key in event) state.kv[key] = event[key];
+          }
+        }
+        break;
+      case 'request.added':
+        state.requests.set(event.request_id, {
+          request_id: event.request_id, source: event.source, owner: event.owner, status: 'waiting',
+          num_prompt_tokens: event.num_prompt_tokens, num_output_tokens: 0, num_computed_tokens: 0,
+          held: Boolean(event.held), watched: Boolean(event.watched),
+        });
+        break;
+      case 'request.token': {
+        const request = state.requests.get(event.request_id);
+        if (request) request.num_output_tokens = event.index + 1;
+        break;
+      }
+      case 'request.finished':
+        state.requests.delete(event.request_id);
+        break;
+      case 'step':
+        for (const seq of event.seqs || []) {
+          const request = state.requests.get(seq.request_id);
+          if (request) {
+            request.status = 'running';
+            request.num_computed_tokens = seq.start + seq.num_tokens;
+          }
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+  _sendSnapshots(families) {
+    const state = this._state;
+    for (const family of families) {
+      if (family === 'kv' && state.kv) this._deliver({ ...structuredClone(state.kv), kind: 'snapshot' });
+      else if (family === 'memory' && state.memory) this._deliver(state.memory);
+      else if (family === 'request') {
+        this._reply({ type: 'request.snapshot', requests: [...state.requests.values()] });
+      }
+    }
+  }
+}

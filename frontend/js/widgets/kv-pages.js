@@ -1,0 +1,213 @@
+// <kv-pages>: the engine's real block pool, live — every block's owner, ref count, filled
+// slots and cached hash from the `kv` snapshot and its deltas — and each sequence's block
+// table (logical block → physical block, highlighted on hover or focus). Below it, a
+// sandbox: the learner's own BlockManager on the server, driven by `sandbox` commands.
+
+import { KvWidget, formatInt } from '../widget-base.js';
+import { h } from './lib/svg.js';
+import { injectStyle, modeText } from './lib/style.js';
+import { KvPool } from './lib/kv-pool.js';
+import { PoolCanvas, OwnerPalette } from './lib/pool-canvas.js';
+import { SandboxPanel, SANDBOX_CSS } from './lib/sandbox-panel.js';
+import { PrefixDemo, PREFIX_CSS } from './lib/prefix-demo.js';
+import { clientHandlers, withHandlers } from './lib/listen.js';
+
+const MAX_TABLES = 24;
+
+const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}
+kv-pages .kvp-pool { display: block; border-radius: 4px; cursor: crosshair; }
+kv-pages .kvp-poolwrap { max-height: 420px; overflow: auto; border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: 4px; }
+kv-pages .kvp-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
+kv-pages .kvp-events { font-family: var(--kv-font-mono); font-size: .8rem; color: var(--kv-fg-soft); min-height: 1.3em; }
+kv-pages .kvp-tables button { font: inherit; background: none; border: 1px solid transparent; color: inherit; padding: .1rem .3rem; border-radius: 4px; cursor: pointer; text-align: left; }
+kv-pages .kvp-tables button:hover, kv-pages .kvp-tables button[aria-pressed=true] { border-color: var(--kv-focus); }
+`;
+
+class KvPages extends withHandlers(KvWidget) {
+  static events = ['kv'];
+  static label = 'Page allocator';
+
+  setup() {
+    injectStyle('kv-pages', STYLE);
+    this.pool = new KvPool();
+    this.palette = new OwnerPalette();
+    this.cursor = -1;
+    this.highlightSeq = null;
+    this.pinnedSeq = null;
+    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Pool figures' });
+    this.canvas = h('canvas', {
+      class: 'kvp-pool', tabindex: '0', role: 'application', 'aria-roledescription': 'block pool',
+      'aria-label': 'Block pool: arrow keys move between blocks, Home/End jump', 'aria-describedby': `${this.getAttribute('aria-labelledby')}-detail`,
+    });
+    this.painter = new PoolCanvas(this.canvas);
+    this.detailEl = h('p', { class: 'kvp-detail', id: `${this.getAttribute('aria-labelledby')}-detail`, 'aria-live': 'polite' });
+    this.eventsEl = h('p', { class: 'kvp-events' });
+    this.tablesEl = h('ul', { class: 'kvp-tables', 'aria-label': 'Block tables of the sequences in flight' });
+    this.sandbox = new SandboxPanel(this, this.palette);
+    this.demo = this.getAttribute('prompt') ? new PrefixDemo(this, this.getAttribute('prompt')) : null;
+    this.handlers = clientHandlers(this, { 'request.finished': (e) => this.demo?.onFinished(e) });
+    this.handlers.attach();
+    this.body.append(
+      ...(this.demo ? [this.demo.el] : []),
+      h('div', { class: 'kvw-row' }, h('strong', {}, 'The engine’s pool'), this.modeBadge),
+      this.figuresEl,
+      h('div', { class: 'kvp-poolwrap' }, this.canvas),
+      this.detailEl, this.eventsEl,
+      h('h4', {}, 'Block tables (logical → physical)'),
+      this.tablesEl,
+      this.sandbox.el,
+    );
+    this.canvas.addEventListener('keydown', (e) => this.onPoolKey(e));
+    this.canvas.addEventListener('pointermove', (e) => {
+      const r = this.canvas.getBoundingClientRect();
+      const sx = (parseFloat(this.canvas.style.width) || r.width) / (r.width || 1);
+      const sy = (parseFloat(this.canvas.style.height) || r.height) / (r.height || 1);
+      const id = this.painter.blockAt((e.clientX - r.left) * sx, (e.clientY - r.top) * sy, this.pool.numBlocks);
+      if (id >= 0 && id !== this.cursor) { this.cursor = id; this.describeBlock(id); this.requestRender(); }
+    });
+    this.canvas.addEventListener('focus', () => { if (this.cursor < 0 && this.pool.numBlocks) { this.cursor = 0; this.describeBlock(0); this.requestRender(); } });
+    this.tablesEl.addEventListener('mouseleave', () => this.setHighlight(this.pinnedSeq));
+    this.setLegend([
+      { label: 'free block', color: 'var(--kv-free)' },
+      { label: 'held by a sequence (colour = owner; filled from the bottom = slots used)', color: 'var(--kv-used)' },
+      { label: 'shared: ref count > 1 (thick border, count inside)', color: 'var(--kv-fg)', shape: 'line' },
+      { label: 'free but cached: keeps its hash, a later prefix can reuse it', color: 'var(--kv-cached)', shape: 'hatch' },
+    ]);
+    this.updateMode(this.client.mode);
+    this.sandbox.start();
+  }
+
+  onModeChange(mode) {
+    this.updateMode(mode);
+    this.sandbox.start();
+  }
+
+  updateMode(mode) {
+    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
+    this.modeBadge.textContent = modeText(mode);
+  }
+
+  onEvent(event) {
+    if (event.type === 'kv') {
+      if (!this.pool.apply(event)) return;
+      this.dataset.step = String(this.pool.step);
+      this.requestRender();
+    } else if (event.type === 'engine' && event.reason === 'reset') {
+      this.requestRender();
+    }
+  }
+
+  setHighlight(rid) {
+    if (rid === this.highlightSeq) return;
+    this.highlightSeq = rid;
+    this.requestRender();
+  }
+
+  describeBlock(id) {
+    const b = this.pool.blocks[id];
+    if (!b) return;
+    const tables = [...this.pool.tables].filter(([, t]) => t.includes(id)).map(([rid, t]) => `${rid}[${t.indexOf(id)}]`);
+    const state = b.ref > 0 ? `ref count ${b.ref}` : (b.hash ? 'free, cached' : 'free');
+    this.detailEl.textContent = `block ${id}: ${state} · ${b.filled}/${this.pool.blockSize} slots · hash ${b.hash || '—'}`
+      + `${b.owners.length ? ` · owners ${b.owners.join(', ')}` : ''}${tables.length ? ` · logical ${tables.join(', ')}` : ''}`;
+  }
+
+  onPoolKey(e) {
+    const n = this.pool.numBlocks;
+    if (!n) return;
+    const cols = this.painter.cols;
+    const c = Math.max(this.cursor, 0);
+    const moves = { ArrowRight: c + 1, ArrowLeft: c - 1, ArrowDown: c + cols, ArrowUp: c - cols, Home: 0, End: n - 1, PageDown: c + cols * 8, PageUp: c - cols * 8 };
+    if (!(e.key in moves)) return;
+    e.preventDefault();
+    this.cursor = Math.max(0, Math.min(n - 1, moves[e.key]));
+    this.describeBlock(this.cursor);
+    this.requestRender();
+  }
+
+  render() {
+    const p = this.pool;
+    const counts = p.counts();
+    const fig = (label, value, key) => h('div', {}, h('dt', {}, label), h('dd', { 'data-figure': key }, value));
+    this.figuresEl.replaceChildren(
+      fig('Blocks', p.ready ? `${formatInt(p.numBlocks)} × ${p.blockSize} slots` : '—', 'num_blocks'),
+      fig('In use', formatInt(counts.used + counts.shared), 'used'),
+      fig('Shared', formatInt(counts.shared), 'shared'),
+      fig('Free', formatInt(p.totals.num_free), 'num_free'),
+      fig('Cached (free)', formatInt(p.totals.num_cached), 'num_cached'),
+      fig('Prefix hits', formatInt(p.totals.prefix_hits), 'prefix_hits'),
+      fig('Evictions', formatInt(p.totals.evictions), 'evictions'),
+      fig('Step', formatInt(p.step), 'step'),
+    );
+    if (!p.ready) {
+      this.detailEl.textContent = 'Waiting for the pool snapshot…';
+      return;
+    }
+    const live = new Set(p.tables.keys());
+    const rid = this.highlightSeq && live.has(this.highlightSeq) ? this.highlightSeq : null;
+    const table = rid ? p.tables.get(rid) : null;
+    const colours = new Map();
+    const colourOf = (owner) => {
+      if (!colours.has(owner)) colours.set(owner, this.palette.resolved(owner));
+      return colours.get(owner);
+    };
+    this.painter.draw({
+      blocks: p.blocks, blockSize: p.blockSize, colourOf, cursor: this.cursor,
+      highlight: table ? new Set(table) : null, logical: table ? new Map(table.map((b, i) => [b, i])) : null,
+      width: Math.min((this.body.clientWidth || 700) - 12, 960),
+    });
+    this.canvas.setAttribute('aria-label', `Block pool of ${p.numBlocks} blocks: ${counts.used + counts.shared} in use (${counts.shared} shared), ${p.totals.num_cached} cached, ${p.totals.num_free} free. Arrow keys move between blocks.`);
+    this.eventsEl.textContent = p.lastEvents.length
+      ? `step ${p.step}: ${p.lastEvents.slice(0, 12).map((e) => `${e.op} ${e.block}${e.request_id ? ` (${e.request_id})` : ''}`).join(', ')}${p.lastEvents.length > 12 ? ', …' : ''}`
+      : '';
+    if (this.cursor >= 0) this.describeBlock(this.cursor);
+    else this.detailEl.textContent = 'Hover a block, or Tab to the pool and use the arrow keys, to read its state.';
+    this.renderTables();
+  }
+
+  renderTables() {
+    const entries = [...this.pool.tables];
+    const shown = entries.slice(0, MAX_TABLES);
+    const focused = this.tablesEl.contains(document.activeElement) ? document.activeElement.dataset.seq : null;
+    this.tablesEl.replaceChildren(...shown.map(([rid, t]) => {
+      const button = h('button', {
+        type: 'button', 'data-seq': rid, 'aria-pressed': this.pinnedSeq === rid ? 'true' : 'false',
+        'aria-label': `${rid}: ${t.length} blocks, logical to physical ${t.map((b, i) => `${i} to ${b}`).join(', ')}. Press to keep it highlighted.`,
+      }, h('strong', { style: `color:${this.palette.cssColour(rid)}` }, `■ ${rid}`), ` ${t.length} block${t.length === 1 ? '' : 's'}: `,
+      ...t.slice(0, 32).map((b, i) => h('span', { class: 'kvp-chip' }, `${i}→${b}`)), t.length > 32 ? ' …' : '');
+      button.addEventListener('pointerenter', () => this.setHighlight(rid));
+      button.addEventListener('focus', () => this.setHighlight(rid));
+      button.addEventListener('blur', () => this.setHighlight(this.pinnedSeq));
+      button.addEventListener('click', () => {
+        this.pinnedSeq = this.pinnedSeq === rid ? null : rid;
+        this.setHighlight(this.pinnedSeq ?? rid);
+        this.renderTables();
+      });
+      return h('li', {}, button);
+    }), ...(entries.length > MAX_TABLES ? [h('li', { class: 'kvw-note' }, `… and ${entries.length - MAX_TABLES} more`)] : []),
+    ...(entries.length ? [] : [h('li', { class: 'kvw-note' }, 'No sequence holds blocks right now. Submit a prompt (in another widget, or the class’s requests) to see tables appear.')]));
+    if (focused) this.tablesEl.querySelector(`[data-seq="${CSS.escape(focused)}"]`)?.focus();
+    const owners = entries.slice(0, 6).map(([rid]) => ({ label: rid, color: this.palette.cssColour(rid) }));
+    this.legendOwners(owners);
+  }
+
+  legendOwners(owners) {
+    const key = owners.map((o) => o.label).join(',');
+    if (key === this.legendKey) return;
+    this.legendKey = key;
+    this.setLegend([
+      { label: 'free block', color: 'var(--kv-free)' },
+      { label: 'held (filled from the bottom = slots used)', color: 'var(--kv-used)' },
+      { label: 'shared: ref count > 1 (thick border, count inside)', color: 'var(--kv-fg)', shape: 'line' },
+      { label: 'free but cached (keeps its hash)', color: 'var(--kv-cached)', shape: 'hatch' },
+      ...owners,
+    ]);
+  }
+
+  exportData() {
+    return { pool: this.pool.toJSON(), sandbox: this.sandbox.state };
+  }
+}
+
+customElements.define('kv-pages', KvPages);

@@ -1,0 +1,77 @@
+"""<kv-attention> against the real engine: a watched request's attention, every layer and
+head — rows sum to 1, the upper triangle (the causal mask) is 0, the head count is the
+model's — with the heatmap drawn and a query row lit over the text by keyboard."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+
+EXPORT_JS = """async el => {
+    const image = await el.exportImage();
+    const data = el.exportDataBlob();
+    const text = await image.blob.text();
+    return {type: image.blob.type, size: image.blob.size, head: text.slice(0, 5),
+            data_type: data.blob.type, widget: JSON.parse(await data.blob.text()).widget};
+}"""
+
+
+def check_exports(widget, image_type: str) -> None:
+    """The toolbar's exports of the current view: an image of the given type, and JSON."""
+    out = widget.evaluate(EXPORT_JS)
+    assert out["type"] == image_type and out["size"] > 500, out
+    assert out["data_type"] == "application/json" and out["widget"] == widget.evaluate("el => el.localName")
+
+def model_config() -> dict:
+    from kvscope.default_model import default_model_path
+    return json.loads((Path(default_model_path()) / "config.json").read_text())
+
+
+def test_attention_rows_are_causal_distributions(page, live_server, screenshot, assert_clean):
+    config = model_config()
+    page.goto(live_server + "/chapters/04-attention")
+    page.wait_for_selector("kv-attention[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-attention").first
+    widget.scroll_into_view_if_needed()
+    widget.get_by_label("Prompt").fill("The cat sat on the mat.")
+    widget.get_by_role("button", name="Run").click()
+    page.wait_for_selector("kv-attention[data-finished]", timeout=30000)
+
+    data = widget.evaluate("el => el.exportData()")
+    n = len(data["matrix"])
+    assert data["num_heads"] == config["num_attention_heads"]
+    assert data["heads_received"] == list(range(config["num_attention_heads"]))
+    assert sorted(int(k) for k in data["layers"]) == list(range(config["num_hidden_layers"]))
+    # prompt rows, then one row per decoded token but the last (drawn, never computed)
+    assert data["num_output_tokens"] >= 1
+    assert n == data["num_prompt_tokens"] + data["num_output_tokens"] - 1
+    assert data["tokens"][0] == "The"
+    heads = ["mean"] + list(range(config["num_attention_heads"]))
+    for layer in range(config["num_hidden_layers"]):
+        for head in heads:
+            matrix = widget.evaluate("(el, [l, h]) => el.matrix(l, h)", [layer, head])
+            assert len(matrix) == n and all(row is not None for row in matrix), (layer, head)
+            for q, row in enumerate(matrix):
+                assert abs(sum(row) - 1.0) < 2e-3 + 5e-5 * (q + 1), (layer, head, q, sum(row))
+                assert all(w == 0 for w in row[q + 1:]), (layer, head, q)      # causal mask
+                assert all(w >= 0 for w in row)
+
+    # The drawing: the lower triangle as cells, the mask as one hatched shape.
+    assert widget.locator(".kva-heatmap rect[data-col]").count() == n * (n + 1) // 2
+    assert widget.locator(".kva-mask").count() == 1
+    # Another layer and a single head through the selectors.
+    widget.get_by_label("Layer", exact=True).select_option("1")
+    widget.get_by_label("Head", exact=True).select_option("3")
+    page.wait_for_function("el => el.exportData().layer === 1 && el.exportData().head === '3'", arg=widget.element_handle())
+    # Keyboard: focus a query row, move down, the row's weights light up over the text.
+    widget.locator(".kva-row").nth(2).focus()
+    page.keyboard.press("ArrowDown")
+    assert widget.get_attribute("data-active-row") == "3"
+    spans = widget.locator(".kva-over span")
+    assert spans.count() == n
+    assert widget.locator(".kva-over .kva-q").count() == 1
+    screenshot(widget, "widget-attention")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)

@@ -1,0 +1,132 @@
+"""<kv-tokenizer> against the real server: its ids are /api/tokenize's, its counts are the
+text's, emoji and multi-byte text come out as byte pieces, and it works by keyboard alone."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+TEXTS = [
+    "Hello, world!",
+    "café 東京 👋🏽 — naïve",
+    "line one\nline two\twith a tab",
+    "<|endoftext|>special tokens are recognised",
+]
+
+
+
+EXPORT_JS = """async el => {
+    const image = await el.exportImage();
+    const data = el.exportDataBlob();
+    const text = await image.blob.text();
+    return {type: image.blob.type, size: image.blob.size, head: text.slice(0, 5),
+            data_type: data.blob.type, widget: JSON.parse(await data.blob.text()).widget};
+}"""
+
+
+def check_exports(widget, image_type: str) -> None:
+    """The toolbar's exports of the current view: an image of the given type, and JSON."""
+    out = widget.evaluate(EXPORT_JS)
+    assert out["type"] == image_type and out["size"] > 500, out
+    assert out["data_type"] == "application/json" and out["widget"] == widget.evaluate("el => el.localName")
+
+def api_tokenize(base: str, text: str, chat: bool = False) -> dict:
+    body = {"text": text, "chat": True} if chat else {"text": text}
+    request = urllib.request.Request(base + "/api/tokenize", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def open_tokenizer(page, live_server):
+    page.goto(live_server + "/chapters/02-tokens")
+    page.wait_for_selector("kv-tokenizer[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-tokenizer").first
+    widget.scroll_into_view_if_needed()
+    return widget
+
+
+def shown(widget, text: str) -> dict:
+    widget.page.wait_for_function("([el, t]) => el.dataset.text === t", arg=[widget.element_handle(), text])
+    return widget.evaluate("el => el.exportData()")
+
+
+def test_tokenizer_ids_match_the_api(page, live_server, screenshot, assert_clean):
+    widget = open_tokenizer(page, live_server)
+    textarea = widget.get_by_label("Text to tokenize")
+    for text in TEXTS:
+        textarea.fill(text)
+        data = shown(widget, text)
+        expected = api_tokenize(live_server, text)
+        assert data["ids"] == expected["ids"], text
+        assert data["num_chars"] == len(text)
+        assert data["num_bytes"] == len(text.encode("utf-8"))
+        assert data["num_tokens"] == len(expected["ids"])
+        # The chips: one per token, each carrying its id and byte span
+        chips = widget.locator(".kvt-tok")
+        assert chips.count() == len(expected["ids"])
+        assert [int(x) for x in chips.evaluate_all("els => els.map(e => e.dataset.id)")] == expected["ids"]
+        assert widget.locator("[data-count=tokens]").inner_text() == str(len(expected["ids"]))
+        if "👋" in text:
+            labels = chips.evaluate_all("els => els.map(e => e.querySelector('.kvt-piece').textContent)")
+            assert any(label.startswith("<0x") for label in labels), labels
+        if "\n" in text:
+            assert "↵" in widget.locator(".kvt-tokens").inner_text()
+        if text.startswith("<|endoftext|>"):
+            assert widget.locator(".kvt-tok.kvt-special").count() == 1
+    # The chat template: the formatted text's ids, its special tokens marked.
+    widget.get_by_label("as a chat message", exact=False).check()
+    page.wait_for_function("el => el.dataset.chat === 'true' && el.exportData().text.includes('<|im_start|>')",
+                           arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    expected = api_tokenize(live_server, TEXTS[-1], chat=True)
+    assert data["ids"] == expected["ids"]
+    assert widget.locator(".kvt-tok.kvt-special").count() == sum(t["special"] for t in expected["tokens"]) >= 3
+    widget.get_by_label("as a chat message", exact=False).uncheck()
+    # Hovering a token highlights its bytes in the text.
+    textarea.fill(TEXTS[1])
+    data = shown(widget, TEXTS[1])
+    widget.locator(".kvt-tok").nth(1).hover()
+    highlighted = widget.locator(".kvt-text .kvt-on").inner_text()
+    token = data["tokens"][1]
+    assert TEXTS[1].encode("utf-8")[token["start"]:token["end"]].decode("utf-8", "ignore") in highlighted
+    screenshot(widget, "widget-tokenizer")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+
+
+def test_tokenizer_by_keyboard_alone(page, live_server, screenshot, assert_clean):
+    widget = open_tokenizer(page, live_server)
+    page.locator("body").focus()
+    # Tab until the text box has focus (the chapter's links come first).
+    for _ in range(200):
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement && document.activeElement.classList.contains('kvt-input')"):
+            break
+    else:
+        raise AssertionError("the text box cannot be reached with Tab")
+    page.keyboard.press("Control+A")
+    text = "The cat sat. 🙂"
+    page.keyboard.type(text)
+    data = shown(widget, text)
+    assert data["ids"] == api_tokenize(live_server, text)["ids"]
+    page.keyboard.press("Tab")   # into the token list: the first token takes focus
+    active = page.evaluate("() => document.activeElement.dataset.index")
+    assert active == "0"
+    for expected in (1, 2, 3):
+        page.keyboard.press("ArrowRight")
+        assert widget.get_attribute("data-active") == str(expected)
+        assert page.evaluate("() => document.activeElement.getAttribute('aria-selected')") == "true"
+    token = data["tokens"][3]
+    piece = text.encode("utf-8")[token["start"]:token["end"]].decode("utf-8", "ignore")
+    assert piece in widget.locator(".kvt-text .kvt-on").inner_text()
+    page.keyboard.press("End")
+    assert widget.get_attribute("data-active") == str(len(data["tokens"]) - 1)
+    page.keyboard.press("Home")
+    assert widget.get_attribute("data-active") == "0"
+    assert "bytes 0–" in widget.locator(".kvt-detail").inner_text()
+    # The focus ring is visible on the focused token.
+    outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"
+    screenshot(widget, "widget-tokenizer-keyboard")
+    assert_clean(page)
