@@ -16,6 +16,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # default: the model's max_position_embeddings (capped)
     enable_chunked_prefill: bool = True
+    prefill_chunk_size: int | None = None   # cap on prompt tokens one sequence computes per step
     enable_prefix_caching: bool = True
     kv_cache_mib: int | None = None   # CPU budget (default 512) or explicit GPU budget
     gpu_memory_utilization: float = 0.90
@@ -31,6 +32,10 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.prefill_chunk_size is not None and self.prefill_chunk_size < 1:
+            raise ValueError(f"prefill_chunk_size must be >= 1 or None, got {self.prefill_chunk_size}")
+        if self.prefill_chunk_size is not None and not self.enable_chunked_prefill:
+            raise ValueError("prefill_chunk_size needs enable_chunked_prefill")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.load_format not in ("auto", "dummy"):

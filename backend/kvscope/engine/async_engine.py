@@ -52,18 +52,13 @@ class AsyncEngine:
         return await future
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
-                       source: str = "api", on_added: Callable[[Sequence], None] | None = None,
-                       prepare: Callable[[Sequence], None] | None = None
+                       source: str = "api", on_added: Callable[[Sequence], None] | None = None
                        ) -> AsyncIterator[StreamDelta]:
-        """`prepare` runs on the engine thread right after the request is added, before any
-        step (to hold or watch it from its first token)."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
 
         def add() -> Sequence:
             seq = self.engine.add_request(prompt, params, request_id, source)
-            if prepare is not None and not seq.is_finished:
-                prepare(seq)
             self._streams[seq.seq_id] = (loop, deltas)
             if seq.is_finished:   # refused at admission: the reason is the last delta
                 self._close(seq)

@@ -1,0 +1,104 @@
+"""Static facts about the loaded model, the device and the engine: the `hello` event, and
+the constants the per-step cost model needs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvscope import __version__
+from kvscope.hardware import H100_SXM, device_spec
+from kvscope.instrumentation.schema import SCHEMA_VERSION
+
+
+def h100_reference() -> dict:
+    """The public H100 SXM figures, in the hello event's field names."""
+    h = H100_SXM
+    return {"name": h["name"], "memory_bytes": int(h["hbm_bytes"]),
+            "bandwidth_bytes_per_s": h["hbm_bandwidth_bytes_per_s"], "l2_bytes": int(h["l2_bytes"]),
+            "num_sms": h["num_sms"], "smem_per_sm_bytes": h["shared_memory_per_sm_bytes"],
+            "peak_flops_bf16": h["peak_bf16_flops"], "pcie_bytes_per_s": h["pcie_bytes_per_s"],
+            "nvlink_bytes_per_s": h["nvlink_bytes_per_s"]}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    num_params: int          # unique parameters (tied embeddings counted once)
+    dtype_bytes: int
+    layer_matmul_params: int  # weights every token multiplies, per decoder stack (all layers)
+    lm_head_params: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    kv_bytes_per_token: int
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def read_weight_bytes(self) -> int:
+        """Weights a step reads: every decoder matrix plus the LM head."""
+        return (self.layer_matmul_params + self.lm_head_params) * self.dtype_bytes
+
+
+def model_facts(engine) -> ModelFacts:
+    cfg, model = engine.model_config, engine.model
+    dtype_bytes = torch.empty(0, dtype=engine.dtype).element_size()
+    unique = {id(p): p.numel() for p in model.parameters()}
+    layer_params = sum(p.numel() for name, p in model.model.layers.named_parameters() if p.dim() == 2)
+    return ModelFacts(
+        num_params=sum(unique.values()), dtype_bytes=dtype_bytes,
+        layer_matmul_params=layer_params, lm_head_params=model.lm_head.weight.numel(),
+        num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size, kv_bytes_per_token=cfg.kv_elements_per_token * dtype_bytes)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def device_facts(engine) -> dict:
+    spec = device_spec(engine.device)
+    return {"type": spec.type, "name": spec.name, "total_memory_bytes": int(spec.total_memory_bytes),
+            "peak_bandwidth_bytes_per_s": float(spec.peak_bandwidth_bytes_per_s),
+            "peak_flops": float(spec.peak_flops)}
+
+
+def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float = 0.0,
+                started_at: float | None = None) -> dict:
+    cfg = engine.model_config
+    device = device or device_facts(engine)
+    bm = engine.block_manager
+    return {
+        "type": "hello", "ts": ts, "schema_version": SCHEMA_VERSION,
+        "server": f"kvscope {__version__}",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at or time.time())),
+        "model": {
+            "name": cfg.name or engine.model_path.name, "architecture": cfg.architecture,
+            "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+            "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "rope_theta": float(cfg.rope_theta), "num_params": facts.num_params,
+            "dtype": dtype_name(engine.dtype), "dtype_bytes": facts.dtype_bytes,
+            "weight_bytes": facts.weight_bytes, "kv_bytes_per_token": facts.kv_bytes_per_token,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+        },
+        "device": device,
+        "engine": {
+            "block_size": bm.block_size, "num_blocks": bm.num_blocks,
+            "kv_cache_bytes": engine.runner.kv_cache_bytes,
+            "max_num_batched_tokens": engine.config.max_num_batched_tokens,
+            "max_num_seqs": engine.config.max_num_seqs, "max_model_len": engine.max_model_len,
+            "enable_prefix_caching": bm.enable_prefix_caching,
+            "attention_backend": engine.runner.attention_backend,
+        },
+        "h100": h100_reference(),
+    }

@@ -1,0 +1,208 @@
+"""Turns the engine's publication points into schema events and hands them, a batch at a
+time, to a sink (the server's fan-out, a recorder, a benchmark counter).
+
+Runs on the engine thread. A step's events (its tokens and finishes, then `step`, `kv`,
+`attention`, `sampling`, `memory`) go to the sink in one call at the end of the step;
+events between steps (a request added, aborted, a reset) go at once."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvscope.engine.observer import EngineObserver, StepRecord
+from kvscope.engine.sequence import Sequence
+from kvscope.instrumentation.cost import step_cost
+from kvscope.instrumentation.facts import model_facts
+from kvscope.instrumentation.kv_state import KVTracker
+from kvscope.instrumentation.memory import memory_event
+from kvscope.instrumentation.watch import Watch, WatchSpec, attention_event, sampling_event
+
+Sink = Callable[[list[dict]], None]
+PROMPT_PREVIEW = 300
+
+
+class Clock:
+    """Seconds since a shared start, the `ts` of every event."""
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return round(time.perf_counter() - self.t0, 6)
+
+    def at(self, perf_counter_time: float) -> float:
+        return round(perf_counter_time - self.t0, 6)
+
+
+@dataclass
+class RequestLabel:
+    """What the engine does not know about a request: who sent it and how it was asked."""
+    owner: str | None = None
+    prompt: str | None = None
+    held: bool = False
+    watched: bool = False
+
+
+class Instrumentation(EngineObserver):
+    def __init__(self, engine, sink: Sink, clock: Clock | None = None, memory_interval: float = 0.25):
+        self.engine = engine
+        self.sink = sink
+        self.clock = clock or Clock()
+        self.memory_interval = memory_interval
+        self.facts = model_facts(engine)
+        self.kv = KVTracker(engine.block_manager)
+        self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
+        self.watches: dict[str, Watch] = {}         # request id -> who watches it
+        self.watch_first = False                    # benchmarks: watch the next request added
+        self._pending: list[dict] = []              # this step's events so far
+        self._last_memory = float("-inf")
+        self._last_work = (0, 0)
+        engine.add_observer(self)
+
+    def detach(self) -> None:
+        self.engine.remove_observer(self)
+
+    # -- between steps -----------------------------------------------------------------
+    def on_request_added(self, seq: Sequence) -> None:
+        label = self.labels.get(seq.request_id) or RequestLabel()
+        p = seq.params
+        prompt = label.prompt[:PROMPT_PREVIEW] if label.prompt is not None else None
+        self.sink([{
+            "type": "request.added", "ts": self.clock(), "request_id": seq.request_id,
+            "source": seq.source, "owner": label.owner, "prompt": prompt,
+            "prompt_token_ids": list(seq.prompt_token_ids), "num_prompt_tokens": seq.num_prompt_tokens,
+            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                       "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
+                       "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
+                       "logprobs": p.logprobs},
+            "watched": label.watched or self.watch_first, "held": label.held}])
+        if self.watch_first and not seq.is_finished:
+            self.watch_first = False
+            self.watch(seq.request_id, "bench", WatchSpec(), seq)
+
+    def on_request_finished(self, seq: Sequence) -> None:
+        event = self._finished_event(seq)
+        self.labels.pop(seq.request_id, None)
+        if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step
+            self._pending.append(event)
+            return
+        self.watches.pop(seq.request_id, None)
+        bm = self.engine.block_manager   # abort, error, reset: between steps, publish now
+        events, bm.events = bm.events or [], [] if bm.events is not None else None
+        delta = self.kv.update([seq], [], events, self.engine.scheduler.num_steps, self.clock())
+        self.sink([event] + ([delta] if delta else []))
+
+    def _finished_event(self, seq: Sequence) -> dict:
+        end = seq.token_times[-1] if seq.token_times else time.perf_counter()
+        return {"type": "request.finished", "ts": self.clock(), "request_id": seq.request_id,
+                "reason": seq.finish_reason, "error": seq.error, "text": seq.text,
+                "num_prompt_tokens": seq.num_prompt_tokens, "num_output_tokens": seq.num_output_tokens,
+                "num_cached_tokens": seq.num_cached_tokens, "num_preemptions": seq.num_preemptions,
+                "ttft_s": seq.ttft, "e2e_s": max(0.0, end - seq.arrival_time),
+                "itl_s": [round(x, 6) for x in seq.inter_token_latencies]}
+
+    def on_reset(self) -> None:
+        self.kv = KVTracker(self.engine.block_manager)
+        self.watches.clear()
+        self.sink([self.kv_snapshot()])
+
+    def kv_snapshot(self) -> dict:
+        return self.kv.snapshot(self.engine.scheduler.num_steps, self.clock())
+
+    # -- inside a step -----------------------------------------------------------------
+    def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None:
+        event = {"type": "request.token", "ts": self.clock.at(seq.token_times[-1]), "request_id": seq.request_id,
+                 "index": seq.num_output_tokens - 1, "token_id": token_id, "text": text_delta,
+                 "step": self.engine.scheduler.num_steps}
+        if seq.params.logprobs is not None and seq.logprobs:
+            lp = seq.logprobs[-1]
+            event["logprob"] = lp["logprob"]
+            event["top"] = [{"id": i, "logprob": v} for i, v in lp["top"]]
+        self._pending.append(event)
+
+    def on_step(self, record: StepRecord) -> None:
+        out, ts = record.scheduled, self.clock()
+        events, self._pending = self._pending, []
+        events.append(self._step_event(record, ts))
+        touched = [e.seq for e in out.entries] + out.preempted + record.finished
+        ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
+        delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
+        if delta:
+            events.append(delta)
+        if self.watches or self.engine.watched:
+            events += self._watched_events(record, ts)
+            for seq in record.finished:
+                self.watches.pop(seq.request_id, None)
+        self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
+        if ts - self._last_memory >= self.memory_interval:
+            self._last_memory = ts
+            events.append(self.memory())
+        self.sink(events)
+
+    def memory(self) -> dict:
+        return memory_event(self.engine, self.facts, *self._last_work, self.clock())
+
+    def _step_event(self, record: StepRecord, ts: float) -> dict:
+        out = record.scheduled
+        seqs = [{"request_id": e.seq.request_id, "kind": "prefill" if e.num_new_tokens > 1 else "decode",
+                 "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
+                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples} for e in out.entries]
+        work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
+        cfg = self.engine.config
+        return {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
+                "num_batched_tokens": out.num_batched_tokens, "token_budget": cfg.max_num_batched_tokens,
+                "max_num_seqs": cfg.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
+                "finished": [s.request_id for s in record.finished],
+                "queues": {"waiting": record.num_waiting, "running": record.num_running},
+                "duration_s": record.total_seconds, "schedule_s": record.schedule_seconds,
+                "model_s": record.model_seconds, "cost": step_cost(self.facts, work, record.model_seconds)}
+
+    # -- watched requests --------------------------------------------------------------
+    def watch(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence | None = None) -> Watch:
+        """Start (or change) `viewer`'s watch of a live request. Engine thread only."""
+        seq = seq or self.engine.scheduler.find(request_id)
+        if seq is None:
+            raise KeyError(request_id)
+        w = self.watches.setdefault(request_id, Watch(seq))
+        w.viewers[viewer] = spec
+        self.engine.watch(seq.seq_id, w.layers())
+        return w
+
+    def unwatch(self, request_id: str, viewer: str) -> None:
+        w = self.watches.get(request_id)
+        if w is None:
+            return
+        w.viewers.pop(viewer, None)
+        if w.viewers:
+            self.engine.watch(w.seq.seq_id, w.layers())
+        else:
+            del self.watches[request_id]
+            self.engine.unwatch(w.seq.seq_id)
+
+    def drop_viewer(self, viewer: str) -> None:
+        for rid in [r for r, w in self.watches.items() if viewer in w.viewers]:
+            self.unwatch(rid, viewer)
+
+    def _watched_events(self, record: StepRecord, ts: float) -> list[dict]:
+        entries = {e.seq.seq_id: e for e in record.scheduled.entries}
+        watches = {w.seq.seq_id: w for w in self.watches.values()}
+        for seq_id in self.engine.watched.keys() - watches.keys():   # watched through the engine directly
+            if seq_id in entries:
+                watches[seq_id] = Watch(entries[seq_id].seq, {"engine": WatchSpec()})
+        step, kvh = record.scheduled.step, self.facts.num_kv_heads
+        events = []
+        for (seq_id, layer), probs in sorted(record.result.attention.items()):
+            e, w = entries.get(seq_id), watches.get(seq_id)
+            if e is None or w is None:
+                continue
+            positions = list(range(e.start, e.start + e.num_new_tokens))
+            events.append(attention_event(e.seq, step, layer, probs, positions,
+                                          w.heads(probs.shape[0]), kvh, ts))
+        for seq_id, logits in record.result.logits.items():
+            e, w = entries.get(seq_id), watches.get(seq_id)
+            if e is None or w is None or not w.sampling:
+                continue
+            if e.samples and seq_id in record.result.tokens:
+                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
+                                             self.engine.tokenizer, ts))
+        return events

@@ -1,0 +1,278 @@
+"""The event and command schema (JSON Schema, draft 2020-12), written as Python so the
+engine needs no extra file at run time. `python -m kvscope.instrumentation.schema`
+prints it; docs/events.schema.json is that output, and a test keeps the two equal."""
+from __future__ import annotations
+
+import json
+
+SCHEMA_VERSION = 1
+
+# -- tiny builders ---------------------------------------------------------------------
+INT = {"type": "integer"}
+NAT = {"type": "integer", "minimum": 0}
+NUM = {"type": "number"}
+NNUM = {"type": "number", "minimum": 0}
+STR = {"type": "string"}
+BOOL = {"type": "boolean"}
+NULL_STR = {"type": ["string", "null"]}
+NULL_NUM = {"type": ["number", "null"]}
+NULL_NAT = {"type": ["integer", "null"], "minimum": 0}
+REF = {"type": ["string", "integer", "null"]}
+
+
+def arr(items, **kw) -> dict:
+    return {"type": "array", "items": items, **kw}
+
+
+def obj(required: dict, optional: dict | None = None, extra: bool = False) -> dict:
+    props = {**required, **(optional or {})}
+    return {"type": "object", "properties": props, "required": sorted(required),
+            "additionalProperties": extra}
+
+
+def event(type_name: str | list[str], fields: dict, optional: dict | None = None) -> dict:
+    const = {"const": type_name} if isinstance(type_name, str) else {"enum": type_name}
+    return obj({"type": const, "ts": NNUM, **fields}, {"ref": REF, **(optional or {})})
+
+
+# -- events ----------------------------------------------------------------------------
+MODEL = obj({k: v for k, v in {
+    "name": STR, "architecture": STR, "num_layers": NAT, "hidden_size": NAT, "num_heads": NAT,
+    "num_kv_heads": NAT, "head_dim": NAT, "intermediate_size": NAT, "vocab_size": NAT,
+    "max_position_embeddings": NAT, "rope_theta": NUM, "num_params": NAT, "dtype": STR,
+    "dtype_bytes": NAT, "weight_bytes": NAT, "kv_bytes_per_token": NAT,
+    "tie_word_embeddings": BOOL}.items()})
+DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
+              "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
+ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
+              "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
+              "enable_prefix_caching": BOOL, "attention_backend": STR})
+H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
+            "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
+            "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
+HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
+                        "started_at": STR, "model": MODEL, "device": DEVICE, "engine": ENGINE,
+                        "h100": H100})
+
+FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling",
+            "memory", "spec", "sandbox", "viewers", "ack", "error"]
+SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "memory", "spec"]
+FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
+                  "layer": {"oneOf": [NAT, arr(NAT, maxItems=256)]},
+                  "head": {"oneOf": [NAT, arr(NAT, maxItems=256)]}})
+LIMITS = obj({"max_prompt_tokens": NAT, "max_prompt_chars": NAT, "max_tokens": NAT,
+              "submits_per_minute": NNUM, "messages_per_second": NNUM, "max_frame_bytes": NAT,
+              "max_active_requests": NAT, "max_watched_layers_x_heads": NAT})
+SESSION = event("session", {"client_id": STR, "role": {"enum": ["learner", "instructor"]},
+                            "subscriptions": {"type": "object", "additionalProperties": FILTER},
+                            "limits": LIMITS}, {"replay": BOOL})
+KNOBS = obj({"max_num_batched_tokens": NAT, "max_num_seqs": NAT,
+             "prefill_chunk_size": NULL_NAT, "enable_chunked_prefill": BOOL})
+ENGINE_STATE = event("engine", {
+    "reason": {"enum": ["connect", "pause", "resume", "step", "reset", "knobs", "inject", "recording"]},
+    "paused": BOOL, "step": NAT, "knobs": KNOBS, "num_running": NAT, "num_waiting": NAT,
+    "num_viewers": NAT,
+    "recording": {"oneOf": [{"type": "null"}, obj({"name": STR, "events": NAT})]}})
+
+TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
+             "complete": BOOL})
+TOKENS = event("tokens", {"text": STR, "num_bytes": NAT, "num_chars": NAT, "ids": arr(NAT),
+                          "tokens": arr(TOKEN)})
+
+PARAMS = obj({"temperature": NNUM, "top_k": INT, "top_p": NNUM, "min_p": NNUM,
+              "seed": {"type": ["integer", "null"]}, "max_tokens": NAT, "stop": arr(STR),
+              "stop_token_ids": arr(NAT), "ignore_eos": BOOL, "logprobs": NULL_NAT})
+SOURCE = {"enum": ["ws", "generate", "openai", "synthetic", "api"]}
+REQUEST_ADDED = event("request.added", {
+    "request_id": STR, "source": SOURCE, "owner": NULL_STR, "prompt": NULL_STR,
+    "prompt_token_ids": arr(NAT), "num_prompt_tokens": NAT, "params": PARAMS,
+    "watched": BOOL, "held": BOOL})
+TOP = arr(obj({"id": NAT, "logprob": NUM}))
+REQUEST_TOKEN = event("request.token", {"request_id": STR, "index": NAT, "token_id": NAT,
+                                        "text": STR, "step": NAT},
+                      {"logprob": NUM, "top": TOP})
+REQUEST_FINISHED = event("request.finished", {
+    "request_id": STR, "reason": {"enum": ["stop", "length", "abort", "error"]},
+    "error": NULL_STR, "text": STR, "num_prompt_tokens": NAT, "num_output_tokens": NAT,
+    "num_cached_tokens": NAT, "num_preemptions": NAT, "ttft_s": NULL_NUM, "e2e_s": NNUM,
+    "itl_s": arr(NNUM)})
+REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
+    "request_id": STR, "source": SOURCE, "owner": NULL_STR,
+    "status": {"enum": ["waiting", "running", "held"]}, "num_prompt_tokens": NAT,
+    "num_output_tokens": NAT, "num_computed_tokens": NAT, "held": BOOL, "watched": BOOL}))})
+
+STEP_SEQ = obj({"request_id": STR, "kind": {"enum": ["prefill", "decode"]}, "start": NAT,
+                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL})
+H100_COST = obj({"dtype": STR, "bytes": NAT, "flops": NAT, "memory_time_s": NNUM,
+                 "compute_time_s": NNUM, "time_s": NNUM, "bound": {"enum": ["memory", "compute"]}})
+COST = obj({"weight_bytes": NAT, "kv_read_bytes": NAT, "kv_write_bytes": NAT, "bytes": NAT,
+            "flops": NAT, "achieved_bytes_per_s": NNUM, "achieved_flops_per_s": NNUM,
+            "arithmetic_intensity": NNUM, "h100": H100_COST})
+STEP = event("step", {
+    "step": NAT, "seqs": arr(STEP_SEQ), "num_batched_tokens": NAT, "token_budget": NAT,
+    "max_num_seqs": NAT, "preempted": arr(STR), "finished": arr(STR),
+    "queues": obj({"waiting": NAT, "running": NAT}), "duration_s": NNUM, "schedule_s": NNUM,
+    "model_s": NNUM, "cost": COST})
+
+BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)})
+KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions": NAT}
+KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snapshot"}, "step": NAT,
+                   "block_size": NAT, "num_blocks": NAT, "blocks": arr(BLOCK),
+                   "tables": {"type": "object", "additionalProperties": arr(NAT)}, **KV_TOTALS},
+                  {"ref": REF})
+KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
+                "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
+                "removed_tables": arr(STR),
+                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict"]}, "block": NAT,
+                                   "request_id": NULL_STR})), **KV_TOTALS},
+               {"ref": REF})
+
+PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
+ATTENTION = event("attention", {
+    "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
+    "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT,
+    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
+SAMPLING = event("sampling", {
+    "request_id": STR, "step": NAT, "index": NAT,
+    "params": obj({"temperature": NNUM, "top_k": INT, "top_p": NNUM, "min_p": NNUM}),
+    "stages": arr(obj({"name": {"enum": ["logits", "temperature", "top_k", "top_p", "min_p"]},
+                       "applied": BOOL, "kept": NAT, "candidates": arr(CANDIDATE)})),
+    "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
+                 "cdf_high": PROB}),
+    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})})
+MEMORY = event("memory", {
+    "device_total_bytes": NAT, "device_free_bytes": NAT, "weights_bytes": NAT,
+    "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
+    "block_bytes": NAT, "activations_bytes": NAT, "activations_peak_bytes": NAT,
+    "process_bytes": NAT})
+SPEC = event("spec", {"step": NAT, "request_id": STR, "proposed": arr(NAT), "accepted": NAT})
+
+SANDBOX_SEQ = obj({"name": STR, "num_tokens": NAT, "block_table": arr(NAT), "cached_tokens": NAT})
+SANDBOX = event("sandbox", {
+    "op": STR, "block_size": NAT, "num_blocks": NAT, "max_model_len": NAT, "blocks": arr(BLOCK),
+    "seqs": arr(SANDBOX_SEQ), "num_free": NAT, "num_cached": NAT,
+    "last": {"type": ["object", "null"]},
+    "fragmentation": obj({
+        "paged": obj({"reserved_slots": NAT, "used_slots": NAT, "shared_slots_saved": NAT,
+                      "internal_waste_slots": NAT, "waste_fraction": NNUM}),
+        "contiguous": obj({"reserved_slots": NAT, "used_slots": NAT, "waste_slots": NAT,
+                           "waste_fraction": NNUM})})})
+VIEWERS = event("viewers", {"viewers": arr(obj({
+    "client_id": STR, "role": STR, "peer": STR, "connected_s": NNUM, "families": arr(STR),
+    "pending": NAT, "dropped": NAT, "active_requests": NAT}))})
+ACK = {"type": "object", "properties": {"type": {"const": "ack"}, "ts": NNUM, "ref": REF, "cmd": STR},
+       "required": ["type", "ts", "cmd"], "additionalProperties": True}
+ERROR = event("error", {"code": STR, "message": STR}, {"cmd": NULL_STR, "request_id": STR})
+RECORDING_HEADER = obj({"type": {"const": "recording"}, "format": {"const": "kvscope-recording"},
+                        "schema_version": {"const": SCHEMA_VERSION}, "name": STR, "created": STR,
+                        "description": STR, "model": STR})
+
+EVENTS = {
+    "hello": HELLO, "session": SESSION, "engine": ENGINE_STATE, "tokens": TOKENS,
+    "request.added": REQUEST_ADDED, "request.token": REQUEST_TOKEN,
+    "request.finished": REQUEST_FINISHED, "request.snapshot": REQUEST_SNAPSHOT, "step": STEP,
+    "kv_snapshot": KV_SNAPSHOT, "kv_delta": KV_DELTA, "attention": ATTENTION, "sampling": SAMPLING,
+    "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "viewers": VIEWERS, "ack": ACK,
+    "error": ERROR,
+}
+
+# -- commands (client -> server) ---------------------------------------------------------
+NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,32}$"}
+RID = {"type": "string", "minLength": 1, "maxLength": 64}
+INTS = {"oneOf": [NAT, arr(NAT, maxItems=256)]}
+SAMPLING_PARAMS = obj({}, {
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": 1_000_000},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": 2**63 - 1},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "stop": {"oneOf": [{"type": "string", "minLength": 1, "maxLength": 64},
+                       arr({"type": "string", "minLength": 1, "maxLength": 64}, maxItems=4)]},
+    "stop_token_ids": arr(NAT, maxItems=16),
+    "ignore_eos": BOOL,
+    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+})
+WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL})
+MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
+
+
+def command(name: str, required: dict | None = None, optional: dict | None = None) -> dict:
+    return obj({"type": {"const": name}, **(required or {})}, {"ref": REF, **(optional or {})})
+
+
+COMMANDS = {
+    "subscribe": command("subscribe", {"families": arr({"enum": SUBSCRIBABLE}, maxItems=16)},
+                         {"filters": FILTER}),
+    "unsubscribe": command("unsubscribe", {"families": arr({"enum": SUBSCRIBABLE}, maxItems=16)}),
+    "tokenize": command("tokenize", {"text": STR}, {"chat": BOOL}),
+    "submit": command("submit", {}, {
+        "prompt": {"type": "string", "minLength": 1},
+        "messages": arr(MESSAGE, minItems=1, maxItems=64),
+        "prompt_token_ids": arr(NAT, minItems=1),
+        "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL}),
+    "cancel": command("cancel", {"request_id": RID}),
+    "watch": command("watch", {"request_id": RID}, {"layers": arr(NAT, maxItems=256),
+                                                    "heads": arr(NAT, maxItems=256), "sampling": BOOL}),
+    "unwatch": command("unwatch", {"request_id": RID}),
+    "hold": command("hold", {"request_id": RID}),
+    "next": command("next", {"request_id": RID}),
+    "release": command("release", {"request_id": RID}),
+    "sandbox": command("sandbox", {"op": {"enum": ["allocate", "append", "fork", "free", "reset", "state"]}}, {
+        "seq": NAME, "new_seq": NAME, "prefix_of": NAME,
+        "tokens": {"type": "integer", "minimum": 1, "maximum": 64},
+        "prefix_tokens": {"type": "integer", "minimum": 0, "maximum": 1024},
+        "num_blocks": {"type": "integer", "minimum": 1, "maximum": 256},
+        "block_size": {"type": "integer", "minimum": 1, "maximum": 64},
+        "max_model_len": {"type": "integer", "minimum": 1, "maximum": 65536}}),
+    "snapshot": command("snapshot", {}, {"families": arr({"enum": SUBSCRIBABLE}, maxItems=16)}),
+    "auth": command("auth", {"token": {"type": "string", "maxLength": 256}}),
+    "ping": command("ping"),
+    "pause": command("pause"),
+    "resume": command("resume"),
+    "step": command("step"),
+    "reset": command("reset"),
+    "set_knobs": command("set_knobs", {}, {
+        "max_num_batched_tokens": {"type": "integer", "minimum": 1, "maximum": 8192},
+        "max_num_seqs": {"type": "integer", "minimum": 1, "maximum": 256},
+        "prefill_chunk_size": {"type": ["integer", "null"], "minimum": 1, "maximum": 8192},
+        "enable_chunked_prefill": BOOL}),
+    "inject": command("inject", {"n": {"type": "integer", "minimum": 1, "maximum": 64}}, {
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024},
+        "prompt_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
+    "record_start": command("record_start", {}, {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}),
+    "record_stop": command("record_stop"),
+    "viewers": command("viewers"),
+    "replay": command("replay", {"action": {"enum": ["play", "pause", "step"]}},
+                      {"speed": {"type": "number", "exclusiveMinimum": 0, "maximum": 100}}),
+}
+INSTRUCTOR_COMMANDS = {"pause", "resume", "step", "reset", "set_knobs", "inject", "record_start",
+                       "record_stop", "viewers"}
+
+
+def event_schema_key(event: dict) -> str:
+    """Which schema an event follows (kv has two shapes)."""
+    kind = event.get("type")
+    if kind == "kv":
+        return "kv_delta" if event.get("kind") == "delta" else "kv_snapshot"
+    return kind
+
+
+def full_schema() -> dict:
+    """One document: `$defs` holds every event and command; the root accepts any event."""
+    defs = {f"event.{k}": v for k, v in EVENTS.items()}
+    defs.update({f"command.{k}": v for k, v in COMMANDS.items()})
+    defs["recording_header"] = RECORDING_HEADER
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://kvscope.dev/events.schema.json",
+        "title": f"kvscope events and commands, schema version {SCHEMA_VERSION}",
+        "schema_version": SCHEMA_VERSION,
+        "$defs": defs,
+        "oneOf": [{"$ref": f"#/$defs/event.{k}"} for k in EVENTS],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(full_schema(), indent=1, sort_keys=True))

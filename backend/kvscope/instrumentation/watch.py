@@ -1,0 +1,111 @@
+"""Costly captures for watched requests only: attention weights (recomputed by
+`kvscope.layers.capture` from the request's queries and cached keys) and the sampler's
+view of each draw. Viewers say which layers and heads they want; the engine captures the
+union, and each event carries the union of heads (the server slices per viewer)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p
+from kvscope.engine.sequence import Sequence
+
+TOP_CANDIDATES = 10
+DECIMALS = 4
+
+
+@dataclass
+class WatchSpec:
+    layers: frozenset[int] | None = None   # None: every layer
+    heads: frozenset[int] | None = None    # None: every head
+    sampling: bool = True
+
+
+@dataclass
+class Watch:
+    seq: Sequence
+    viewers: dict[str, WatchSpec] = field(default_factory=dict)   # viewer id -> what it wants
+
+    def layers(self) -> set[int] | None:
+        specs = list(self.viewers.values())
+        if any(s.layers is None for s in specs):
+            return None
+        return set().union(*(s.layers for s in specs))
+
+    def heads(self, num_heads: int) -> list[int]:
+        specs = list(self.viewers.values())
+        if any(s.heads is None for s in specs):
+            return list(range(num_heads))
+        return sorted(h for h in set().union(*(s.heads for s in specs)) if h < num_heads)
+
+    @property
+    def sampling(self) -> bool:
+        return any(s.sampling for s in self.viewers.values())
+
+
+def rounded(t: torch.Tensor) -> list:
+    return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
+
+
+def attention_event(seq: Sequence, step: int, layer: int, probs: torch.Tensor, positions: list[int],
+                    heads: list[int], num_kv_heads: int, ts: float) -> dict:
+    """probs: [num_heads, rows, context] for one layer of one watched sequence."""
+    group = probs.shape[0] // num_kv_heads
+    ctx = probs.shape[2]
+    return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
+            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": probs.shape[0],
+            "query_positions": positions, "context_len": ctx, "token_ids": seq.token_ids[:ctx],
+            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0))}
+
+
+def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, texts: dict[int, str]) -> list[dict]:
+    out = []
+    for i in order:
+        logit = float(logits[i])
+        out.append({"id": i, "text": texts[i], "logit": None if logit == float("-inf") else round(logit, 4),
+                    "prob": round(float(probs[i]), 6)})
+    return out
+
+
+def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, tokenizer, ts: float) -> dict:
+    """logits: the raw [vocab] row the sampler saw for this sequence."""
+    p = seq.params
+    row = logits.float().unsqueeze(0)
+    stages = [("logits", True, row)]
+    cur = apply_temperature(row, torch.tensor([p.temperature])) if not p.greedy else row
+    stages.append(("temperature", not p.greedy, cur))
+    for name, on, fn, arg in (("top_k", p.top_k > 0, apply_top_k, torch.tensor([p.top_k])),
+                              ("top_p", p.top_p < 1.0, apply_top_p, torch.tensor([p.top_p])),
+                              ("min_p", p.min_p > 0.0, apply_min_p, torch.tensor([p.min_p]))):
+        if on and not p.greedy:
+            cur = fn(cur, arg)
+        stages.append((name, on and not p.greedy, cur))
+    order = row[0].topk(min(TOP_CANDIDATES, row.shape[1])).indices.tolist()
+    if chosen not in order:
+        order.append(chosen)
+    texts = {i: _text(tokenizer, i) for i in order}
+    out_stages = []
+    for name, applied, lg in stages:
+        probs = lg[0].softmax(dim=0)
+        out_stages.append({"name": name, "applied": applied, "kept": int(torch.isfinite(lg[0]).sum()),
+                           "candidates": _candidates(order, lg[0], probs, texts)})
+    final = stages[-1][2][0].softmax(dim=0)
+    sorted_probs, sorted_ids = final.sort(descending=True)
+    rank = int((sorted_ids == chosen).nonzero()[0, 0])
+    low = float(sorted_probs[:rank].sum())
+    draw = {"method": "greedy" if p.greedy else "sample", "rank": rank,
+            "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(sorted_probs[rank]), 1.0), 6)}
+    logprob = float(row[0].log_softmax(dim=0)[chosen])
+    return {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
+            "index": seq.num_output_tokens - 1,
+            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
+            "stages": out_stages, "draw": draw,
+            "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(final[chosen]), 6),
+                       "logprob": round(logprob, 6)}}
+
+
+def _text(tokenizer, token_id: int) -> str:
+    if tokenizer is None:
+        return f"<{token_id}>"
+    return tokenizer.decode([token_id])

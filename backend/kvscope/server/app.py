@@ -1,0 +1,83 @@
+"""The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from kvscope.server.openai_api import openai_router
+from kvscope.server.replay_ws import serve_replay
+from kvscope.server.rest import rest_router
+from kvscope.server.service import EngineService
+from kvscope.server.ws import serve_websocket
+
+log = logging.getLogger("kvscope.server")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
+
+
+def frontend_dir(configured: Path | None = None) -> Path | None:
+    """KVSCOPE_FRONTEND_DIR, the configured folder, or frontend/ at the repository root."""
+    for candidate in (os.environ.get("KVSCOPE_FRONTEND_DIR"), configured,
+                      PACKAGE_DIR.parents[1] / "frontend", PACKAGE_DIR / "frontend"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def recording_folders(service: EngineService) -> list[Path]:
+    folders = [service.config.recordings_dir]
+    front = frontend_dir(service.config.frontend_dir)
+    if front is not None:
+        folders.append(front / "recordings")
+    return folders
+
+
+def create_app(service: EngineService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        try:
+            yield
+        finally:
+            service.stop()
+
+    app = FastAPI(title="kvscope", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app.state.service = service
+    app.include_router(rest_router(service))
+    app.include_router(openai_router(service))
+
+    @app.websocket("/ws")
+    async def ws(websocket: WebSocket):
+        await serve_websocket(websocket, service)
+
+    @app.websocket("/ws/replay/{name}")
+    async def replay(websocket: WebSocket, name: str):
+        await serve_replay(websocket, recording_folders(service), name, service.config.limits.max_frame_bytes)
+
+    front = frontend_dir(service.config.frontend_dir)
+    if front is not None:
+        app.mount("/static", StaticFiles(directory=front), name="static")
+    mount_pages(app)
+    if front is not None and not any(getattr(r, "path", None) == "/console" for r in app.routes):
+        @app.get("/console", include_in_schema=False)
+        async def console():   # the pages module may serve its own; this is the plain one
+            return FileResponse(front / "console.html")
+    return app
+
+
+def mount_pages(app: FastAPI) -> None:
+    """The chapter pages (another module's job); the API works without them."""
+    try:
+        pages = importlib.import_module("kvscope.server.pages")
+    except ModuleNotFoundError as exc:
+        if exc.name != "kvscope.server.pages":
+            raise
+        log.info("kvscope.server.pages is not there yet: serving the API and /static only")
+        return
+    pages.mount_pages(app)

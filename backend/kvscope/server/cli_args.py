@@ -1,0 +1,40 @@
+"""`kvscope serve` arguments. Imports nothing heavy: the CLI builds its parser from this
+even on machines without the web stack."""
+from __future__ import annotations
+
+import argparse
+
+CPU_DEFAULT_KV_BLOCKS = 1024   # a pool small enough to draw, big enough for a classroom
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded kvscope-mini)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--instructor-token", default=None,
+                   help="token for the instructor controls (default: a random one, printed at start-up)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help=f"KV blocks in the pool (default on CPU: {CPU_DEFAULT_KV_BLOCKS}; on GPU: from free memory)")
+    p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache size instead of --num-kv-blocks")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--prefill-chunk-size", type=int, default=None)
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
+    p.add_argument("--recordings-dir", default="recordings", help="where record_start writes JSONL")
+    p.add_argument("--frontend-dir", default=None, help="static front end (default: frontend/ in the checkout)")
+    p.add_argument("--allow-origin", action="append", default=[],
+                   help="an extra WebSocket Origin to accept (repeatable), e.g. https://class.example.org")
+    p.add_argument("--learner-max-tokens", type=int, default=256)
+    p.add_argument("--learner-max-prompt-tokens", type=int, default=512)
+    p.add_argument("--learner-submits-per-minute", type=float, default=20)
+    p.add_argument("--rest-requests-per-minute", type=float, default=120,
+                   help="REST/OpenAI calls per minute per address without the token (0: unlimited)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -1,0 +1,292 @@
+"""What each WebSocket command does. A handler gets the session (the service and this
+viewer) and the validated message, replies through the hub, and raises CommandError to
+refuse; the caller turns that into an `error` event carrying the message's ref."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from kvscope.instrumentation.observer import RequestLabel
+from kvscope.instrumentation.schema import SUBSCRIBABLE
+from kvscope.instrumentation.watch import WatchSpec
+from kvscope.server.sandbox import Sandbox
+from kvscope.server.service import EngineService
+from kvscope.server.validation import CommandError, sampling_params
+from kvscope.server.viewer import Filter, Viewer
+
+
+@dataclass
+class Session:
+    service: EngineService
+    viewer: Viewer
+
+    @property
+    def hub(self):
+        return self.service.hub
+
+    def reply(self, msg: dict, event: dict) -> None:
+        if "ref" in msg:
+            event["ref"] = msg["ref"]
+        self.hub.send(self.viewer, event)
+
+    def ack(self, msg: dict, **fields) -> None:
+        self.reply(msg, {"type": "ack", "ts": self.service.clock(), "cmd": msg["type"], **fields})
+
+    def session_event(self) -> dict:
+        v = self.viewer
+        return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
+                "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
+                "limits": self.service.config.limits.as_dict()}
+
+    def own(self, rid: str) -> None:
+        """Learners may only steer their own requests."""
+        if rid not in self.viewer.active and not self.viewer.is_instructor:
+            if rid in self.hub.requests:
+                raise CommandError("forbidden", f"request {rid!r} is not yours")
+            raise CommandError("unknown_request", f"no request {rid!r} is in flight")
+
+
+# -- subscriptions -------------------------------------------------------------------------
+async def subscribe(s: Session, msg: dict) -> None:
+    families = list(dict.fromkeys(msg["families"]))
+    s.viewer.subscribe(families, Filter.parse(msg.get("filters")))
+    s.ack(msg, families=sorted(s.viewer.families))
+    for event in s.hub.snapshots(families):
+        s.hub.send(s.viewer, dict(event))
+
+
+async def unsubscribe(s: Session, msg: dict) -> None:
+    s.viewer.unsubscribe(msg["families"])
+    s.ack(msg, families=sorted(s.viewer.families))
+
+
+async def snapshot(s: Session, msg: dict) -> None:
+    families = msg.get("families") or list(s.viewer.families) or SUBSCRIBABLE
+    for event in s.hub.snapshots(families):
+        s.reply(msg, dict(event))
+
+
+async def tokenize(s: Session, msg: dict) -> None:
+    limit = s.service.config.limits.max_prompt_chars
+    if len(msg["text"]) > limit and not s.viewer.is_instructor:
+        raise CommandError("prompt_too_long", f"text has {len(msg['text'])} characters; the limit is {limit}")
+    s.reply(msg, s.service.tokenize(msg["text"], msg.get("chat", False)))
+
+
+# -- requests ------------------------------------------------------------------------------
+def watch_spec(s: Session, raw: dict) -> WatchSpec:
+    facts = s.service.instr.facts
+    layers = raw.get("layers")
+    heads = raw.get("heads")
+    for name, values, n in (("layers", layers, facts.num_layers), ("heads", heads, facts.num_heads)):
+        bad = [x for x in values or [] if x >= n]
+        if bad:
+            raise CommandError("invalid_field", f"watch.{name}: {bad[0]} is out of range; the model has {n}")
+    limit = s.service.config.limits.max_watched_layers_x_heads
+    cells = len(layers or range(facts.num_layers)) * len(heads or range(facts.num_heads))
+    if cells > limit and not s.viewer.is_instructor:
+        raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; the limit is {limit}")
+    if s.service.num_watched >= s.service.config.max_watched_requests:
+        raise CommandError("too_many_requests",
+                           f"{s.service.config.max_watched_requests} requests are watched already; unwatch one first")
+    return WatchSpec(None if layers is None else frozenset(layers), None if heads is None else frozenset(heads),
+                     raw.get("sampling", True))
+
+
+def check_submit_limits(s: Session, ids: list[int], prompt: str | None) -> None:
+    if s.viewer.is_instructor:
+        return
+    limits = s.service.config.limits
+    if prompt is not None and len(prompt) > limits.max_prompt_chars:
+        raise CommandError("prompt_too_long",
+                           f"the prompt has {len(prompt)} characters; learners may submit at most {limits.max_prompt_chars}")
+    if len(ids) > limits.max_prompt_tokens:
+        raise CommandError("prompt_too_long",
+                           f"the prompt has {len(ids)} tokens; learners may submit at most {limits.max_prompt_tokens}")
+    if len(s.viewer.active) >= limits.max_active_requests:
+        raise CommandError("too_many_requests",
+                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests}")
+    if not s.viewer.submits.take():
+        raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute; "
+                                           f"try again in {s.viewer.submits.retry_after():.0f} s")
+
+
+async def submit(s: Session, msg: dict) -> None:
+    forms = [k for k in ("prompt", "messages", "prompt_token_ids") if k in msg]
+    if len(forms) != 1:
+        raise CommandError("invalid_field", "give exactly one of prompt, messages or prompt_token_ids")
+    service, viewer = s.service, s.viewer
+    ids, text = service.prompt_ids(msg.get("prompt"), msg.get("messages"), msg.get("prompt_token_ids"))
+    cap = None if viewer.is_instructor else service.config.limits.max_tokens
+    params = sampling_params(msg.get("params"), cap)
+    spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
+    check_submit_limits(s, ids, text)   # last: a refused message costs no submit allowance
+    rid = service.new_request_id()
+    if spec is not None:
+        _register_watch(s, rid, spec)
+    label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
+    done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None)
+    if done.error:
+        _unregister_watch(s, rid)
+        raise CommandError("engine", done.error, request_id=rid)
+    s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
+
+
+def _register_watch(s: Session, rid: str, spec: WatchSpec) -> None:
+    s.viewer.watches[rid] = spec
+    s.hub.watchers[rid].add(s.viewer.id)
+
+
+def _unregister_watch(s: Session, rid: str) -> None:
+    s.viewer.watches.pop(rid, None)
+    viewers = s.hub.watchers.get(rid)
+    if viewers is not None:
+        viewers.discard(s.viewer.id)
+        if not viewers:
+            del s.hub.watchers[rid]
+
+
+async def cancel(s: Session, msg: dict) -> None:
+    s.own(msg["request_id"])
+    if not await s.service.cancel(msg["request_id"]):
+        raise CommandError("unknown_request", f"no request {msg['request_id']!r} is in flight")
+    s.ack(msg, request_id=msg["request_id"])
+
+
+async def watch(s: Session, msg: dict) -> None:
+    rid = msg["request_id"]
+    spec = watch_spec(s, msg)
+    _register_watch(s, rid, spec)
+    try:
+        await s.service.watch(rid, s.viewer.id, spec)
+    except CommandError:
+        _unregister_watch(s, rid)
+        raise
+    s.ack(msg, request_id=rid)
+
+
+async def unwatch(s: Session, msg: dict) -> None:
+    rid = msg["request_id"]
+    _unregister_watch(s, rid)
+    await s.service.unwatch(rid, s.viewer.id)
+    s.ack(msg, request_id=rid)
+
+
+async def hold(s: Session, msg: dict) -> None:
+    s.own(msg["request_id"])
+    await s.service.hold(msg["request_id"])
+    s.ack(msg, request_id=msg["request_id"])
+
+
+async def next_token(s: Session, msg: dict) -> None:
+    s.own(msg["request_id"])
+    await s.service.next_token(msg["request_id"])
+    s.ack(msg, request_id=msg["request_id"])
+
+
+async def release(s: Session, msg: dict) -> None:
+    s.own(msg["request_id"])
+    await s.service.release(msg["request_id"])
+    s.ack(msg, request_id=msg["request_id"])
+
+
+# -- sandbox, auth, ping -----------------------------------------------------------------------
+async def sandbox(s: Session, msg: dict) -> None:
+    if s.viewer.sandbox is None:
+        s.viewer.sandbox = Sandbox()
+    box = s.viewer.sandbox
+    try:
+        box.apply(msg)
+    except (AssertionError, RuntimeError, ValueError) as exc:
+        raise CommandError("sandbox", str(exc)) from None
+    s.reply(msg, {**box.state(), "ts": s.service.clock(), "op": msg["op"]})
+
+
+async def auth(s: Session, msg: dict) -> None:
+    if not secrets.compare_digest(msg["token"].encode(), s.service.config.instructor_token.encode()):
+        raise CommandError("forbidden", "wrong instructor token")
+    s.viewer.role = "instructor"
+    s.ack(msg, role="instructor")
+    s.hub.send(s.viewer, s.session_event())
+
+
+async def ping(s: Session, msg: dict) -> None:
+    s.ack(msg)
+
+
+async def replay_control(s: Session, msg: dict) -> None:
+    raise CommandError("replay", "replay commands work on a replay socket, /ws/replay/<name>")
+
+
+# -- instructor ----------------------------------------------------------------------------
+def announce(s: Session, reason: str) -> None:
+    s.hub.broadcast(s.service.engine_state(reason))
+
+
+async def pause(s: Session, msg: dict) -> None:
+    s.service.pause()
+    s.ack(msg)
+    announce(s, "pause")
+
+
+async def resume(s: Session, msg: dict) -> None:
+    s.service.resume()
+    s.ack(msg)
+    announce(s, "resume")
+
+
+async def step(s: Session, msg: dict) -> None:
+    s.ack(msg, step=await s.service.step())
+    announce(s, "step")
+
+
+async def reset(s: Session, msg: dict) -> None:
+    aborted = await s.service.reset()
+    s.ack(msg, aborted=aborted)
+    announce(s, "reset")
+
+
+async def set_knobs(s: Session, msg: dict) -> None:
+    knobs = {k: v for k, v in msg.items() if k not in ("type", "ref")}
+    s.ack(msg, knobs=await s.service.set_knobs(knobs))
+    announce(s, "knobs")
+
+
+async def inject(s: Session, msg: dict) -> None:
+    rids = await s.service.inject(msg["n"], msg.get("max_tokens", 32), msg.get("prompt_tokens"))
+    s.ack(msg, request_ids=rids)
+    announce(s, "inject")
+
+
+async def record_start(s: Session, msg: dict) -> None:
+    service = s.service
+    if service.hub.recorder is not None:
+        raise CommandError("invalid_field", f"already recording {service.hub.recorder.name!r}; stop it first")
+    name = msg.get("name") or f"session-{int(service.started_at + service.clock())}"
+    path = service.config.recordings_dir / f"{name}.jsonl"
+    service.hub.start_recording(path, name, service.model_name, service.recording_preamble())
+    s.ack(msg, name=name, path=str(path))
+    announce(s, "recording")
+
+
+async def record_stop(s: Session, msg: dict) -> None:
+    rec = s.service.hub.stop_recording()
+    if rec is None:
+        raise CommandError("invalid_field", "not recording")
+    s.ack(msg, name=rec.name, path=str(rec.path), events=rec.events)
+    announce(s, "recording")
+
+
+async def viewers(s: Session, msg: dict) -> None:
+    s.reply(msg, {"type": "viewers", "ts": s.service.clock(),
+                  "viewers": [v.summary() for v in s.hub.viewers.values()]})
+
+
+HANDLERS = {
+    "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
+    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
+    "next": next_token, "release": release, "sandbox": sandbox, "auth": auth, "ping": ping,
+    "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
+    "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
+    "replay": replay_control,
+}

@@ -1,0 +1,38 @@
+"""Server settings: where it listens, who is an instructor, and what learners may do."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Limits:
+    """What a learner (no instructor token) may do; stated in every refusal."""
+    max_prompt_tokens: int = 512
+    max_prompt_chars: int = 8000
+    max_tokens: int = 256
+    submits_per_minute: float = 20
+    messages_per_second: float = 50
+    max_frame_bytes: int = 64 * 1024
+    max_active_requests: int = 4
+    max_watched_layers_x_heads: int = 4096
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    instructor_token: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    limits: Limits = field(default_factory=Limits)
+    rest_requests_per_minute: float = 120   # per client address, without the instructor token
+    max_pending_events: int = 512           # a viewer's queued display events before coalescing
+    max_pending_essential: int = 20000      # a viewer this far behind on its own events is closed
+    min_frame_interval: float = 0.1         # display-only frames at most 10/s per viewer
+    max_watched_requests: int = 8
+    recordings_dir: Path = Path("recordings")
+    frontend_dir: Path | None = None
+    extra_origins: tuple[str, ...] = ()

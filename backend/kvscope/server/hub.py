@@ -1,0 +1,319 @@
+"""The fan-out: engine events in (from the engine thread, a batch per step), frames out to
+every viewer, SSE follower, recorder and the metrics.
+
+Each event is serialised once. Viewers whose subscriptions carry no filters and who have
+no request of their own in the batch share one pre-joined chunk per distinct set of
+families, so the work per step grows with the number of *kinds* of viewer, not with the
+number of viewers × events. The hub also mirrors the state a late joiner needs (the KV
+pool, the latest memory figures, the requests in flight) so snapshots never touch the
+engine thread."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+from kvscope.instrumentation.encode import dumps
+from kvscope.instrumentation.recording import Recorder
+from kvscope.server.viewer import Chunk, Viewer
+
+RECORDED_REPLIES = ("tokens", "sandbox")
+
+
+def family(event_type: str) -> str:
+    return event_type.split(".", 1)[0]
+
+
+class KVMirror:
+    """The pool as the viewers know it: the last snapshot with every delta applied."""
+
+    def __init__(self):
+        self.blocks: list[dict] = []
+        self.tables: dict[str, list[int]] = {}
+        self.meta: dict = {}
+        self._text: str | None = None
+
+    def apply(self, e: dict) -> None:
+        totals = {k: e[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")}
+        if e["kind"] == "snapshot":
+            self.blocks, self.tables = list(e["blocks"]), dict(e["tables"])
+            self.meta = {"block_size": e["block_size"], "num_blocks": e["num_blocks"]}
+        else:
+            for b in e["blocks"]:
+                self.blocks[b["id"]] = b
+            self.tables.update(e["tables"])
+            for rid in e["removed_tables"]:
+                self.tables.pop(rid, None)
+        self.meta.update(totals, step=e["step"])
+        self._text = None
+
+    def snapshot(self, ts: float) -> dict:
+        m = self.meta
+        return {"type": "kv", "ts": ts, "kind": "snapshot", "step": m["step"], "block_size": m["block_size"],
+                "num_blocks": m["num_blocks"], "blocks": self.blocks, "tables": self.tables,
+                **{k: m[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")}}
+
+    def snapshot_text(self, ts: float) -> str:
+        if self._text is None:
+            self._text = dumps(self.snapshot(ts))
+        return self._text
+
+
+class Hub:
+    def __init__(self, clock, metrics=None):
+        self.clock = clock
+        self.metrics = metrics
+        self.viewers: dict[str, Viewer] = {}
+        self.followers: dict[str, list[asyncio.Queue]] = defaultdict(list)
+        self.watchers: dict[str, set[str]] = defaultdict(set)   # request id -> viewer ids
+        self.owners: dict[str, str] = {}                         # request id -> viewer id
+        self.kv = KVMirror()
+        self.memory: dict | None = None
+        self.requests: dict[str, dict] = {}                      # in flight, for request.snapshot
+        self.recorder: Recorder | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: list[dict] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self._last_ts = 0.0
+
+    # -- from the engine thread --------------------------------------------------------
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def publish_threadsafe(self, events: list[dict]) -> None:
+        """The observer's sink: hand a batch to the event loop, one wake-up per burst."""
+        if self.loop is None:     # before the server runs (start-up snapshot): apply directly
+            self.dispatch(events)
+            return
+        with self._lock:
+            self._inbox.extend(events)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._inbox, self._scheduled = self._inbox, [], False
+        self.dispatch(batch)
+
+    # -- fan-out (event loop) ----------------------------------------------------------
+    def dispatch(self, events: list[dict]) -> None:
+        if not events:
+            return
+        for e in events:
+            self._stamp(e)
+        texts = [dumps(e) for e in events]
+        by_family: dict[str, list[int]] = defaultdict(list)
+        personal: dict[str, list[tuple[int, bool]]] = defaultdict(list)
+        finished = []
+        for i, e in enumerate(events):
+            self._observe(e)
+            fam = family(e["type"])
+            by_family[fam].append(i)
+            rid = e.get("request_id")
+            if rid is None:
+                continue
+            if fam == "request":
+                owner = self.owners.get(rid)
+                if owner is not None:
+                    personal[owner].append((i, True))
+                for q in self.followers.get(rid, ()):
+                    q.put_nowait(e)
+                if e["type"] == "request.finished":
+                    finished.append(rid)
+            elif fam in ("attention", "sampling"):
+                for vid in self.watchers.get(rid, ()):
+                    personal[vid].append((i, False))
+        if self.recorder is not None:
+            for t in texts:
+                self.recorder.write_text(t)
+        shared: dict[tuple, Chunk | None] = {}
+        for v in list(self.viewers.values()):
+            mine = personal.get(v.id)
+            if mine or v.filtered:
+                self._offer_personal(v, events, texts, by_family, mine or [])
+            elif v.signature:
+                if v.signature not in shared:
+                    shared[v.signature] = self._shared_chunk(v.signature, events, texts, by_family)
+                if shared[v.signature] is not None:
+                    self._offer(v, shared[v.signature])
+        for rid in finished:
+            self._forget(rid)
+
+    def _shared_chunk(self, families, events, texts, by_family) -> Chunk | None:
+        idx = sorted(i for f in families for i in by_family.get(f, ()))
+        if not idx:
+            return None
+        kinds = [events[i]["type"] for i in idx]
+        return Chunk(",".join(texts[i] for i in idx), len(idx), False,
+                     kv=kinds.count("kv"), memory=kinds.count("memory"))
+
+    def _offer_personal(self, v: Viewer, events, texts, by_family, mine) -> None:
+        chosen: dict[int, bool] = {}
+        for fam, flt in v.families.items():
+            for i in by_family.get(fam, ()):
+                if flt.admits(events[i]):
+                    chosen[i] = False
+        for i, essential in mine:
+            e = events[i]
+            spec = v.watches.get(e["request_id"])
+            if spec is not None and not essential:   # a watcher: its own layers, and sampling if asked
+                if e["type"] == "attention" and spec.layers is not None and e["layer"] not in spec.layers:
+                    continue
+                if e["type"] == "sampling" and not spec.sampling:
+                    continue
+            chosen[i] = chosen.get(i, False) or essential
+        for i in sorted(chosen):
+            e, text = events[i], texts[i]
+            if e["type"] == "attention":
+                text = self._heads_for(v, e, text)
+            self._offer(v, Chunk(text, 1, chosen[i], kv=e["type"] == "kv", memory=e["type"] == "memory"))
+
+    def _heads_for(self, v: Viewer, e: dict, text: str) -> str:
+        """An attention event cut to the heads this viewer asked for."""
+        spec, flt = v.watches.get(e["request_id"]), v.families.get("attention")
+        wanted = spec.heads if spec is not None else (flt.heads if flt is not None else None)
+        if wanted is None or set(e["heads"]) <= wanted:
+            return text
+        keep = [k for k, h in enumerate(e["heads"]) if h in wanted]
+        return dumps({**e, "heads": [e["heads"][k] for k in keep], "kv_heads": [e["kv_heads"][k] for k in keep],
+                      "weights": [e["weights"][k] for k in keep]})
+
+    def _offer(self, v: Viewer, chunk: Chunk) -> None:
+        dropped = v.offer(chunk)
+        if dropped and self.metrics is not None:
+            self.metrics.dropped.inc(dropped)
+
+    def _stamp(self, event: dict) -> None:
+        """Keep `ts` non-decreasing along the stream (engine events are stamped on the
+        engine thread a moment before the loop sends them)."""
+        self._last_ts = max(self._last_ts, event.get("ts") or self.clock())
+        event["ts"] = self._last_ts
+
+    def send(self, v: Viewer, event: dict) -> None:
+        """A reply or notice for one viewer: essential."""
+        self._stamp(event)
+        text = dumps(event)
+        if self.recorder is not None and event["type"] in RECORDED_REPLIES:
+            self.recorder.write_text(text)
+        self._offer(v, Chunk(text, 1, True))
+
+    def broadcast(self, event: dict) -> None:
+        """An essential event for every viewer (engine state changes)."""
+        self._stamp(event)
+        text = dumps(event)
+        if self.recorder is not None:
+            self.recorder.write_text(text)
+        chunk = Chunk(text, 1, True)
+        for v in list(self.viewers.values()):
+            self._offer(v, chunk)
+
+    # -- state kept for late joiners ---------------------------------------------------
+    def _observe(self, e: dict) -> None:
+        kind = e["type"]
+        if kind == "kv":
+            self.kv.apply(e)
+        elif kind == "memory":
+            self.memory = e
+        elif kind == "request.added":
+            if e["owner"] is not None:
+                self.owners[e["request_id"]] = e["owner"]
+                if e["owner"] in self.viewers:
+                    self.viewers[e["owner"]].active.add(e["request_id"])
+            self.requests[e["request_id"]] = {
+                "request_id": e["request_id"], "source": e["source"], "owner": e["owner"],
+                "status": "held" if e["held"] else "waiting", "num_prompt_tokens": e["num_prompt_tokens"],
+                "num_output_tokens": 0, "num_computed_tokens": 0, "held": e["held"], "watched": e["watched"]}
+        elif kind == "request.token":
+            r = self.requests.get(e["request_id"])
+            if r is not None:
+                r["num_output_tokens"] = e["index"] + 1
+        elif kind == "step":
+            for s in e["seqs"]:
+                r = self.requests.get(s["request_id"])
+                if r is not None:
+                    r["num_computed_tokens"] = s["start"] + s["num_tokens"]
+                    r["status"] = "held" if r["held"] else "running"
+            for rid in e["preempted"]:
+                if rid in self.requests:
+                    self.requests[rid]["status"] = "waiting"
+        if self.metrics is not None:
+            source = self.requests.get(e.get("request_id", ""), {}).get("source", "api")
+            self.metrics.observe(e, source)
+
+    def _forget(self, rid: str) -> None:
+        self.requests.pop(rid, None)
+        owner = self.owners.pop(rid, None)
+        if owner in self.viewers:
+            self.viewers[owner].active.discard(rid)
+        self.followers.pop(rid, None)
+        for vid in self.watchers.pop(rid, ()):
+            if vid in self.viewers:
+                self.viewers[vid].watches.pop(rid, None)
+
+    def set_held(self, rid: str, held: bool) -> None:
+        r = self.requests.get(rid)
+        if r is not None:
+            r["held"] = held
+            if held or r["status"] == "held":
+                r["status"] = "held" if held else "running"
+
+    def snapshot_text(self, kind: str) -> str | None:
+        if kind == "kv":
+            return self.kv.snapshot_text(self.clock()) if self.kv.meta else None
+        if kind == "memory":
+            return dumps(self.memory) if self.memory is not None else None
+        return None
+
+    def snapshots(self, families) -> list[dict]:
+        """What a viewer subscribing to `families` needs before deltas."""
+        out, ts = [], self.clock()
+        if "kv" in families and self.kv.meta:
+            out.append(self.kv.snapshot(ts))
+        if "memory" in families and self.memory is not None:
+            out.append(self.memory)
+        if "request" in families:
+            out.append({"type": "request.snapshot", "ts": ts, "requests": list(self.requests.values())})
+        return out
+
+    # -- viewers and followers ---------------------------------------------------------
+    def add(self, v: Viewer) -> None:
+        self.viewers[v.id] = v
+        if self.metrics is not None:
+            self.metrics.viewers.set(len(self.viewers))
+
+    def remove(self, v: Viewer) -> None:
+        self.viewers.pop(v.id, None)
+        for rid in list(v.watches):
+            self.watchers.get(rid, set()).discard(v.id)
+        if self.metrics is not None:
+            self.metrics.viewers.set(len(self.viewers))
+
+    def follow(self, rid: str) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        self.followers[rid].append(q)
+        return q
+
+    def unfollow(self, rid: str, q: asyncio.Queue) -> None:
+        qs = self.followers.get(rid)
+        if qs and q in qs:
+            qs.remove(q)
+
+    # -- recording ---------------------------------------------------------------------
+    def start_recording(self, path: Path, name: str, model: str, preamble: list[dict]) -> Recorder:
+        rec = Recorder(path, name, model)
+        for e in preamble:
+            e = dict(e)
+            self._stamp(e)
+            rec.write_text(dumps(e))
+        self.recorder = rec
+        return rec
+
+    def stop_recording(self) -> Recorder | None:
+        rec, self.recorder = self.recorder, None
+        if rec is not None:
+            rec.close()
+        return rec

@@ -1,0 +1,74 @@
+"""`kvscope serve`: load the model chosen at start-up, start the engine thread, serve."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kvscope.server.cli_args import CPU_DEFAULT_KV_BLOCKS, add_serve_arguments
+from kvscope.server.config import Limits, ServerConfig
+
+WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
+
+
+def engine_from_args(args):
+    from kvscope.config import EngineConfig
+    from kvscope.engine.devices import resolve_device
+    from kvscope.engine.llm_engine import LLMEngine
+    blocks = args.num_kv_blocks
+    if blocks is None and args.kv_cache_mib is None and resolve_device(args.device).type == "cpu":
+        blocks = CPU_DEFAULT_KV_BLOCKS
+    return LLMEngine(EngineConfig(
+        model=args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, seed=args.seed,
+        block_size=args.block_size, num_kv_blocks=blocks, kv_cache_mib=args.kv_cache_mib,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
+        attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, num_threads=args.threads))
+
+
+def server_config_from_args(args) -> ServerConfig:
+    config = ServerConfig(
+        host=args.host, port=args.port,
+        limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
+                      submits_per_minute=args.learner_submits_per_minute),
+        rest_requests_per_minute=args.rest_requests_per_minute, recordings_dir=Path(args.recordings_dir),
+        frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
+        extra_origins=tuple(args.allow_origin))
+    if args.instructor_token:
+        config.instructor_token = args.instructor_token
+    return config
+
+
+def build_app(args):
+    """(app, service) from parsed serve arguments."""
+    from kvscope.server.app import create_app
+    from kvscope.server.service import EngineService
+    service = EngineService(engine_from_args(args), server_config_from_args(args))
+    return create_app(service), service
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+    app, service = build_app(args)
+    cfg = service.config
+    url = f"http://{'localhost' if cfg.host in ('127.0.0.1', '::1') else cfg.host}:{cfg.port}"
+    hello = service.hello
+    print(f"kvscope: {hello['model']['name']} ({hello['model']['num_params']:,} parameters, {hello['model']['dtype']}) "
+          f"on {hello['device']['name']}; {hello['engine']['num_blocks']} KV blocks of {hello['engine']['block_size']}")
+    print(f"kvscope: serving {url}  (WebSocket {url.replace('http', 'ws')}/ws, OpenAI API {url}/v1)")
+    print(f"kvscope: instructor token: {cfg.instructor_token}   console: {url}/console?token={cfg.instructor_token}")
+    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"kvscope: listening on {cfg.host}: anyone who can reach this address can use the engine")
+    uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
+                                  ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
+                                  ws_ping_interval=20, ws_ping_timeout=20)).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvscope serve")
+    add_serve_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,299 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions,
+streaming (SSE `data:` chunks ending in `[DONE]`) or not, with usage counts and errors in
+OpenAI's shape. The requests go into the same engine as everyone else's."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from kvscope.instrumentation.observer import RequestLabel
+from kvscope.sampling_params import SamplingParams
+from kvscope.server.rest import RestGuard, until_disconnect
+from kvscope.server.service import EngineService
+from kvscope.server.validation import CommandError
+
+NUM = {"type": ["number", "null"]}
+STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}
+COMMON = {
+    "model": {"type": "string"}, "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "n": {"type": ["integer", "null"], "minimum": 1}, "stream": {"type": ["boolean", "null"]},
+    "stop": STOP, "seed": {"type": ["integer", "null"]}, "user": {"type": "string"},
+    "presence_penalty": NUM, "frequency_penalty": NUM, "logit_bias": {"type": ["object", "null"]},
+    "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
+    "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "ignore_eos": {"type": "boolean"},
+}
+TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+COMPLETION = Draft202012Validator({"type": "object", "required": ["prompt"], "additionalProperties": False,
+    "properties": {**COMMON, "prompt": {"oneOf": [
+        {"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 16},
+        TOKENS, {"type": "array", "items": TOKENS, "minItems": 1, "maxItems": 16}]},
+        "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}, "echo": {"type": "boolean"},
+        "best_of": {"type": ["integer", "null"]}, "suffix": {"type": ["string", "null"]}}})
+CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+    "type": "object", "required": ["type", "text"], "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}
+CHAT = Draft202012Validator({"type": "object", "required": ["messages"], "additionalProperties": False,
+    "properties": {**COMMON, "messages": {"type": "array", "minItems": 1, "maxItems": 64, "items": {
+        "type": "object", "required": ["role", "content"],
+        "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]}, "content": CONTENT,
+                       "name": {"type": "string"}}}},
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "logprobs": {"type": ["boolean", "null"]}, "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
+        "response_format": {"type": ["object", "null"]}}})
+FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+def from_command_error(exc: CommandError) -> OpenAIError:
+    status = {"rate_limited": 429, "too_many_requests": 429, "forbidden": 403}.get(exc.code, 400)
+    kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+    return OpenAIError(status, exc.message, code=exc.code, kind=kind)
+
+
+class Completion:
+    """One OpenAI call: its prompts (token ids), params, and how it reports."""
+
+    def __init__(self, service: EngineService, body: dict, chat: bool, prompts: list[tuple[list[int], str | None]]):
+        self.service, self.body, self.chat, self.prompts = service, body, chat, prompts
+        self.id = ("chatcmpl-" if chat else "cmpl-") + service.new_request_id()
+        self.created = int(time.time())
+        self.model = service.model_name
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        body = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
+                "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def choice_delta(self, index: int, text: str, finish: str | None, logprobs=None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+
+def check_model(service: EngineService, body: dict) -> None:
+    model = body.get("model")
+    if model not in (None, service.model_name, "kvscope", "default"):
+        raise OpenAIError(404, f"The model '{model}' does not exist; this server runs '{service.model_name}'",
+                          "model", "model_not_found")
+
+
+def check_unsupported(body: dict) -> None:
+    for key, ok in (("n", lambda v: v in (None, 1)), ("best_of", lambda v: v in (None, 1)),
+                    ("echo", lambda v: not v), ("suffix", lambda v: v is None), ("logit_bias", lambda v: not v),
+                    ("presence_penalty", lambda v: not v), ("frequency_penalty", lambda v: not v)):
+        if key in body and not ok(body[key]):
+            raise OpenAIError(400, f"'{key}' = {body[key]!r} is not supported by kvscope", key, "unsupported_parameter")
+
+
+def sampling_for(body: dict, chat: bool, max_cap: int) -> SamplingParams:
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (min(256, max_cap) if chat else 16)
+    if max_tokens > max_cap:
+        raise OpenAIError(400, f"max_tokens is {max_tokens}; the limit is {max_cap}", "max_tokens")
+    logprobs = (body.get("top_logprobs") or 0) if chat and body.get("logprobs") else (None if chat else body.get("logprobs"))
+    temperature = body.get("temperature")
+    try:
+        return SamplingParams(temperature=1.0 if temperature is None else temperature,
+                              top_p=body.get("top_p") or 1.0, top_k=body.get("top_k", 0), min_p=body.get("min_p", 0.0),
+                              seed=body.get("seed"), max_tokens=max_tokens, stop=body.get("stop") or [],
+                              ignore_eos=body.get("ignore_eos", False), logprobs=logprobs)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc)) from None
+
+
+def message_text(content) -> str:
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
+
+
+def logprobs_for(service: EngineService, chat: bool, token_id: int, lp: dict | None, offset: int):
+    if lp is None:
+        return None
+    tok = service.engine.tokenizer
+
+    def text(i):
+        return tok.decode([i]) if tok is not None else str(i)
+    if chat:
+        return {"content": [{"token": text(token_id), "logprob": lp["logprob"], "bytes": list(text(token_id).encode()),
+                             "top_logprobs": [{"token": text(i), "logprob": v, "bytes": list(text(i).encode())}
+                                              for i, v in lp["top"]]}]}
+    return {"tokens": [text(token_id)], "token_logprobs": [lp["logprob"]],
+            "top_logprobs": [{text(i): v for i, v in lp["top"]}], "text_offset": [offset]}
+
+
+def openai_router(service: EngineService) -> APIRouter:
+    router = APIRouter()
+    guard = RestGuard(service)
+
+    @router.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model",
+                                            "created": int(service.started_at), "owned_by": "kvscope",
+                                            "max_model_len": service.engine.max_model_len}]}
+
+    async def handle(request: Request, chat: bool):
+        try:
+            try:
+                instructor = guard.admit(request)
+            except CommandError as exc:
+                raise from_command_error(exc) from None
+            try:
+                body = await request.json()
+            except Exception:
+                raise OpenAIError(400, "the request body must be JSON") from None
+            error = best_match((CHAT if chat else COMPLETION).iter_errors(body))
+            if error is not None:
+                param = ".".join(str(p) for p in error.absolute_path) or None
+                raise OpenAIError(400, f"{param + ': ' if param else ''}{error.message[:300]}", param)
+            check_model(service, body)
+            check_unsupported(body)
+            params = sampling_for(body, chat, guard.max_tokens(instructor))
+            prompts = prompt_list(service, body, chat)
+            for ids, text in prompts:
+                try:
+                    guard.check_prompt(ids, text, instructor)
+                except CommandError as exc:
+                    raise OpenAIError(400, exc.message, "prompt" if not chat else "messages",
+                                      "context_length_exceeded") from None
+        except OpenAIError as exc:
+            return exc.response()
+        call = Completion(service, body, chat, prompts)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return StreamingResponse(stream_chunks(call, params, include_usage), media_type="text/event-stream")
+        result = await until_disconnect(request, complete(call, params))
+        if isinstance(result, OpenAIError):
+            return result.response()
+        return JSONResponse(result) if result is not None else JSONResponse({}, status_code=499)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    return router
+
+
+def prompt_list(service: EngineService, body: dict, chat: bool) -> list[tuple[list[int], str | None]]:
+    try:
+        if chat:
+            messages = [{"role": "system" if m["role"] == "developer" else m["role"],
+                         "content": message_text(m["content"])} for m in body["messages"]]
+            return [service.prompt_ids(messages=messages)]
+        p = body["prompt"]
+        if isinstance(p, str):
+            return [service.prompt_ids(prompt=p)]
+        if all(isinstance(x, int) for x in p):
+            return [service.prompt_ids(token_ids=p)]
+        return [service.prompt_ids(prompt=x) if isinstance(x, str) else service.prompt_ids(token_ids=x) for x in p]
+    except CommandError as exc:
+        raise OpenAIError(400, exc.message, "messages" if chat else "prompt") from None
+
+
+async def run_one(call: Completion, index: int, ids: list[int], text: str | None, params: SamplingParams, sink):
+    """Stream one prompt through the engine, handing (index, delta) to sink; returns the output."""
+    rid = call.service.new_request_id()
+    source_label = RequestLabel(prompt=text)
+    async for delta in call.service.stream(rid, ids, params, "openai", source_label):
+        await sink(index, delta)
+        if delta.finished:
+            return delta.output
+    return None
+
+
+async def complete(call: Completion, params: SamplingParams):
+    texts: dict[int, list] = {}
+
+    async def keep(index, delta):
+        if delta.logprob is not None:
+            texts.setdefault(index, []).append((delta.token_id, delta.logprob))
+    outputs = await asyncio.gather(*(run_one(call, i, ids, text, params, keep)
+                                     for i, (ids, text) in enumerate(call.prompts)))
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, out in enumerate(outputs):
+        if out.finish_reason == "error":
+            return OpenAIError(400 if "prompt" in (out.error or "") else 500, out.error or "the engine failed",
+                               code="context_length_exceeded" if "prompt" in (out.error or "") else "engine_error",
+                               kind="invalid_request_error" if "prompt" in (out.error or "") else "server_error")
+        prompt_tokens += len(out.prompt_token_ids)
+        completion_tokens += len(out.token_ids)
+        lps = texts.get(i)
+        finish = FINISH.get(out.finish_reason, "stop")
+        if call.chat:
+            lp = {"content": [c for t, l in lps for c in logprobs_for(call.service, True, t, l, 0)["content"]]} if lps else None
+            choices.append({"index": i, "message": {"role": "assistant", "content": out.text},
+                            "logprobs": lp, "finish_reason": finish})
+        else:
+            lp = None
+            if lps:
+                parts = [logprobs_for(call.service, False, t, l, 0) for t, l in lps]
+                lp = {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+            choices.append({"index": i, "text": out.text, "logprobs": lp, "finish_reason": finish})
+    return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
+            "choices": choices, "usage": call.usage(prompt_tokens, completion_tokens)}
+
+
+async def stream_chunks(call: Completion, params: SamplingParams, include_usage: bool):
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def push(index, delta):
+        await queue.put((index, delta))
+    tasks = [asyncio.ensure_future(run_one(call, i, ids, text, params, push))
+             for i, (ids, text) in enumerate(call.prompts)]
+    open_choices, prompt_tokens, completion_tokens = len(tasks), 0, 0
+    started, offsets = set(), {}
+    try:
+        while open_choices:
+            index, delta = await queue.get()
+            if delta.finished:
+                open_choices -= 1
+                out = delta.output
+                if out.finish_reason == "error":
+                    err = {"message": out.error or "the engine failed", "type": "invalid_request_error",
+                           "param": None, "code": "engine_error"}
+                    yield f"data: {json.dumps({'error': err})}\n\n"
+                    continue
+                prompt_tokens += len(out.prompt_token_ids)
+                completion_tokens += len(out.token_ids)
+                yield call.chunk([call.choice_delta(index, "", FINISH.get(out.finish_reason, "stop"),
+                                                    first=index not in started)])
+                continue
+            if not delta.text and delta.logprob is None and index in started:
+                continue
+            lp = logprobs_for(call.service, call.chat, delta.token_id, delta.logprob, offsets.get(index, 0))
+            offsets[index] = offsets.get(index, 0) + len(delta.text)
+            yield call.chunk([call.choice_delta(index, delta.text, None, lp, first=index not in started)])
+            started.add(index)
+        if include_usage:
+            yield call.chunk([], call.usage(prompt_tokens, completion_tokens))
+        yield "data: [DONE]\n\n"
+    finally:
+        for t in tasks:   # the client left: cancelling the streams aborts their requests
+            t.cancel()

@@ -1,0 +1,104 @@
+"""`/ws/replay/<name>`: a recording played through the live protocol, so a page can be
+pointed at a replay instead of the engine. Commands: `{"type": "replay", "action":
+"play" | "pause" | "step", "speed"?: n}`; anything else gets an `error`."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from kvscope.instrumentation.recording import Replayer, read_recording
+from kvscope.server.hub import dumps
+from kvscope.server.validation import CommandError, message_ref, parse_frame, validate_command
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def find_recording(folders: list[Path], name: str) -> Path | None:
+    if not NAME.match(name):
+        return None
+    for folder in folders:
+        path = folder / f"{name}.jsonl"
+        if path.is_file():
+            return path
+    return None
+
+
+def error_event(code: str, message: str, ref=None, cmd=None) -> str:
+    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": message, "cmd": cmd})
+
+
+async def serve_replay(ws: WebSocket, folders: list[Path], name: str, max_frame_bytes: int) -> None:
+    await ws.accept()
+    path = find_recording(folders, name)
+    if path is None:
+        await ws.send_text(error_event("replay", f"no recording named {name!r}"))
+        await ws.close(code=1000)
+        return
+    try:
+        _, events = read_recording(path)
+    except ValueError as exc:
+        await ws.send_text(error_event("replay", str(exc)))
+        await ws.close(code=1000)
+        return
+    speed = float(ws.query_params.get("speed", "1") or 1)
+    player = Replayer(events, speed=max(0.01, min(speed, 100.0)))
+    if ws.query_params.get("paused"):
+        player.pause()
+    wake = asyncio.Event()
+    reader = asyncio.create_task(read_controls(ws, player, wake, max_frame_bytes))
+    try:
+        while not reader.done():
+            for event in player.due(time.monotonic()):
+                await ws.send_text(dumps({**event, "replay": True} if event.get("type") == "session" else event))
+            wait = player.wait_time()
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=wait if wait is not None else 3600)
+            except asyncio.TimeoutError:
+                pass
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        reader.cancel()
+
+
+async def read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, max_frame_bytes: int) -> None:
+    try:
+        await _read_controls(ws, player, wake, max_frame_bytes)
+    finally:
+        wake.set()   # the player loop notices the viewer left
+
+
+async def _read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, max_frame_bytes: int) -> None:
+    while True:
+        try:
+            message = await ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        msg: dict = {}
+        try:
+            msg = parse_frame(message.get("text") or message.get("bytes") or b"", max_frame_bytes)
+            if validate_command(msg) != "replay":
+                raise CommandError("replay", "this socket plays a recording; only replay commands work here")
+            now = time.monotonic()
+            if "speed" in msg:
+                player.set_speed(msg["speed"], now)
+            if msg["action"] == "play":
+                player.play(now)
+            elif msg["action"] == "pause":
+                player.pause()
+            else:
+                player.pause()
+                for event in player.step():
+                    await ws.send_text(dumps(event))
+            await ws.send_text(dumps({"type": "ack", "ts": 0.0, "ref": message_ref(msg), "cmd": "replay",
+                                      "position": player.position, "total": len(player.events)}))
+        except CommandError as exc:
+            await ws.send_text(error_event(exc.code, exc.message, message_ref(msg), msg.get("type")))
+        wake.set()

@@ -1,0 +1,229 @@
+"""The engine as the server sees it: one LLMEngine stepping in its own thread (AsyncEngine),
+its instrumentation feeding the hub, and the operations every entry point shares —
+submit, stream, cancel, watch, hold/next, and the instructor's controls. Engine state is
+only touched on the engine thread (through `AsyncEngine.call`)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from kvscope.engine.async_engine import AsyncEngine, StreamDelta
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.instrumentation.facts import hello_event
+from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
+from kvscope.instrumentation.tokens import tokens_event
+from kvscope.instrumentation.watch import WatchSpec
+from kvscope.llm import apply_chat_template
+from kvscope.sampling_params import SamplingParams
+from kvscope.server.config import ServerConfig
+from kvscope.server.hub import Hub
+from kvscope.server.metrics import Metrics
+from kvscope.server.validation import CommandError
+
+SYNTHETIC_PROMPTS = [
+    "Once upon a time, a little fox found a shiny stone by the river.",
+    "The old lighthouse keeper climbed the stairs every evening and",
+    "Mia wanted to bake a cake for her grandmother, so she",
+    "In a small village by the sea, there lived a curious cat named",
+    "Tom looked out of the window and saw that the snow had",
+    "The robot woke up in the empty garden and wondered why",
+    "Every morning the baker opened his shop and the first customer was",
+    "A tiny dragon who was afraid of fire asked the wise owl",
+]
+
+
+@dataclass
+class Submitted:
+    request_id: str
+    num_prompt_tokens: int
+    error: str | None = None
+
+
+class EngineService:
+    def __init__(self, engine: LLMEngine, config: ServerConfig):
+        self.engine, self.config = engine, config
+        self.clock = Clock()
+        self.started_at = time.time()
+        self.metrics = Metrics()
+        self.hub = Hub(self.clock, self.metrics)
+        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock)
+        self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
+        self.model_name = engine.model_config.name or engine.model_path.name
+        self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
+        self.aengine: AsyncEngine | None = None
+        self._ids = itertools.count(1)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind to the running event loop and start the engine thread."""
+        self.hub.bind(asyncio.get_running_loop())
+        self.aengine = AsyncEngine(self.engine)
+
+    def stop(self) -> None:
+        self.hub.stop_recording()
+        if self.aengine is not None:
+            self.aengine.shutdown()
+
+    def new_request_id(self) -> str:
+        return f"r{next(self._ids)}"
+
+    # -- prompts ------------------------------------------------------------------------
+    def tokenize(self, text: str, chat: bool = False) -> dict:
+        tok = self._tokenizer()
+        if chat:
+            text = apply_chat_template(tok, [{"role": "user", "content": text}])
+        return tokens_event(tok, text, ts=self.clock())
+
+    def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None,
+                   token_ids: list[int] | None = None) -> tuple[list[int], str | None]:
+        """(token ids, prompt text) from whichever form the client used."""
+        if token_ids is not None:
+            try:
+                return self.engine.tokenize(list(token_ids)), None
+            except ValueError as exc:
+                raise CommandError("invalid_field", f"prompt_token_ids: {exc}") from None
+        if messages is not None:
+            try:
+                prompt = apply_chat_template(self._tokenizer(), messages)
+            except ValueError as exc:
+                raise CommandError("invalid_field", f"messages: {exc}") from None
+        if not prompt:
+            raise CommandError("invalid_field", "give one of prompt, messages or prompt_token_ids")
+        return self._tokenizer().encode(prompt, add_special_tokens=False), prompt
+
+    def _tokenizer(self):
+        if self.engine.tokenizer is None:
+            raise CommandError("engine", "this model has no tokenizer: submit prompt_token_ids")
+        return self.engine.tokenizer
+
+    # -- requests -----------------------------------------------------------------------
+    async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
+                     label: RequestLabel, watch: tuple[str, WatchSpec] | None = None) -> Submitted:
+        """Add a request whose events reach its owner (and followers) through the hub."""
+        def add() -> Submitted:
+            self.instr.labels[rid] = label
+            try:
+                seq = self.engine.add_request(ids, params, rid, source)
+            except ValueError as exc:
+                self.instr.labels.pop(rid, None)
+                return Submitted(rid, len(ids), str(exc))
+            if seq.is_finished:
+                return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
+            if label.held:
+                seq.hold = seq.pause_after_token = True
+            if watch is not None:
+                self.instr.watch(rid, watch[0], watch[1], seq)
+            return Submitted(rid, seq.num_prompt_tokens)
+        return await self.aengine.call(add)
+
+    async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
+                     label: RequestLabel) -> AsyncIterator[StreamDelta]:
+        """A request's token deltas as an async iterator (OpenAI endpoints). Leaving the
+        iteration early aborts the request and frees its blocks."""
+        self.instr.labels[rid] = label
+        async for delta in self.aengine.generate(ids, params, rid, source):
+            yield delta
+
+    async def cancel(self, rid: str) -> bool:
+        return await self.aengine.abort(rid)
+
+    async def on_request(self, rid: str, fn) -> None:
+        """Run fn(seq) on the engine thread for a live request."""
+        def do():
+            seq = self.engine.scheduler.find(rid)
+            if seq is None:
+                raise CommandError("unknown_request", f"no request {rid!r} is in flight")
+            return fn(seq)
+        await self.aengine.call(do)
+
+    async def hold(self, rid: str) -> None:
+        def hold(seq):
+            seq.hold = seq.pause_after_token = True
+        await self.on_request(rid, hold)
+        self.hub.set_held(rid, True)
+
+    async def next_token(self, rid: str) -> None:
+        def release_one(seq):
+            if not seq.hold:
+                raise CommandError("invalid_field", f"request {rid!r} is not held: send hold first")
+            seq.hold = False   # pause_after_token holds it again after one token
+        await self.on_request(rid, release_one)
+
+    async def release(self, rid: str) -> None:
+        def release(seq):
+            seq.hold = seq.pause_after_token = False
+        await self.on_request(rid, release)
+        self.hub.set_held(rid, False)
+
+    async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
+        def do():
+            try:
+                self.instr.watch(rid, viewer_id, spec)
+            except KeyError:
+                raise CommandError("unknown_request", f"no request {rid!r} is in flight") from None
+        await self.aengine.call(do)
+
+    async def unwatch(self, rid: str, viewer_id: str) -> None:
+        await self.aengine.call(lambda: self.instr.unwatch(rid, viewer_id))
+
+    async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
+        """A viewer left: cancel its requests and end its watches."""
+        for rid in request_ids:
+            await self.aengine.abort(rid)
+        await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
+
+    @property
+    def num_watched(self) -> int:
+        return len(self.instr.watches)
+
+    # -- instructor controls -------------------------------------------------------------
+    def pause(self) -> None:
+        self.aengine.pause()
+
+    def resume(self) -> None:
+        self.aengine.resume()
+
+    async def step(self) -> int | None:
+        return await self.aengine.step_now()
+
+    async def reset(self) -> int:
+        return await self.aengine.reset()
+
+    async def set_knobs(self, knobs: dict) -> dict:
+        def apply():
+            try:
+                return self.engine.set_knobs(**knobs)
+            except ValueError as exc:
+                raise CommandError("invalid_field", str(exc)) from None
+        return await self.aengine.call(apply)
+
+    async def inject(self, n: int, max_tokens: int = 32, prompt_tokens: int | None = None) -> list[str]:
+        """N synthetic requests, as if N learners had pressed submit at once."""
+        tok = self._tokenizer()
+        rids = []
+        for i in range(n):
+            ids = tok.encode(SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)], add_special_tokens=False)
+            if prompt_tokens:
+                ids = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+            rid = self.new_request_id()
+            params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i)
+            await self.submit(rid, ids, params, "synthetic", RequestLabel(prompt=tok.decode(ids)))
+            rids.append(rid)
+        return rids
+
+    def engine_state(self, reason: str) -> dict:
+        sched, rec = self.engine.scheduler, self.hub.recorder
+        return {"type": "engine", "ts": self.clock(), "reason": reason,
+                "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
+                "knobs": self.engine.knobs(), "num_running": len(sched.running),
+                "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
+                "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
+
+    def recording_preamble(self) -> list[dict]:
+        """What a recording starts with, so a replay opens like a live connection."""
+        state = self.engine_state("recording")
+        return [{**self.hello, "ts": self.clock()}, state,
+                *self.hub.snapshots({"kv", "memory", "request"})]

@@ -1,0 +1,71 @@
+"""Every client message is checked before anything acts on it: size, JSON, type, fields
+and ranges. A failure becomes a CommandError whose code and message go back to the client
+in an `error` event; the connection stays open."""
+from __future__ import annotations
+
+import json
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from kvscope.instrumentation.schema import COMMANDS
+from kvscope.sampling_params import SamplingParams
+
+VALIDATORS = {name: Draft202012Validator(schema) for name, schema in COMMANDS.items()}
+DEFAULT_MAX_TOKENS = 64
+
+
+class CommandError(Exception):
+    def __init__(self, code: str, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.request_id = code, message, request_id
+
+
+def parse_frame(text: str | bytes, max_bytes: int) -> dict:
+    size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
+    if size > max_bytes:
+        raise CommandError("frame_too_large", f"a message may be at most {max_bytes} bytes; this one is {size}")
+    try:
+        msg = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CommandError("invalid_json", f"not valid JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise CommandError("not_an_object", f"a message must be a JSON object, got {type(msg).__name__}")
+    return msg
+
+
+def message_ref(msg: dict):
+    ref = msg.get("ref")
+    return ref if isinstance(ref, (str, int)) and not isinstance(ref, bool) and len(str(ref)) <= 128 else None
+
+
+def validate_command(msg: dict) -> str:
+    """The command's type, once its fields are known good."""
+    kind = msg.get("type")
+    if not isinstance(kind, str) or kind not in VALIDATORS:
+        known = ", ".join(sorted(VALIDATORS))
+        raise CommandError("unknown_type", f"unknown message type {str(kind)[:40]!r}; known types: {known}")
+    error = best_match(VALIDATORS[kind].iter_errors(msg))
+    if error is not None:
+        raise CommandError("invalid_field", describe(error))
+    return kind
+
+
+def describe(error) -> str:
+    path = ".".join(str(p) for p in error.absolute_path)
+    message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
+    return f"{path}: {message}" if path else message
+
+
+def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
+    """Client sampling params (already schema-checked) to SamplingParams, within limits."""
+    raw = dict(raw or {})
+    max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))
+    if max_tokens_limit is not None and max_tokens > max_tokens_limit:
+        raise CommandError("invalid_field", f"params.max_tokens: {max_tokens} is over the limit of {max_tokens_limit}")
+    if raw.get("seed", 0) is None:
+        raw.pop("seed")
+    try:
+        return SamplingParams(max_tokens=max_tokens, **raw)
+    except (TypeError, ValueError) as exc:
+        raise CommandError("invalid_field", f"params: {exc}") from None

@@ -1,0 +1,169 @@
+"""One connected page: what it subscribed to, what it watches, and its outgoing queue.
+
+The queue is bounded for display events: when a viewer falls behind, pending `kv` deltas
+collapse into one fresh snapshot, pending `memory` into the latest, and the rest is
+dropped (and counted). Essential events (replies, errors, its own requests' tokens) are
+never dropped; a viewer that falls absurdly far behind on those is disconnected."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from kvscope.instrumentation.watch import WatchSpec
+from kvscope.server.config import ServerConfig
+from kvscope.server.ratelimit import TokenBucket, per_minute
+
+
+@dataclass(frozen=True)
+class Filter:
+    request_ids: frozenset[str] | None = None
+    layers: frozenset[int] | None = None
+    heads: frozenset[int] | None = None
+
+    @classmethod
+    def parse(cls, raw: dict | None) -> "Filter":
+        raw = raw or {}
+
+        def as_set(v):
+            return None if v is None else frozenset(v if isinstance(v, list) else [v])
+        return cls(as_set(raw.get("request_id")), as_set(raw.get("layer")), as_set(raw.get("head")))
+
+    @property
+    def is_open(self) -> bool:
+        return self.request_ids is None and self.layers is None and self.heads is None
+
+    def admits(self, event: dict) -> bool:
+        rid = event.get("request_id")
+        if self.request_ids is not None and rid is not None and rid not in self.request_ids:
+            return False
+        return not (self.layers is not None and event["type"] == "attention" and event["layer"] not in self.layers)
+
+    def as_dict(self) -> dict:
+        out = {}
+        for key, value in (("request_id", self.request_ids), ("layer", self.layers), ("head", self.heads)):
+            if value is not None:
+                out[key] = sorted(value)
+        return out
+
+
+@dataclass
+class Chunk:
+    """Serialised events, comma-joined; `kv`/`memory` count the coalescible ones inside."""
+    text: str
+    count: int
+    essential: bool
+    kv: int = 0
+    memory: int = 0
+
+
+class Viewer:
+    def __init__(self, viewer_id: str, peer: str, config: ServerConfig, role: str = "learner"):
+        self.id, self.peer, self.role = viewer_id, peer, role
+        self.config = config
+        self.connected_at = time.monotonic()
+        self.families: dict[str, Filter] = {}
+        self.watches: dict[str, WatchSpec] = {}
+        self.active: set[str] = set()          # its own requests still in flight
+        self.sandbox = None                    # created on first use
+        self.pending: deque[Chunk] = deque()
+        self.display_count = 0
+        self.essential_count = 0
+        self.dropped = 0
+        self.need_kv = self.need_memory = False
+        self.overflowed = False
+        self.wake = asyncio.Event()
+        limits = config.limits
+        self.messages = TokenBucket(limits.messages_per_second, 2 * limits.messages_per_second)
+        self.submits = per_minute(limits.submits_per_minute)
+        self._signature: tuple[str, ...] = ()
+        self._filtered = False
+
+    @property
+    def is_instructor(self) -> bool:
+        return self.role == "instructor"
+
+    # -- subscriptions -----------------------------------------------------------------
+    def subscribe(self, families: list[str], flt: Filter) -> None:
+        for f in families:
+            self.families[f] = flt
+        self._resign()
+
+    def unsubscribe(self, families: list[str]) -> None:
+        for f in families:
+            self.families.pop(f, None)
+        self._resign()
+
+    def _resign(self) -> None:
+        self._signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
+        self._filtered = any(not flt.is_open for flt in self.families.values())
+
+    @property
+    def signature(self) -> tuple[str, ...]:
+        """Families subscribed with no filter: viewers sharing one share serialised frames."""
+        return self._signature
+
+    @property
+    def filtered(self) -> bool:
+        return self._filtered
+
+    # -- outgoing queue ----------------------------------------------------------------
+    def offer(self, chunk: Chunk) -> int:
+        """Queue a chunk; returns display events dropped to make room."""
+        self.pending.append(chunk)
+        dropped = 0
+        if chunk.essential:
+            self.essential_count += chunk.count
+            self.overflowed = self.essential_count > self.config.max_pending_essential
+        else:
+            self.display_count += chunk.count
+            if self.display_count > self.config.max_pending_events:
+                dropped = self._coalesce()
+        self.wake.set()
+        return dropped
+
+    def _coalesce(self) -> int:
+        kept: deque[Chunk] = deque()
+        dropped = 0
+        for c in self.pending:
+            if c.essential:
+                kept.append(c)
+                continue
+            self.need_kv |= c.kv > 0
+            self.need_memory |= c.memory > 0
+            dropped += c.count - c.kv - c.memory
+        self.pending, self.display_count = kept, 0
+        self.dropped += dropped
+        return dropped
+
+    @property
+    def pending_events(self) -> int:
+        return self.display_count + self.essential_count
+
+    def take_frame(self, snapshots) -> tuple[str | None, bool]:
+        """Everything queued as one frame (an object, or an array of objects), and whether
+        it held essential events. `snapshots(kind)` gives a fresh `kv`/`memory` text."""
+        texts, count, essential = [], 0, False
+        for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
+            if needed:
+                text = snapshots(kind)
+                if text:
+                    texts.append(text)
+                    count += 1
+        self.need_kv = self.need_memory = False
+        while self.pending:
+            c = self.pending.popleft()
+            texts.append(c.text)
+            count += c.count
+            essential |= c.essential
+        self.display_count = self.essential_count = 0
+        if not texts:
+            return None, False
+        return (texts[0] if count == 1 else "[" + ",".join(texts) + "]"), essential
+
+    def summary(self) -> dict:
+        return {"client_id": self.id, "role": self.role, "peer": self.peer,
+                "connected_s": round(time.monotonic() - self.connected_at, 3),
+                "families": sorted(self.families), "pending": self.pending_events,
+                "dropped": self.dropped, "active_requests": len(self.active)}

@@ -1,0 +1,135 @@
+"""The `/ws` endpoint: one WebSocket per page. Two loops per connection — one reads and
+handles commands, one (the pump) writes whatever the hub queued for this viewer — so a
+viewer that stops reading only ever blocks its own pump."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from urllib.parse import urlsplit
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
+from kvscope.server.commands import HANDLERS, Session
+from kvscope.server.service import EngineService
+from kvscope.server.validation import CommandError, message_ref, parse_frame, validate_command
+from kvscope.server.viewer import Filter, Viewer
+
+log = logging.getLogger("kvscope.server")
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+_viewer_ids = itertools.count(1)
+
+
+def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
+    """Same host:port as the page's server, any localhost port, or an explicitly allowed
+    origin. Non-browser clients send no Origin and are allowed."""
+    if origin is None:
+        return True
+    if origin in extra:
+        return True
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False
+    if parts.hostname in LOCAL_HOSTS:
+        return True
+    return host_header is not None and parts.netloc.lower() == host_header.lower()
+
+
+def role_for(token: str | None, service: EngineService) -> str:
+    if token and secrets.compare_digest(token.encode(), service.config.instructor_token.encode()):
+        return "instructor"
+    return "learner"
+
+
+async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
+    await ws.accept()
+    if not origin_allowed(ws.headers.get("origin"), ws.headers.get("host"), service.config.extra_origins):
+        await ws.close(code=1008, reason=f"origin not allowed: {ws.headers.get('origin')}"[:120])
+        return
+    peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
+    viewer = Viewer(f"c{next(_viewer_ids)}", peer, service.config, role_for(ws.query_params.get("token"), service))
+    session = Session(service, viewer)
+    hub = service.hub
+    hub.add(viewer)
+    families = [f for f in ws.query_params.get("subscribe", "").split(",") if f in SUBSCRIBABLE]
+    viewer.subscribe(families, Filter())
+    hub.send(viewer, {**service.hello, "ts": service.clock()})
+    hub.send(viewer, session.session_event())
+    hub.send(viewer, service.engine_state("connect"))
+    for event in hub.snapshots(families):
+        hub.send(viewer, dict(event))
+    pump = asyncio.create_task(pump_frames(ws, viewer, service))
+    try:
+        await read_commands(ws, session)
+    finally:
+        pump.cancel()
+        hub.remove(viewer)
+        await service.drop_viewer(viewer.id, list(viewer.active))
+
+
+async def read_commands(ws: WebSocket, session: Session) -> None:
+    while True:
+        try:
+            message = await ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        data = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        await handle(session, data)
+
+
+async def handle(session: Session, data: str | bytes) -> None:
+    viewer, limits = session.viewer, session.service.config.limits
+    msg: dict = {}
+    try:
+        msg = parse_frame(data, limits.max_frame_bytes)
+        if not viewer.is_instructor and not viewer.messages.take():
+            raise CommandError("rate_limited", f"at most {limits.messages_per_second:g} messages a second; "
+                                               f"this one was not processed")
+        kind = validate_command(msg)
+        if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
+            raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
+                                            f"token (?token=… or an auth message)")
+        await HANDLERS[kind](session, msg)
+    except CommandError as exc:
+        send_error(session, msg, exc.code, exc.message, exc.request_id)
+    except Exception as exc:   # a bug must not cost the viewer its connection
+        log.exception("command failed: %r", msg.get("type"))
+        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}: {exc}")
+
+
+def send_error(session: Session, msg: dict, code: str, message: str, request_id: str | None = None) -> None:
+    kind = msg.get("type")
+    event = {"type": "error", "ts": session.service.clock(), "ref": message_ref(msg), "code": code,
+             "message": message, "cmd": kind if isinstance(kind, str) and len(kind) <= 40 else None}
+    if request_id is not None:
+        event["request_id"] = request_id
+    session.hub.send(session.viewer, event)
+
+
+async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> None:
+    """Write queued frames. Display-only frames are paced, so a busy engine costs each
+    viewer a bounded number of sends per second."""
+    interval = service.config.min_frame_interval
+    try:
+        while True:
+            await viewer.wake.wait()
+            viewer.wake.clear()
+            if viewer.overflowed:
+                await ws.close(code=1013, reason="too far behind on its own events")
+                return
+            frame, essential = viewer.take_frame(service.hub.snapshot_text)
+            if frame is None:
+                continue
+            if ws.application_state != WebSocketState.CONNECTED:
+                return
+            await ws.send_text(frame)
+            if not essential:
+                await asyncio.sleep(interval)
+    except (WebSocketDisconnect, RuntimeError, ConnectionError):
+        return

@@ -1,0 +1,203 @@
+"""Record the short sessions committed in frontend/recordings/ (replayed by the pages when
+no backend runs, and used by the tests as fixtures): a real server with the embedded
+model, driven over its own WebSocket with the instructor's record_start/record_stop.
+
+    python scripts/make_recordings.py [--out frontend/recordings] [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "recording"
+GREEDY = {"temperature": 0, "ignore_eos": True}
+SYSTEM = ("You are a friendly storyteller. You write short, happy stories for children about animals "
+          "who live by the sea, and you always end with a kind sentence.")
+
+
+class Driver:
+    """An instructor connection: send commands, wait for events."""
+
+    def __init__(self, url: str):
+        from websockets.sync.client import connect
+        self.ws = connect(f"{url}?token={TOKEN}", max_size=None, compression=None).__enter__()
+        self.seen: list[dict] = []
+        self.ref = 0
+        self.call("subscribe", families=["request"])   # to see injected requests finish
+
+    def _next(self, timeout: float) -> list[dict]:
+        frame = json.loads(self.ws.recv(timeout=timeout))
+        events = frame if isinstance(frame, list) else [frame]
+        self.seen += events
+        return events
+
+    def until(self, predicate, timeout: float = 60.0) -> dict:
+        for event in self.seen:
+            if predicate(event):
+                return event
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self._next(max(0.01, deadline - time.monotonic())):
+                if predicate(event):
+                    return event
+
+    def call(self, kind: str, **fields) -> dict:
+        self.ref += 1
+        ref = self.ref
+        self.ws.send(json.dumps({"type": kind, "ref": ref, **fields}))
+        reply = self.until(lambda e: e.get("ref") == ref)
+        if reply["type"] == "error":
+            raise RuntimeError(f"{kind}: {reply['message']}")
+        return reply
+
+    def submit(self, **fields) -> str:
+        return self.call("submit", **fields)["request_id"]
+
+    def finished(self, *rids: str) -> None:
+        for rid in rids:
+            self.until(lambda e: e["type"] == "request.finished" and e["request_id"] == rid)
+
+    def settle(self, seconds: float = 0.3) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                self._next(max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+
+
+# -- scenarios -----------------------------------------------------------------------------
+def default(d: Driver) -> None:
+    """A small class: three prompts of different lengths batched together, one watched."""
+    d.call("tokenize", text="Once upon a time, a little fox found a shiny stone.")
+    a = d.submit(prompt="Once upon a time, a little fox found a shiny stone.", params={**GREEDY, "max_tokens": 10},
+                 watch={"layers": [0, 3]})
+    b = d.submit(prompt="The old lighthouse keeper", params={"temperature": 0.8, "seed": 1, "max_tokens": 12})
+    c = d.submit(messages=[{"role": "user", "content": "Tell me about a cat."}], params={**GREEDY, "max_tokens": 10})
+    d.finished(a, b, c)
+
+
+def attention(d: Driver) -> None:
+    """One watched prompt: attention for every layer and head, and each draw."""
+    text = "The cat sat on the mat because it was tired."
+    d.call("tokenize", text=text)
+    rid = d.submit(prompt=text, params={"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 7, "max_tokens": 6},
+                   watch={})
+    d.finished(rid)
+
+
+def step_by_step(d: Driver) -> None:
+    """A held request stepped one token at a time (the KV cache filling per step)."""
+    rid = d.submit(prompt="Mia wanted to bake a cake", params={**GREEDY, "max_tokens": 6}, hold=True,
+                   watch={"layers": [0], "sampling": True})
+    for i in range(6):
+        d.call("next", request_id=rid)
+        d.until(lambda e: e["type"] == "request.token" and e["request_id"] == rid and e["index"] == i)
+        d.settle(0.4)
+    d.finished(rid)
+
+
+def batching(d: Driver) -> None:
+    """Requests arriving while others run, with room for four at a time."""
+    d.call("set_knobs", max_num_seqs=4)
+    rids = []
+    for i in range(6):
+        rids += d.call("inject", n=1, max_tokens=8 + 4 * i, prompt_tokens=6 + 3 * i)["request_ids"]
+        d.settle(0.05)
+    d.finished(*rids)
+    d.call("set_knobs", max_num_seqs=64)
+
+
+def prefix_cache(d: Driver) -> None:
+    """Two chats that share a system prompt: the second reuses the first one's blocks."""
+    first = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a crab."}],
+                     params={**GREEDY, "max_tokens": 8})
+    d.finished(first)
+    second = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a seal."}],
+                      params={**GREEDY, "max_tokens": 8})
+    d.finished(second)
+
+
+def chunked_prefill(d: Driver) -> None:
+    """A long prompt arrives amid decodes and is cut into chunks of 16 tokens."""
+    d.call("set_knobs", prefill_chunk_size=16, max_num_batched_tokens=24)
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": 24}) for p in ("The robot woke up", "Tom looked out")]
+    d.settle(0.1)
+    long = d.submit(prompt=" ".join(["The little fox ran along the river to find the shiny stone."] * 8),
+                    params={**GREEDY, "max_tokens": 4})
+    d.finished(*runners, long)
+    d.call("set_knobs", prefill_chunk_size=None, max_num_batched_tokens=256)
+
+
+def paging(d: Driver) -> None:
+    """The page allocator: a live request's blocks, then the sandbox poked by hand."""
+    rid = d.submit(prompt="A tiny dragon who was afraid of fire asked the wise owl", params={**GREEDY, "max_tokens": 10})
+    d.finished(rid)
+    d.call("sandbox", op="reset", num_blocks=16, block_size=4, max_model_len=32)
+    d.call("sandbox", op="allocate", seq="A", tokens=10)
+    d.call("sandbox", op="fork", seq="A", new_seq="B")
+    d.call("sandbox", op="allocate", seq="C", tokens=9, prefix_of="A", prefix_tokens=8)
+    d.call("sandbox", op="append", seq="B", tokens=3)
+    d.call("sandbox", op="free", seq="A")
+
+
+SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
+             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill, "paging": paging}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "frontend" / "recordings"))
+    ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
+    opts = ap.parse_args()
+    import uvicorn
+    import torch
+
+    from kvscope.server.cli_args import add_serve_arguments
+    from kvscope.server.main import WS_MAX_FRAME, build_app
+    torch.set_num_threads(1)
+    port = free_port()
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(["--port", str(port), "--instructor-token", TOKEN, "--threads", "1",
+                              "--num-kv-blocks", "96", "--max-num-batched-tokens", "256",
+                              "--recordings-dir", opts.out])
+    app, service = build_app(args)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        for name in opts.only or SCENARIOS:
+            d = Driver(f"ws://127.0.0.1:{port}/ws")
+            d.call("reset")
+            d.settle(0.2)
+            d.call("record_start", name=name)
+            SCENARIOS[name](d)
+            d.settle(0.5)   # the last memory/kv events
+            stop = d.call("record_stop")
+            size = Path(stop["path"]).stat().st_size
+            print(f"{name}: {stop['events']} events, {size / 1024:.0f} KiB -> {stop['path']}")
+            d.ws.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

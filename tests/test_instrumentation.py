@@ -1,0 +1,210 @@
+"""The instrumentation on the engine itself (no server): events are valid, the `kv`
+snapshot + deltas reproduce the block manager exactly, attention weights equal
+transformers' own, the sampling view is consistent, the cost model adds up, and nothing
+is built when nobody listens."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.instrumentation import Instrumentation, WatchSpec, attach_for_bench
+from kvscope.instrumentation.cost import attention_pairs, step_cost
+from kvscope.instrumentation.recording import Replayer
+from kvscope.instrumentation.tokens import tokens_event
+from kvscope.sampling_params import SamplingParams
+from server_harness import check_event, model_path
+
+PROMPTS = ["Once upon a time, a little fox found a shiny stone by the river.",
+           "Once upon a time, a little fox found a shiny stone by the sea and",
+           "The old lighthouse keeper climbed the stairs every evening and"]
+
+
+def make_engine(**kw) -> LLMEngine:
+    args = dict(model=model_path(), device="cpu", dtype="float32", block_size=4, num_kv_blocks=64,
+                max_num_batched_tokens=64, num_threads=1)
+    return LLMEngine(**{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return make_engine()
+
+
+def apply_kv(mirror: dict, e: dict) -> None:
+    if e["kind"] == "snapshot":
+        mirror["blocks"] = {b["id"]: b for b in e["blocks"]}
+        mirror["tables"] = dict(e["tables"])
+    else:
+        mirror["blocks"].update({b["id"]: b for b in e["blocks"]})
+        mirror["tables"].update(e["tables"])
+        for rid in e["removed_tables"]:
+            mirror["tables"].pop(rid)
+    mirror["num_free"] = e["num_free"]
+
+
+def test_no_listener_no_work(engine):
+    assert engine.observers == [] and engine.block_manager.events is None
+    instr = attach_for_bench(engine, "listen")
+    assert engine.block_manager.events == []
+    instr.detach()
+    assert engine.observers == [] and engine.block_manager.events is None
+    assert attach_for_bench(engine, "off") is None and engine.observers == []
+    with pytest.raises(ValueError):
+        attach_for_bench(engine, "loud")
+
+
+def test_kv_snapshot_plus_deltas_track_the_pool_through_preemption_and_hits():
+    engine = make_engine(num_kv_blocks=24, max_num_batched_tokens=32)   # small: forces preemption
+    mirror, events = {}, []
+    bm = lambda: engine.block_manager   # noqa: E731
+
+    def sink(batch):
+        for e in batch:
+            events.append(check_event(e))
+            if e["type"] == "kv":
+                apply_kv(mirror, e)
+        live = {s.request_id: s for s in engine.scheduler.running + list(engine.scheduler.waiting)}
+        assert mirror["num_free"] == bm().num_free_blocks
+        assert {rid: t for rid, t in mirror["tables"].items()} == \
+            {rid: s.block_table for rid, s in live.items() if s.block_table}
+        for b in bm().blocks:
+            shown = mirror["blocks"][b.block_id]
+            assert shown["ref"] == b.ref_count and (shown["hash"] is None) == (b.hash is None)
+            assert sorted(shown["owners"]) == sorted(r for r, s in live.items() if b.block_id in s.block_table)
+
+    instr = Instrumentation(engine, sink)
+    sink([instr.kv_snapshot()])
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for p in PROMPTS * 2:
+        engine.add_request(p, params)
+    while engine.has_unfinished():
+        engine.step()
+    steps = [e for e in events if e["type"] == "step"]
+    assert any(s["preempted"] for s in steps), "the test pool should force a preemption"
+    assert any(e["op"] == "hit" for e in events if e["type"] == "kv" and e["kind"] == "delta" for e in e["events"])
+    assert mirror["num_free"] == bm().num_blocks
+    finished = [e for e in events if e["type"] == "request.finished"]
+    assert len(finished) == 6 and all(f["num_output_tokens"] == 24 for f in finished)
+    rid = engine.add_request(PROMPTS[2], params).request_id
+    engine.step()
+    engine.abort(rid)                      # between steps: a delta arrives at once
+    assert events[-1]["type"] == "kv" and rid in events[-1]["removed_tables"]
+    instr.detach()
+
+
+def test_attention_weights_match_transformers(engine):
+    from transformers import AutoModelForCausalLM
+    events = []
+    instr = Instrumentation(engine, events.extend)
+    seq = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    instr.watch(seq.request_id, "test", WatchSpec(), seq)
+    while engine.has_unfinished():
+        engine.step()
+    instr.detach()
+    att = [check_event(e) for e in events if e["type"] == "attention"]
+    cfg = engine.model_config
+    assert len(att) == 4 * cfg.num_layers                       # prefill + 3 decode steps, every layer
+    hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+    for a in att:
+        ours = torch.tensor(a["weights"])                        # [heads, rows, ctx]
+        want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
+        assert torch.allclose(ours, want, atol=2e-4), (a["layer"], a["query_positions"][0])
+        assert torch.allclose(torch.tensor(a["mean"]), want.mean(0), atol=2e-4)
+        assert a["token_ids"] == seq.token_ids[:a["context_len"]]
+
+
+def test_sampling_event_follows_each_filter(engine):
+    events = []
+    instr = Instrumentation(engine, events.extend)
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=3, seed=3, ignore_eos=True)
+    seq = engine.add_request(PROMPTS[1], params)
+    instr.watch(seq.request_id, "test", WatchSpec(layers=frozenset()), seq)
+    while engine.has_unfinished():
+        engine.step()
+    greedy = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=1))
+    instr.watch(greedy.request_id, "test", WatchSpec(layers=frozenset()), greedy)
+    engine.step()
+    instr.detach()
+    samples = [check_event(e) for e in events if e["type"] == "sampling"]
+    assert [s["chosen"]["id"] for s in samples[:3]] == seq.output_token_ids
+    assert not [e for e in events if e["type"] == "attention"]        # layers=[] : no attention asked
+    for s in samples[:3]:
+        stage = {st["name"]: st for st in s["stages"]}
+        assert stage["top_k"]["kept"] == 50 and stage["top_p"]["kept"] <= 50
+        assert not stage["min_p"]["applied"] and stage["min_p"]["kept"] == stage["top_p"]["kept"]
+        raw = [c["prob"] for c in stage["logits"]["candidates"][:10]]
+        assert raw == sorted(raw, reverse=True)
+        assert s["draw"]["cdf_low"] < s["draw"]["cdf_high"] <= 1.0
+        assert abs(s["draw"]["cdf_high"] - s["draw"]["cdf_low"] - s["chosen"]["prob"]) < 1e-4
+    g = samples[-1]
+    assert g["draw"] == {"method": "greedy", "rank": 0, "cdf_low": 0.0, "cdf_high": g["draw"]["cdf_high"]}
+    assert g["chosen"]["id"] == g["stages"][0]["candidates"][0]["id"]
+
+
+def test_step_cost_model(engine):
+    f = Instrumentation(engine, lambda batch: None).facts
+    assert attention_pairs(0, 4) == 1 + 2 + 3 + 4 and attention_pairs(9, 1) == 10
+    cost = step_cost(f, [(9, 1, True), (0, 5, True)], model_seconds=0.01)
+    kv = f.kv_bytes_per_token
+    assert cost["weight_bytes"] == f.read_weight_bytes
+    assert cost["kv_read_bytes"] == (10 + 5) * kv and cost["kv_write_bytes"] == 6 * kv
+    flops = 2 * f.layer_matmul_params * 6 + 4 * f.num_layers * f.num_heads * f.head_dim * (10 + 15) \
+        + 2 * f.lm_head_params * 2
+    assert cost["flops"] == flops
+    assert cost["achieved_bytes_per_s"] == pytest.approx(cost["bytes"] / 0.01)
+    h = cost["h100"]
+    assert h["bytes"] == cost["bytes"] // 2 and h["bound"] == "memory"        # fp32 here, bf16 there
+    assert h["time_s"] == pytest.approx(max(h["bytes"] / 3.35e12, flops / 989e12))
+    cfg = engine.model_config
+    assert f.layer_matmul_params == cfg.num_layers * (
+        cfg.hidden_size * (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        + cfg.num_heads * cfg.head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size)
+    memory = check_event(Instrumentation(engine, lambda b: None).memory())
+    assert memory["weights_bytes"] == f.weight_bytes and memory["kv_cache_bytes"] == engine.runner.kv_cache_bytes
+
+
+def test_bench_modes_count_what_they_build(engine):
+    counts = {}
+    for mode in ("listen", "watch"):
+        instr = attach_for_bench(engine, mode)
+        for p in PROMPTS:
+            engine.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        instr.detach()
+        counts[mode] = instr.sink.by_type
+    assert counts["listen"]["step"] > 0 and counts["listen"]["request.token"] == 9
+    assert counts["listen"]["attention"] == 0
+    assert counts["watch"]["attention"] == 3 * engine.model_config.num_layers   # the first request, every layer
+
+
+def test_tokens_event_spans_tile_the_bytes(engine):
+    text = "Naïve 🙂 fox<|im_end|>\n"
+    e = check_event(tokens_event(engine.tokenizer, text))
+    raw = text.encode()
+    assert b"".join(raw[t["start"]:t["end"]] for t in e["tokens"]) == raw
+    assert [t["piece"] for t in e["tokens"] if t["special"]] == ["<|im_end|>"]
+    partial = [t for t in e["tokens"] if not t["complete"]]
+    assert all("\\x" in t["text"] for t in partial)
+    assert e["ids"] == engine.tokenize(text)
+
+
+def test_replayer_timing_pause_step_speed():
+    events = [{"type": "hello", "ts": 0.0}, {"type": "step", "ts": 1.0}, {"type": "kv", "ts": 1.5},
+              {"type": "step", "ts": 2.0}, {"type": "step", "ts": 4.0}]
+    r = Replayer(events, speed=2.0)
+    assert [e["type"] for e in r.due(100.0)] == ["hello"]
+    assert r.wait_time() == pytest.approx(0.5)
+    assert [e["ts"] for e in r.due(100.5)] == [1.0]
+    assert [e["ts"] for e in r.due(101.0)] == [1.5, 2.0]
+    r.pause()
+    assert r.due(200.0) == [] and r.wait_time() is None
+    assert [e["ts"] for e in r.step()] == [4.0] and r.done
+    r2 = Replayer(events, playing=False)
+    assert [e["type"] for e in r2.step()] == ["hello", "step"]
+    r2.play(10.0)
+    r2.set_speed(10.0, 10.0)
+    assert [e["ts"] for e in r2.due(10.15)] == [1.5, 2.0]
