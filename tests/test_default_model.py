@@ -23,12 +23,15 @@ PROMPTS = [
     "There was once a shy little fox named",
     "Tom and Mia were best friends.",
 ]
-# Held-out perplexity must stay below this. The training curve in the model card (held-out
-# ppl 84 at step 30, 4.5 at step 250, ~2.7 by the end) crosses 3.5 late in training, once
-# the model follows who-is-who; a checkpoint above it is undertrained or broken. Random
-# weights give ~2000 (the vocabulary size).
-MAX_HELDOUT_PPL = 3.5
+# Held-out perplexity must stay below this. The training curve in the model card: uniform
+# guessing is ~2000, held-out ppl is 1.92 at step 250 (story grammar learned), 1.60 at step
+# 1000, then drops to 1.40 by step 1250 as the model learns to copy names and objects from
+# earlier in the story, and ends at 1.34. 1.5 sits in that drop: a checkpoint above it has not
+# learned who-is-who (or is broken), while the shipped one passes with margin.
+MAX_HELDOUT_PPL = 1.5
 HELDOUT_DOCS = 60  # ~10k tokens: a fixed slice, regenerated from the held-out seed
+QA_QUESTIONS = 20
+MIN_QA_ACCURACY = 0.5  # the shipped model: 68% on 50 (model card); chance: a few percent
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +145,12 @@ def test_greedy_continuations_are_corpus_words_without_loops(hf, corpus_words):
         grams = Counter(tuple(ids[i:i + 4]) for i in range(len(ids) - 3))
         gram, count = grams.most_common(1)[0]
         assert count < 3, (prompt, text, tok.decode(list(gram)))
+
+
+def test_answers_questions_about_unseen_stories(hf):
+    """Who helped whom, where a thing was hidden: facts of a story the model has never seen,
+    given in the prompt. Guessing a name from the ~70 in the corpus would score a few percent."""
+    from kvscope.training.evaluate import qa_accuracy
+    model, tok = hf
+    acc, misses = qa_accuracy(model, tok, n=QA_QUESTIONS)
+    assert acc >= MIN_QA_ACCURACY, misses
