@@ -3,6 +3,7 @@ the chat template, and the async streaming interface."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -46,7 +47,10 @@ def test_streamed_deltas_add_up_to_the_text_even_with_emoji(llm):
         async def both():
             return await asyncio.gather(collect("The cat 🐱 said"), collect("Tom and Mia"))
 
-        for text, final in asyncio.run(both()):
+        # a thread of its own: Playwright's sync API may leave a loop running on this one
+        with ThreadPoolExecutor(1) as pool:
+            results = pool.submit(lambda: asyncio.run(both())).result()
+        for text, final in results:
             assert final.finish_reason == "length" and len(final.token_ids) == 30
             assert text == final.text == llm.tokenizer.decode(final.token_ids, skip_special_tokens=True)
             assert "\ufffd" not in text or "\ufffd" in final.text
