@@ -23,6 +23,7 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     tp.add_argument("--max-num-seqs", type=int, default=None)
     tp.add_argument("--max-num-batched-tokens", type=int, default=None)
     tp.add_argument("--hf-batch-size", type=int, default=None, help="transformers' static batch size")
+    tp.add_argument("--repeats", type=int, default=1, help="alternate the two engines N times; report medians")
     tp.add_argument("--instrument", choices=["off", "listen", "watch"], default="off",
                     help="attach instrumentation: none, a listener, or a listener watching one request")
     tp.set_defaults(run=run_throughput)
@@ -163,21 +164,28 @@ def run_throughput(args) -> int:
         from kvscope.instrumentation import attach_for_bench
         attach_for_bench(engine, args.instrument)
     run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
-    ours = run_kvscope(engine, prompts, outputs, watch_first=args.instrument == "watch")
+    model = None if args.no_hf else hf_model_like(engine)
+    if model is not None:
+        run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
+    ours_runs, hf_runs = [], []
+    for _ in range(max(1, args.repeats)):   # alternated, so both see the same machine load
+        ours_runs.append(run_kvscope(engine, prompts, outputs, watch_first=args.instrument == "watch"))
+        if model is not None:
+            hf_runs.append(run_hf_static(model, prompts, outputs, args.hf_batch_size, engine.device))
+    ours = sorted(ours_runs, key=lambda r: r["elapsed"])[len(ours_runs) // 2]
     bm = engine.block_manager
     ours_rate = ours["generated"] / ours["elapsed"]
+    runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
-          f"instrumentation {args.instrument})")
+          f"instrumentation {args.instrument}{runs})")
     print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
           f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
-    if not args.no_hf:
-        model = hf_model_like(engine)
-        run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
-        hf = run_hf_static(model, prompts, outputs, args.hf_batch_size, engine.device)
+    if hf_runs:
+        hf = sorted(hf_runs, key=lambda r: r["elapsed"])[len(hf_runs) // 2]
         hf_rate = hf["generated"] / hf["elapsed"]
         print(f"transformers generate (static batches of {args.hf_batch_size}): {hf['generated']} output "
-              f"tokens in {hf['elapsed']:.2f} s = {hf_rate:,.0f} tok/s")
+              f"tokens in {hf['elapsed']:.2f} s = {hf_rate:,.0f} tok/s{runs}")
         print(f"speed-up: {ours_rate / hf_rate:.2f}x")
     roof, spec = roofline_tokens_per_s(engine, prompts, outputs, args.max_num_seqs)
     print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "

@@ -13,9 +13,13 @@ from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.capture import AttentionCapture, WatchedRows
-from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
+from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
+
+
+MAX_DECODE_GROUPS = 4
+MIN_DECODE_GROUP = 8
 
 
 @dataclass
@@ -91,7 +95,8 @@ class ModelRunner:
 
     def prepare(self, out: SchedulerOutput, watched: set[int]):
         prefills = [e for e in out.entries if e.num_new_tokens > 1]
-        decodes = [e for e in out.entries if e.num_new_tokens == 1]
+        # shortest context first, so decode rows of similar length sit together
+        decodes = sorted((e for e in out.entries if e.num_new_tokens == 1), key=lambda e: e.start)
         ids, positions, slots, spans, sample_rows, sample_entries, watch_rows = [], [], [], [], [], [], []
         row = 0
         for e in prefills:
@@ -137,8 +142,21 @@ class ModelRunner:
         md.block_tables, md.context_lens = tables.to(self.device), lens.to(self.device)
         md.max_context_len = int(lens.max())
         if self.attention_backend == "torch":
+            md.decode_groups = self._decode_groups(tables, lens)
+
+    def _decode_groups(self, tables: torch.Tensor, lens: torch.Tensor) -> list[DecodeGroup]:
+        """Up to four groups of equal size over rows sorted by context length: padding each
+        group to its own longest context wastes far less than padding the whole batch."""
+        n = len(lens)
+        size = -(-n // min(MAX_DECODE_GROUPS, -(-n // MIN_DECODE_GROUP)))
+        groups = []
+        for start in range(0, n, size):
+            rows = slice(start, min(n, start + size))
+            width = -(-int(lens[rows].max()) // self.block_size)
             pos = torch.arange(width * self.block_size)
-            md.decode_mask = (pos[None, :] < lens[:, None]).view(len(decodes), 1, 1, -1).to(self.device)
+            mask = (pos[None, :] < lens[rows, None]).view(rows.stop - start, 1, 1, -1)
+            groups.append(DecodeGroup(rows, tables[rows, :width].to(self.device), mask.to(self.device)))
+        return groups
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()

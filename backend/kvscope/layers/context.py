@@ -18,6 +18,15 @@ class PrefillSpan:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows of similar context length, padded only to the longest of them (the
+    reference path pads each group, not the whole batch, to the longest context)."""
+    rows: slice
+    block_tables: torch.Tensor                  # [rows, blocks]
+    mask: torch.Tensor                          # [rows, 1, 1, blocks * block_size]
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -26,7 +35,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
     context_lens: torch.Tensor | None = None    # [num_decodes]
     max_context_len: int = 0
-    decode_mask: torch.Tensor | None = None     # [num_decodes, 1, 1, max_blocks * block_size] (reference path)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
     capture: object | None = None               # AttentionCapture while a request is watched
 
     @property

@@ -38,8 +38,10 @@ def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float
 
 def decode_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float):
     """q: [B, H, D], one query per sequence, each attending to its own cached context."""
-    ks = gather_context(k_cache, md.block_tables).transpose(1, 2)   # [B, KVH, blocks * bs, D]
-    vs = gather_context(v_cache, md.block_tables).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=md.decode_mask,
-                                         scale=scale, enable_gqa=True)
-    return out.squeeze(2)                                        # [B, H, D]
+    out = torch.empty_like(q)
+    for group in md.decode_groups:
+        ks = gather_context(k_cache, group.block_tables).transpose(1, 2)   # [n, KVH, blocks * bs, D]
+        vs = gather_context(v_cache, group.block_tables).transpose(1, 2)
+        out[group.rows] = F.scaled_dot_product_attention(
+            q[group.rows].unsqueeze(2), ks, vs, attn_mask=group.mask, scale=scale, enable_gqa=True).squeeze(2)
+    return out
