@@ -56,9 +56,19 @@ def _cpu_spec() -> DeviceSpec:
     except OSError:
         pass
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    threads = torch.get_num_threads()
-    # rough peak: fp32 FMA, AVX2-class (16 FLOP/cycle/core) at ~2.5 GHz
-    return DeviceSpec("cpu", name, total, measure_copy_bandwidth(), threads * 16 * 2.5e9, "measured")
+    return DeviceSpec("cpu", name, total, measure_copy_bandwidth(), measure_matmul_flops(), "measured")
+
+
+def measure_matmul_flops(size: int = 512, repeats: int = 5) -> float:
+    """FLOP/s of a float32 matrix multiply on the threads torch uses, best of a few runs."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size ** 3 / best
 
 
 def measure_copy_bandwidth(size_mib: int = 128, repeats: int = 5) -> float:

@@ -31,20 +31,26 @@ class StepResult:
     used_cuda_graph: bool = False
 
 
-def pick_attention_backend(requested: str, device: torch.device, block_size: int) -> str:
+def pick_attention_backend(requested: str, device: torch.device, block_size: int, head_dim: int) -> str:
+    triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
     if requested == "auto":
         if device.type != "cuda":
             return "torch"
         if HAS_FLASH_ATTN and block_size % 256 == 0:
             return "flash_attn"
-        return "triton" if HAS_TRITON else "torch"
-    if requested == "triton" and not HAS_TRITON:
-        raise ValueError("attention_backend='triton' needs the triton package")
+        return "triton" if triton_fits else "torch"
+    if requested == "triton" and not triton_fits:
+        raise ValueError("attention_backend='triton' needs the triton package, and a head_dim and "
+                         "block_size that are powers of two")
     if requested == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the triton backend runs on CUDA (or on CPU under TRITON_INTERPRET=1)")
     if requested == "flash_attn" and not (HAS_FLASH_ATTN and device.type == "cuda" and block_size % 256 == 0):
         raise ValueError("attention_backend='flash_attn' needs flash-attn, CUDA and a block_size multiple of 256")
     return requested
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 class ModelRunner:
@@ -54,7 +60,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
-        self.attention_backend = pick_attention_backend(config.attention_backend, device, self.block_size)
+        self.attention_backend = pick_attention_backend(config.attention_backend, device, self.block_size,
+                                                        model.config.head_dim)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
