@@ -16,6 +16,8 @@ Fixtures:
 """
 from __future__ import annotations
 
+import contextlib
+
 import asyncio
 import functools
 import http.server
@@ -62,12 +64,9 @@ def _wait_for_health(url: str, process: subprocess.Popen, log_path: Path) -> Non
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+            if response.status == 200:
+                return
         time.sleep(0.3)
     raise RuntimeError(f"the server did not answer /healthz in {SERVER_START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
 
@@ -270,7 +269,7 @@ def _record_default(live_server: str, instructor, folder: Path) -> None:
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
-        pass
+        """No per-request log lines in the test output."""
 
 
 @pytest.fixture(scope="session")

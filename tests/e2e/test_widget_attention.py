@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from exports import check_exports
+from widget_checks import check_exports
 
 
 def model_config() -> dict:

@@ -3,7 +3,7 @@
 every step after, with bytes = kv_bytes_per_token (hello) × tokens."""
 from __future__ import annotations
 
-from exports import check_exports
+from widget_checks import check_exports
 
 
 def test_cache_grows_one_token_per_step(page, live_server, screenshot, assert_clean):

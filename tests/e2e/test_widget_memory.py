@@ -5,20 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 
-from exports import check_exports
-
-
-def wait_idle(url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
-            health = json.load(r)
-        if health["running"] == 0 and health["waiting"] == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the engine did not go idle")
+from widget_checks import check_exports, wait_idle
 
 
 def figure(widget, key: str) -> float:

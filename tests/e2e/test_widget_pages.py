@@ -4,8 +4,8 @@ sandbox), and the live pool equals the server's own `kv` snapshot."""
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
+
+from widget_checks import wait_idle
 
 OPS = [
     ({"op": "reset"}, "Reset"),
@@ -108,17 +108,6 @@ def test_sandbox_grid_is_what_the_block_manager_reports(page, live_server, scree
     assert dimmed == expected[-1]["num_blocks"] - len(set(table_c))
     screenshot(widget, "widget-pages-sandbox")
     assert_clean(page)
-
-
-def wait_idle(url: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
-            health = json.load(r)
-        if health["running"] == 0 and health["waiting"] == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the engine did not go idle")
 
 
 def test_live_pool_equals_the_engine_snapshot(page, live_server, screenshot, assert_clean):

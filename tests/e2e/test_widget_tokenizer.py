@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from exports import check_exports
+from widget_checks import check_exports
 
 TEXTS = [
     "Hello, world!",

@@ -8,7 +8,6 @@ on one CPU thread: held-out loss, decode speed, and the sample continuations.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import sys

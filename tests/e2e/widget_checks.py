@@ -1,5 +1,9 @@
-"""Shared check of a widget's toolbar exports (image and JSON data)."""
+"""Checks shared by the widget tests: the toolbar exports, and waiting for an idle engine."""
 from __future__ import annotations
+
+import json
+import time
+import urllib.request
 
 EXPORT_JS = """async el => {
     const image = await el.exportImage();
@@ -15,3 +19,15 @@ def check_exports(widget, image_type: str) -> None:
     out = widget.evaluate(EXPORT_JS)
     assert out["type"] == image_type and out["size"] > 500, out
     assert out["data_type"] == "application/json" and out["widget"] == widget.evaluate("el => el.localName")
+
+
+def wait_idle(url: str, timeout: float = 30) -> None:
+    """Until the live engine has no running or waiting request."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+            health = json.load(r)
+        if health["running"] == 0 and health["waiting"] == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the engine did not go idle")
