@@ -131,6 +131,11 @@ def own_server(chromium_path):
 
 
 @pytest.fixture(scope="session")
+def instructor_token() -> str:
+    return INSTRUCTOR_TOKEN
+
+
+@pytest.fixture(scope="session")
 def live_server(chromium_path, tmp_path_factory):
     url, process = start_server(tmp_path_factory.mktemp("server"))
     try:

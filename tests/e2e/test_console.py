@@ -1,0 +1,53 @@
+"""The instructor console, driven in Chromium against the real server: the token makes an
+instructor; pause, single-step, inject, resume and the viewers list act on the live engine;
+without the token the same buttons are refused."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from widget_checks import wait_idle
+
+
+def health(url: str) -> dict:
+    with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+        return json.load(r)
+
+
+def test_console_pauses_steps_injects_and_resumes(page, live_server, instructor_token, screenshot, assert_clean):
+    wait_idle(live_server)
+    page.goto(f"{live_server}/console?token={instructor_token}")
+    page.wait_for_function("document.getElementById('role').textContent.includes('instructor')")
+    page.click("#pause")
+    page.wait_for_function("document.getElementById('s-paused').textContent === 'paused'")
+    assert health(live_server)["paused"] is True
+
+    page.fill("#i-n", "2")
+    page.fill("#i-tokens", "6")
+    page.click("#inject button[type=submit]")
+    page.wait_for_function("document.getElementById('log').textContent.includes('inject: ok')")
+    before = health(live_server)
+    assert before["waiting"] + before["running"] == 2      # paused: nothing ran yet
+
+    page.click("#step")
+    page.wait_for_function(f"Number(document.getElementById('s-step').textContent) === {before['step'] + 1}")
+    assert health(live_server)["step"] == before["step"] + 1
+
+    page.click("#viewers")
+    page.wait_for_function("document.querySelectorAll('#viewers-body tr').length >= 1")
+    screenshot(page, "console")
+
+    page.locator("body").press("p")                         # the keyboard shortcut resumes
+    page.wait_for_function("document.getElementById('s-paused').textContent === 'running'")
+    wait_idle(live_server)
+    assert health(live_server)["paused"] is False
+    assert_clean(page)
+
+
+def test_console_without_the_token_is_refused(page, live_server):
+    page.goto(f"{live_server}/console?token=not-the-token")
+    page.wait_for_function("document.getElementById('role').textContent.includes('learner')")
+    page.click("#pause")
+    page.wait_for_function("document.querySelector('#log li.error') !== null")
+    assert "pause" in page.locator("#log li.error").first.text_content()
+    assert health(live_server)["paused"] is False
