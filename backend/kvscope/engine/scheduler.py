@@ -1,7 +1,7 @@
 """Continuous batching: which sequences run this step, and how many tokens each computes.
 
-Every step has a token budget and a cap on sequences. Running sequences go first (a decode
-costs one token; an unfinished prompt continues with the next chunk), then waiting ones are
+Every step has a token budget and a cap on sequences. Running sequences go first — decodes
+(one token each), then unfinished prompts with their next chunk — then waiting ones are
 admitted, their prompts cut into chunks when the budget is short. When blocks run out, the
 most recently admitted sequence is preempted: its blocks are freed and it is recomputed
 later (its prefix-cached blocks often survive, so recomputing is cheap).
@@ -80,7 +80,9 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
-        queue = deque(self.running)
+        # decodes first (one token each, what streaming users wait for), then prompt chunks;
+        # the stable sort keeps admission order within each group
+        queue = deque(sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1))
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()

@@ -1,0 +1,56 @@
+"""Scheduling policy without a model: decodes before prompt chunks, the budget and the
+sequence cap respected, preemption of the most recently admitted sequence."""
+from __future__ import annotations
+
+from kvscope.config import EngineConfig
+from kvscope.engine.block_manager import BlockManager
+from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.sequence import Sequence, SequenceStatus
+from kvscope.sampling_params import SamplingParams
+
+
+def running(bm: BlockManager, tokens: int, computed: int) -> Sequence:
+    seq = Sequence(list(range(tokens)), SamplingParams(max_tokens=50))
+    bm.allocate(seq, [], computed)
+    seq.num_computed_tokens = computed
+    seq.status = SequenceStatus.RUNNING
+    return seq
+
+
+def scheduler(budget: int, blocks: int = 64, max_seqs: int = 8) -> Scheduler:
+    cfg = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, block_size=4)
+    return Scheduler(cfg, BlockManager(blocks, 4), max_model_len=512, eos_token_ids=set())
+
+
+def test_decodes_get_their_token_before_an_earlier_prompt_takes_the_budget():
+    sch = scheduler(budget=5)
+    long_prompt = running(sch.block_manager, tokens=40, computed=8)   # admitted first, mid-prefill
+    decoding = running(sch.block_manager, tokens=4, computed=3)       # one token to compute
+    sch.running = [long_prompt, decoding]
+    out = sch.schedule()
+    assert [(e.seq, e.num_new_tokens) for e in out.entries] == [(decoding, 1), (long_prompt, 4)]
+    assert out.num_batched_tokens == 5
+    assert out.entries[0].samples and not out.entries[1].samples
+
+
+def test_waiting_prompts_are_chunked_to_the_budget_and_capped_in_number():
+    sch = scheduler(budget=10, max_seqs=2)
+    seqs = [Sequence(list(range(n)), SamplingParams(max_tokens=4)) for n in (6, 30, 3)]
+    for s in seqs:
+        sch.add(s)
+    out = sch.schedule()
+    assert [(e.seq, e.num_new_tokens) for e in out.entries] == [(seqs[0], 6), (seqs[1], 4)]
+    assert list(sch.waiting) == [seqs[2]]          # the cap of two sequences holds the third back
+
+
+def test_out_of_blocks_preempts_the_most_recently_admitted():
+    sch = scheduler(budget=64, blocks=4)
+    first = running(sch.block_manager, tokens=9, computed=8)    # 2 blocks, needs a 3rd for token 9
+    second = running(sch.block_manager, tokens=5, computed=4)   # 1 block, needs a 2nd
+    sch.running = [first, second]
+    out = sch.schedule()
+    assert out.preempted == [second]
+    assert [e.seq for e in out.entries] == [first]
+    assert second.status == SequenceStatus.WAITING and sch.waiting[0] is second
+    assert second.block_table == [] and second.num_computed_tokens == 0
+    sch.block_manager.check_invariants([first])
