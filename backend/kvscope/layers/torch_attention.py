@@ -38,10 +38,15 @@ def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float
 
 def decode_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float):
     """q: [B, H, D], one query per sequence, each attending to its own cached context."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
     for group in md.decode_groups:
         ks = gather_context(k_cache, group.block_tables).transpose(1, 2)   # [n, KVH, blocks * bs, D]
         vs = gather_context(v_cache, group.block_tables).transpose(1, 2)
+        # the query heads that share a KV head act as that head's query rows, so K and V
+        # are read once per KV head instead of being expanded to every query head
+        qs = q[group.rows].view(-1, num_kv_heads, num_heads // num_kv_heads, head_dim)
         out[group.rows] = F.scaled_dot_product_attention(
-            q[group.rows].unsqueeze(2), ks, vs, attn_mask=group.mask, scale=scale, enable_gqa=True).squeeze(2)
+            qs, ks, vs, attn_mask=group.mask, scale=scale).reshape(-1, num_heads, head_dim)
     return out
