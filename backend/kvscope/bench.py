@@ -99,10 +99,11 @@ def hf_model_like(engine):
     from transformers import AutoConfig, AutoModelForCausalLM
     path = str(engine.model_path)
     if engine.config.load_format == "dummy":
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=engine.dtype)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=engine.dtype)
-    return model.to(engine.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(path)
+    # cast after loading: the dtype keyword differs between transformers 4 and 5
+    return model.to(device=engine.device, dtype=engine.dtype).eval()
 
 
 @torch.inference_mode()
