@@ -12,7 +12,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
 from kvscope.server.hub import dumps
-from kvscope.server.validation import CommandError, message_ref, parse_frame, validate_command
+from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -74,16 +74,10 @@ async def read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, ma
 
 
 async def _read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, max_frame_bytes: int) -> None:
-    while True:
-        try:
-            message = await ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        if message["type"] == "websocket.disconnect":
-            return
+    async for data in incoming_frames(ws):
         msg: dict = {}
         try:
-            msg = parse_frame(message.get("text") or message.get("bytes") or b"", max_frame_bytes)
+            msg = parse_frame(data, max_frame_bytes)
             if validate_command(msg) != "replay":
                 raise CommandError("replay", "this socket plays a recording; only replay commands work here")
             now = time.monotonic()

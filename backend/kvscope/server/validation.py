@@ -4,6 +4,7 @@ in an `error` event; the connection stays open."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -69,3 +70,17 @@ def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingP
         return SamplingParams(max_tokens=max_tokens, **raw)
     except (TypeError, ValueError) as exc:
         raise CommandError("invalid_field", f"params: {exc}") from None
+
+
+async def incoming_frames(ws) -> AsyncIterator[str | bytes]:
+    """The payload of each frame a client sends, until it goes away."""
+    from starlette.websockets import WebSocketDisconnect
+    while True:
+        try:
+            message = await ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        text = message.get("text")
+        yield text if text is not None else (message.get("bytes") or b"")

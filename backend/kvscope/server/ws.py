@@ -14,7 +14,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
 from kvscope.server.commands import HANDLERS, Session
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, message_ref, parse_frame, validate_command
+from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
 from kvscope.server.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
@@ -70,16 +70,7 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
 
 
 async def read_commands(ws: WebSocket, session: Session) -> None:
-    while True:
-        try:
-            message = await ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        if message["type"] == "websocket.disconnect":
-            return
-        data = message.get("text")
-        if data is None:
-            data = message.get("bytes") or b""
+    async for data in incoming_frames(ws):
         await handle(session, data)
 
 
