@@ -26,13 +26,15 @@ def engine_from_args(args):
 
 
 def server_config_from_args(args) -> ServerConfig:
+    if args.max_watched_requests < 0:
+        raise ValueError(f"--max-watched-requests must be >= 0, got {args.max_watched_requests}")
     config = ServerConfig(
         host=args.host, port=args.port,
         limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
                       submits_per_minute=args.learner_submits_per_minute),
         rest_requests_per_minute=args.rest_requests_per_minute, recordings_dir=Path(args.recordings_dir),
         frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
-        extra_origins=tuple(args.allow_origin))
+        extra_origins=tuple(args.allow_origin), max_watched_requests=args.max_watched_requests)
     if args.instructor_token:
         config.instructor_token = args.instructor_token
     return config
