@@ -68,17 +68,22 @@ def test_generate_streams_server_sent_events(server):
     assert bad.status_code == 400 and "top_p" in bad.json()["message"]
 
 
-def test_generate_client_disconnect_frees_blocks(server):
+def assert_disconnect_frees_blocks(server, path: str, body: dict, first_line: str, headers=None) -> None:
+    """Leave a stream after its first token: every block the request held comes back."""
     server.wait_idle()
     start = server.engine.block_manager.num_free_blocks
-    body = {"prompt": "The robot " * 20, "params": {"max_tokens": 250, "ignore_eos": True}}
-    with httpx.stream("POST", f"{server.http}/api/generate", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{server.http}{path}", json=body, timeout=60, headers=headers) as r:
         for line in r.iter_lines():
-            if line.startswith("event: request.token"):
+            if line.startswith(first_line):
                 break
         assert server.engine.block_manager.num_free_blocks < start
     server.wait_idle(10)
     assert server.engine.block_manager.num_free_blocks == start
+
+
+def test_generate_client_disconnect_frees_blocks(server):
+    body = {"prompt": "The robot " * 20, "params": {"max_tokens": 250, "ignore_eos": True}}
+    assert_disconnect_frees_blocks(server, "/api/generate", body, "event: request.token")
 
 
 def test_openai_models_and_completions(oai, model):
@@ -139,18 +144,10 @@ def test_openai_errors_have_openai_shape(server, oai, model):
 
 
 def test_openai_stream_disconnect_frees_blocks(server, model):
-    server.wait_idle()
-    start = server.engine.block_manager.num_free_blocks
     body = {"model": model, "prompt": "Mia wanted to bake " * 10, "max_tokens": 300, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", f"{server.http}/v1/completions", json=body, timeout=60,
-                      headers={"Authorization": f"Bearer {TOKEN}"}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                break
-        assert server.engine.block_manager.num_free_blocks < start
-    server.wait_idle(10)
-    assert server.engine.block_manager.num_free_blocks == start
+    assert_disconnect_frees_blocks(server, "/v1/completions", body, "data: ",
+                                   headers={"Authorization": f"Bearer {TOKEN}"})
 
 
 def test_every_entry_point_shares_one_batch(server, oai, model):

@@ -8,6 +8,11 @@ import urllib.request
 from playwright.sync_api import expect
 
 
+def assert_clean_apart_from_the_socket(page) -> None:
+    """No console error or failed request, except the WebSocket that has no server to reach."""
+    problems = [p for p in page.kv_problems if "WebSocket" not in p and "/ws" not in p]
+    assert not problems, problems
+
 def recording(static_site: str, page) -> list[dict]:
     name = page.evaluate("() => document.body.dataset.recording || 'default'")
     with urllib.request.urlopen(f"{static_site}/static/recordings/{name}.jsonl", timeout=10) as r:
@@ -62,8 +67,7 @@ def test_pages_replay_the_recorded_pool(new_page, static_site, screenshot):
     sandbox = widget.locator(".kvp-sandbox")
     expect(sandbox.locator("[data-op=allocate]")).to_be_disabled()
     screenshot(widget, "widget-pages-replay")
-    problems = [p for p in page.kv_problems if "WebSocket" not in p and "/ws" not in p]
-    assert not problems, problems
+    assert_clean_apart_from_the_socket(page)
 
 
 def test_memory_and_cache_replay_the_recording(new_page, static_site, screenshot):
@@ -99,8 +103,7 @@ def test_memory_and_cache_replay_the_recording(new_page, static_site, screenshot
     assert all(s["added"] == 1 for s in history[1:]), history                                   # then one per step
     assert all(b - a == 1 for a, b in zip(counts, counts[1:])), counts
     screenshot(widget, "widget-cache-view-replay")
-    problems = [p for p in page.kv_problems if "WebSocket" not in p and "/ws" not in p]
-    assert not problems, problems
+    assert_clean_apart_from_the_socket(page)
 
 
 def test_attention_replays_the_watched_request(new_page, static_site, screenshot):
@@ -124,5 +127,4 @@ def test_attention_replays_the_watched_request(new_page, static_site, screenshot
             assert matrix[q][: e["context_len"]] == e["mean"][r]        # the recorded weights, as drawn
             assert all(w == 0 for w in matrix[q][q + 1:])
     screenshot(widget, "widget-attention-replay")
-    problems = [p for p in page.kv_problems if "WebSocket" not in p and "/ws" not in p]
-    assert not problems, problems
+    assert_clean_apart_from_the_socket(page)
