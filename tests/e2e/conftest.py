@@ -44,7 +44,7 @@ INSTRUCTOR_TOKEN = "e2e-instructor-token"
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SERVER_START_TIMEOUT_S = 120
-WIDGET_TAGS = ("kv-tokenizer", "kv-attention", "kv-cache-view", "kv-pages", "kv-memory")
+WIDGET_TAGS = tuple(sorted(path.stem for path in (REPO / "frontend" / "js" / "widgets").glob("kv-*.js")))
 
 
 def pytest_collection_modifyitems(items):

@@ -19,9 +19,10 @@ from markdown_it.rules_block import StateBlock
 from markdown_it.rules_inline import StateInline
 from mdit_py_plugins.anchors import anchors_plugin
 
-from kvscope.server.rendering.content import Glossary
+from kvscope.server.rendering.content import Glossary, frontend_dir
 
-WIDGET_TAGS = frozenset({"kv-tokenizer", "kv-attention", "kv-cache-view", "kv-pages", "kv-memory"})
+# A widget exists when its file does: frontend/js/widgets/kv-<name>.js defines <kv-<name>>.
+WIDGET_TAGS = frozenset(path.stem for path in (frontend_dir() / "js" / "widgets").glob("kv-*.js"))
 VALUE_FORMATS = frozenset({"int", "bytes", "float", "text"})
 VALUE_KEYS = frozenset(
     [f"model.{k}" for k in (
