@@ -49,6 +49,13 @@ def pick_attention_backend(requested: str, device: torch.device, block_size: int
     return requested
 
 
+def _add_samplers(rows: list[int], seqs: list, entry: ScheduledSeq, row: int) -> None:
+    """The sequence draws from this row, and so do the choices that fork from it now."""
+    for seq in (entry.seq, *entry.forks):
+        rows.append(row)
+        seqs.append(seq)
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -104,7 +111,7 @@ class ModelRunner:
         prefills = [e for e in out.entries if e.num_new_tokens > 1]
         # shortest context first, so decode rows of similar length sit together
         decodes = sorted((e for e in out.entries if e.num_new_tokens == 1), key=lambda e: e.start)
-        ids, positions, slots, spans, sample_rows, sample_entries, watch_rows = [], [], [], [], [], [], []
+        ids, positions, slots, spans, sample_rows, sample_seqs, watch_rows = [], [], [], [], [], [], []
         row = 0
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
@@ -118,8 +125,7 @@ class ModelRunner:
                 watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, end)), blocks))
             row += n
             if e.samples:
-                sample_rows.append(row - 1)
-                sample_entries.append(e)
+                _add_samplers(sample_rows, sample_seqs, e, row - 1)
         bs = self.block_size
         decode_slots = []
         for e in decodes:
@@ -129,8 +135,7 @@ class ModelRunner:
             decode_slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             if seq.seq_id in watched:
                 watch_rows.append(WatchedRows(seq.seq_id, row, [pos], self._blocks_for(seq.block_table, pos + 1)))
-            sample_rows.append(row)
-            sample_entries.append(e)
+            _add_samplers(sample_rows, sample_seqs, e, row)
             row += 1
         slots.append(torch.tensor(decode_slots, dtype=torch.long))
         md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
@@ -139,7 +144,7 @@ class ModelRunner:
             self._decode_metadata(md, decodes)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return ids_t, pos_t, md, sample_rows, sample_entries, watch_rows
+        return ids_t, pos_t, md, sample_rows, sample_seqs, watch_rows
 
     def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
         width = max(len(e.seq.block_table) for e in decodes)
@@ -165,12 +170,22 @@ class ModelRunner:
             groups.append(DecodeGroup(rows, tables[rows, :width].to(self.device), mask.to(self.device)))
         return groups
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for cache in (*self.k_caches, *self.v_caches):
+            cache[dst] = cache[src]
+
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator],
             watched: set[int] | None = None, capture_layers: set[int] | None = None) -> StepResult:
         watched = watched or set()
-        ids, pos, md, sample_rows, entries, watch_rows = self.prepare(out, watched)
+        self.copy_blocks(out.block_copies)
+        ids, pos, md, sample_rows, seqs, watch_rows = self.prepare(out, watched)
         result = StepResult()
         if watch_rows:
             md.capture = AttentionCapture(watch_rows, capture_layers)
@@ -180,10 +195,9 @@ class ModelRunner:
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)
-        if not entries:
+        if not seqs:
             return result
         logits = self.model.compute_logits(hidden[sample_rows]).float()
-        seqs = [e.seq for e in entries]
         batch = SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
         tokens = self.sampler(logits, batch)
         self._collect(result, seqs, logits, tokens, watched)

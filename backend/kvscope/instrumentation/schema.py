@@ -123,7 +123,7 @@ KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snaps
 KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
                 "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
                 "removed_tables": arr(STR),
-                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict"]}, "block": NAT,
+                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict", "share", "cow"]}, "block": NAT,
                                    "request_id": NULL_STR})), **KV_TOTALS},
                {"ref": REF})
 
