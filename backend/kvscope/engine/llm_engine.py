@@ -11,7 +11,8 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
-from kvscope.engine.devices import kv_cache_blocks, resolve_device, resolve_dtype
+from kvscope.engine.devices import kv_cache_blocks, resolve_device
+from kvscope.engine.dtype_choice import choose_dtype
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
@@ -37,7 +38,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_path)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.dtype_choice = choose_dtype(config.dtype, self.device, self.model_config)
+        self.dtype = self.dtype_choice.dtype
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
