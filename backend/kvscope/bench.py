@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from kvscope import cpu_ceilings
+from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
 
 
@@ -191,6 +193,12 @@ def run_throughput(args) -> int:
     roof, spec = roofline_tokens_per_s(engine, prompts, outputs, args.max_num_seqs)
     print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
           f"({spec.bandwidth_source}, {spec.name}); kvscope reaches {100 * ours_rate / roof:.1f}%")
+    facts = model_facts(engine)
+    kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * facts.kv_bytes_per_token
+    computed = sum(len(p) for p in prompts) + sum(outputs)
+    for line in cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
+                                    2 * facts.read_weight_bytes / facts.dtype_bytes * computed):
+        print(line)
     return 0
 
 
@@ -219,6 +227,11 @@ def run_latency(args) -> int:
         print(f"transformers generate: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
               f"({1 / tpot:,.0f} tok/s)")
         print(f"decode speed-up: {tpot / statistics.median(tpots):.2f}x")
+    facts = model_facts(engine)
+    per_token = facts.read_weight_bytes + (len(prompt) + n / 2) * facts.kv_bytes_per_token
+    for line in cpu_ceilings.report(engine, statistics.median(tpots), per_token,
+                                    2 * facts.read_weight_bytes / facts.dtype_bytes):
+        print(line)
     return 0
 
 
