@@ -35,6 +35,12 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--repeats", type=int, default=3)
     lat.set_defaults(run=run_latency)
+    par = sub.add_parser("parallel", help="one request with n choices vs n separate requests: prefill and KV blocks")
+    _common(par)
+    par.add_argument("--n", type=int, default=4)
+    par.add_argument("--input-len", type=int, default=200)
+    par.add_argument("--output-len", type=int, default=64)
+    par.set_defaults(run=run_parallel)
     try:
         from kvscope.server import loadtest
         serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")
@@ -268,3 +274,34 @@ def _hf_latency(model, prompt, n, device, repeats):
         totals.append(time.perf_counter() - t)
     ttft, total = statistics.median(ttfts), statistics.median(totals)
     return ttft, (total - ttft) / max(1, n - 1)
+
+
+def run_parallel(args) -> int:
+    """The same n samples of one prompt, on a fresh engine each time (prefix caching off, so
+    only the fork shares): as one request with n choices, and as n separate requests."""
+    from kvscope.engine.observer import EngineObserver
+
+    class PromptTokens(EngineObserver):
+        computed = 0
+
+        def on_step(self, record):
+            for e in record.scheduled.entries:
+                self.computed += max(0, min(e.start + e.num_new_tokens, e.seq.num_prompt_tokens) - e.start)
+
+    print(f"{args.n} samples of a {args.input_len}-token prompt, {args.output_len} tokens each (EOS ignored)")
+    together = SamplingParams(temperature=1.0, seed=args.seed, max_tokens=args.output_len, ignore_eos=True, n=args.n)
+    for label, params in ((f"one request, n={args.n}", [together]),
+                          (f"{args.n} separate requests", [together.for_choice(i) for i in range(args.n)])):
+        engine = _engine(args, enable_prefix_caching=False, max_num_seqs=max(8, args.n))
+        counter = PromptTokens()
+        engine.add_observer(counter)
+        prompt = make_workload(1, (args.input_len,) * 2, (1, 1), engine.model_config.vocab_size, args.seed)[0][0]
+        for p in params:
+            engine.add_request(prompt, p)
+        peak, start = 0, time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+            peak = max(peak, engine.block_manager.num_used_blocks)
+        print(f"{label}: {counter.computed} prompt tokens computed, peak {peak} KV blocks held, "
+              f"{engine.block_manager.num_copies} copy-on-write copies, {time.perf_counter() - start:.2f} s")
+    return 0
