@@ -45,7 +45,8 @@ class RequestLabel:
 
 
 class Instrumentation(EngineObserver):
-    def __init__(self, engine, sink: Sink, clock: Clock | None = None, memory_interval: float = 0.25):
+    def __init__(self, engine, sink: Sink, clock: Clock | None = None, memory_interval: float = 0.25,
+                 watches: WatchRegistry | None = None):
         self.engine = engine
         self.sink = sink
         self.clock = clock or Clock()
@@ -53,7 +54,10 @@ class Instrumentation(EngineObserver):
         self.facts = model_facts(engine)
         self.kv = KVTracker(engine.block_manager)
         self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
-        self.watches = WatchRegistry()              # request id -> who watches it
+        # request id -> who watches it. A registry shared with a fan-out is the fan-out's to
+        # prune: it forgets a request once it has delivered the request's last event
+        self.watches = watches if watches is not None else WatchRegistry()
+        self._prune_watches = watches is None
         self._capture: StepCapture | None = None    # this step's hooks, while a watched request runs
         self.watch_first = False                    # benchmarks: watch the next request added
         self._pending: list[dict] = []              # this step's events so far
@@ -88,7 +92,7 @@ class Instrumentation(EngineObserver):
         if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step
             self._pending.append(event)
             return
-        self.watches.forget(seq.request_id)
+        self._forget_watch(seq)
         bm = self.engine.block_manager   # abort, error, reset: between steps, publish now
         events, bm.events = bm.events or [], [] if bm.events is not None else None
         delta = self.kv.update([seq], [], events, self.engine.scheduler.num_steps, self.clock())
@@ -146,7 +150,7 @@ class Instrumentation(EngineObserver):
             events += self._watched_events(record, self._capture, ts)
             self._capture = None
         for seq in record.finished:
-            self.watches.forget(seq.request_id)
+            self._forget_watch(seq)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
@@ -178,6 +182,10 @@ class Instrumentation(EngineObserver):
         if seq is None:
             raise KeyError(request_id)
         return self.watches.add(request_id, viewer, spec, seq)
+
+    def _forget_watch(self, seq: Sequence) -> None:
+        if self._prune_watches:
+            self.watches.forget(seq.request_id)
 
     def unwatch(self, request_id: str, viewer: str) -> None:
         self.watches.remove(request_id, viewer)
