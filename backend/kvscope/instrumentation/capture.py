@@ -14,6 +14,7 @@ from kvscope.engine.model_runner import batch_order
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import PagedAttention
+from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.torch_attention import gather_context
 
 
@@ -63,7 +64,6 @@ class StepCapture:
     model: torch.nn.Module
     watched: list[WatchedRows]
     block_size: int
-    keys_from_input: bool = False   # a side pass whose keys are its own inputs, not the cache
     attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)  # (seq, layer) -> [H, R, C]
     logits: dict[int, torch.Tensor] = field(default_factory=dict)                 # seq -> [vocab] (cpu)
     _handles: list = field(default_factory=list)
@@ -86,12 +86,9 @@ class StepCapture:
             if not w.wants(module.layer_idx):
                 continue
             context = w.positions[-1] + 1
-            if self.keys_from_input:
-                keys = k[w.rows]
-            else:
-                blocks = torch.tensor(w.seq.block_table[:-(-context // self.block_size)],
-                                      dtype=torch.long, device=q.device)
-                keys = gather_context(module.k_cache, blocks, context)
+            blocks = torch.tensor(w.seq.block_table[:-(-context // self.block_size)],
+                                  dtype=torch.long, device=q.device)
+            keys = gather_context(module.k_cache, blocks, context)
             probs = attention_weights(q[w.rows], keys, w.positions, module.scale)
             self.attention[(w.seq.seq_id, module.layer_idx)] = probs.cpu()
 
@@ -99,3 +96,26 @@ class StepCapture:
         for w in self.watched:
             if w.sample_row is not None and w.sample_row < output.shape[0]:
                 self.logits[w.seq.seq_id] = output[w.sample_row].float().cpu()
+
+
+@torch.inference_mode()
+def recompute_rows(model: torch.nn.Module, runner, seq: Sequence, start: int, end: int,
+                   layers: set[int] | None) -> StepCapture:
+    """A side pass over positions [start, end) of a watched sequence whose keys came from
+    the prefix cache, so the engine never computed these rows for it. The queries are
+    recomputed; the keys are read from the cached blocks, as the real step would have.
+    Its own K/V go to the runner's scratch slot: the shared cached blocks stay untouched."""
+    n, bs, device = end - start, runner.block_size, runner.device
+    blocks = torch.tensor(seq.block_table[:-(-end // bs)], dtype=torch.long, device=device)
+    md = AttentionMetadata(slot_mapping=torch.full((n,), runner.scratch_slot, dtype=torch.long, device=device),
+                           prefills=[PrefillSpan(0, n, start, blocks if start else None)],
+                           num_prefill_tokens=n)
+    ids = torch.tensor(seq.token_ids[start:end], dtype=torch.long, device=device)
+    positions = torch.arange(start, end, device=device)
+    capture = StepCapture(model, [WatchedRows(seq, 0, list(range(start, end)), None, layers)], bs).install()
+    try:
+        with step_metadata(md):
+            model(ids, positions)
+    finally:
+        capture.remove()
+    return capture

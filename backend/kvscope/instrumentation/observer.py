@@ -16,7 +16,7 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.memory import memory_event
-from kvscope.instrumentation.capture import StepCapture, watched_rows
+from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
 from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -59,6 +59,7 @@ class Instrumentation(EngineObserver):
         self.watches = watches if watches is not None else WatchRegistry()
         self._prune_watches = watches is None
         self._capture: StepCapture | None = None    # this step's hooks, while a watched request runs
+        self._recomputed: list[StepCapture] = []    # this step's side passes over prefix-cached rows
         self.watch_first = False                    # benchmarks: watch the next request added
         self._pending: list[dict] = []              # this step's events so far
         self._last_memory = float("-inf")
@@ -119,8 +120,14 @@ class Instrumentation(EngineObserver):
     def on_scheduled(self, scheduled) -> None:
         if not self.watches:
             return
-        wanted = {seq_id: w.layers() for seq_id, w in self.watches.by_seq_id().items()}
-        rows = watched_rows(scheduled, wanted)
+        watches = self.watches.by_seq_id()
+        rows = watched_rows(scheduled, {seq_id: w.layers() for seq_id, w in watches.items()})
+        for r in rows:   # rows the prefix cache spared: rebuilt first, so every prompt row shows
+            w = watches[r.seq.seq_id]
+            if r.positions[0] > w.covered:
+                self._recomputed.append(recompute_rows(self.engine.model, self.engine.runner, r.seq,
+                                                       w.covered, r.positions[0], r.layers))
+            w.covered = max(w.covered, r.positions[-1] + 1)
         if rows:
             self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
             self.engine.runner.force_eager = True   # a CUDA graph replay would run past the hooks
@@ -148,7 +155,7 @@ class Instrumentation(EngineObserver):
             self._capture.remove()
             self.engine.runner.force_eager = False
             events += self._watched_events(record, self._capture, ts)
-            self._capture = None
+            self._capture, self._recomputed = None, []
         for seq in record.finished:
             self._forget_watch(seq)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
@@ -196,15 +203,11 @@ class Instrumentation(EngineObserver):
     def _watched_events(self, record: StepRecord, capture: StepCapture, ts: float) -> list[dict]:
         entries = {e.seq.seq_id: e for e in record.scheduled.entries}
         watches: dict[int, Watch] = self.watches.by_seq_id()
-        step, kvh = record.scheduled.step, self.facts.num_kv_heads
+        step = record.scheduled.step
         events = []
-        for (seq_id, layer), probs in sorted(capture.attention.items()):
-            e, w = entries.get(seq_id), watches.get(seq_id)
-            if e is None or w is None:
-                continue
-            positions = list(range(e.start, e.start + e.num_new_tokens))
-            events.append(attention_event(e.seq, step, layer, probs, positions,
-                                          w.heads(probs.shape[0]), kvh, ts))
+        for side in self._recomputed:
+            events += self._attention_events(side, watches, step, ts, recomputed=True)
+        events += self._attention_events(capture, watches, step, ts, recomputed=False)
         for seq_id, logits in capture.logits.items():
             e, w = entries.get(seq_id), watches.get(seq_id)
             if e is None or w is None or not w.sampling:
@@ -212,4 +215,16 @@ class Instrumentation(EngineObserver):
             if e.samples and seq_id in record.result.tokens:
                 events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
                                              self.engine.tokenizer, ts))
+        return events
+
+    def _attention_events(self, capture: StepCapture, watches: dict[int, Watch], step: int, ts: float,
+                          recomputed: bool) -> list[dict]:
+        rows = {r.seq.seq_id: r for r in capture.watched}
+        events = []
+        for (seq_id, layer), probs in sorted(capture.attention.items()):
+            r, w = rows[seq_id], watches.get(seq_id)
+            if w is None:
+                continue
+            events.append(attention_event(r.seq, step, layer, probs, r.positions, w.heads(probs.shape[0]),
+                                          self.facts.num_kv_heads, ts, recomputed))
         return events

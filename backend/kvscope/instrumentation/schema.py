@@ -131,7 +131,8 @@ PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT,
-    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))},
+    {"recomputed": BOOL})
 CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,

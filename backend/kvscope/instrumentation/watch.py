@@ -27,6 +27,7 @@ class WatchSpec:
 class Watch:
     seq: Sequence
     viewers: dict[str, WatchSpec] = field(default_factory=dict)   # viewer id -> what it wants
+    covered: int = 0   # positions [0, covered) have had their rows captured
 
     def layers(self) -> set[int] | None:
         specs = list(self.viewers.values())
@@ -109,14 +110,15 @@ def rounded(t: torch.Tensor) -> list:
 
 
 def attention_event(seq: Sequence, step: int, layer: int, probs: torch.Tensor, positions: list[int],
-                    heads: list[int], num_kv_heads: int, ts: float) -> dict:
-    """probs: [num_heads, rows, context] for one layer of one watched sequence."""
+                    heads: list[int], num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """probs: [num_heads, rows, context] for one layer of one watched sequence;
+    `recomputed`: rows the prefix cache spared the engine, rebuilt by a side pass."""
     group = probs.shape[0] // num_kv_heads
     ctx = probs.shape[2]
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
             "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": probs.shape[0],
             "query_positions": positions, "context_len": ctx, "token_ids": seq.token_ids[:ctx],
-            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0))}
+            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0)), "recomputed": recomputed}
 
 
 def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, texts: dict[int, str]) -> list[dict]:
