@@ -41,7 +41,7 @@ MODEL = obj({k: v for k, v in {
     "num_kv_heads": NAT, "head_dim": NAT, "intermediate_size": NAT, "vocab_size": NAT,
     "max_position_embeddings": NAT, "rope_theta": NUM, "num_params": NAT, "dtype": STR,
     "dtype_bytes": NAT, "weight_bytes": NAT, "kv_bytes_per_token": NAT,
-    "tie_word_embeddings": BOOL}.items()})
+    "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
@@ -123,7 +123,7 @@ KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snaps
 KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
                 "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
                 "removed_tables": arr(STR),
-                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict"]}, "block": NAT,
+                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict", "share", "cow"]}, "block": NAT,
                                    "request_id": NULL_STR})), **KV_TOTALS},
                {"ref": REF})
 
