@@ -9,6 +9,8 @@ kvscope marks of docs/authoring.md:
 """
 from __future__ import annotations
 
+import hashlib
+import random
 import re
 from dataclasses import dataclass, field
 from html import escape
@@ -142,6 +144,15 @@ def _quiz_questions(text: str, source: str) -> list[dict]:
     return questions
 
 
+def shuffled_choices(source: str, question: str, choices: list) -> list:
+    """The choices in an order that does not give the answer away (authors list the correct
+    one first), fixed by the chapter and the question so pages and screenshots are stable."""
+    seed = int.from_bytes(hashlib.sha256(f"{source}\n{question}".encode()).digest()[:8], "big")
+    order = list(choices)
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def _render_quiz(md: MarkdownIt, text: str, env: dict) -> str:
     ctx: RenderContext = env["kvscope"]
     questions = _quiz_questions(text, ctx.source)
@@ -153,7 +164,7 @@ def _render_quiz(md: MarkdownIt, text: str, env: dict) -> str:
         parts.append(f'<fieldset class="kv-quiz__question" id="{qid}">'
                      f'<legend>{n}. {inline(question["q"])}</legend>'
                      f'<ul class="kv-quiz__choices" role="list">')
-        for m, choice in enumerate(question["choices"]):
+        for m, choice in enumerate(shuffled_choices(ctx.source, str(question["q"]), question["choices"])):
             cid = f"{qid}-c{m}"
             correct = "true" if choice.get("correct") is True else "false"
             parts.append(
