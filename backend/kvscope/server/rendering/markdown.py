@@ -25,7 +25,7 @@ from kvscope.server.rendering.content import Glossary, frontend_dir
 
 # A widget exists when its file does: frontend/js/widgets/kv-<name>.js defines <kv-<name>>.
 WIDGET_TAGS = frozenset(path.stem for path in (frontend_dir() / "js" / "widgets").glob("kv-*.js"))
-VALUE_FORMATS = frozenset({"int", "bytes", "float", "text"})
+VALUE_FORMATS = frozenset({"int", "bytes", "float", "text", "seconds", "si"})
 VALUE_KEYS = frozenset(
     [f"model.{k}" for k in (
         "name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -35,6 +35,8 @@ VALUE_KEYS = frozenset(
     + [f"engine.{k}" for k in (
         "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
         "max_model_len", "enable_prefix_caching", "attention_backend")]
+    # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
+    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte"]
 )
 WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
 KV_VALUE = re.compile(r"<kv-value\b([^>]*)>")
