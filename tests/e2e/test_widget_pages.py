@@ -139,3 +139,30 @@ def test_live_pool_equals_the_engine_snapshot(page, live_server, screenshot, ass
     saved = json.loads(open(download.value.path()).read())
     assert saved["widget"] == "kv-pages" and saved["data"]["pool"]["num_blocks"] == snapshot["num_blocks"]
     assert_clean(page)
+
+
+def figure(widget, key: str) -> int:
+    return int(widget.locator(f"[data-figure={key}]").text_content().replace(",", ""))
+
+
+def test_pool_load_control_fills_and_frees_the_pool(page, live_server, screenshot, assert_clean):
+    """The widget's own control makes load (no other page, no instructor): blocks in use,
+    block tables for the learner's requests; stopping frees them."""
+    wait_idle(live_server)
+    widget = open_pages(page, live_server)
+    assert figure(widget, "used") == 0
+    widget.get_by_role("button", name="Keep 3 requests running").click()
+    handle = widget.element_handle()
+    page.wait_for_function("el => el.load.running.size === 3", arg=handle)
+    page.wait_for_function("el => Number(el.querySelector('[data-figure=used]').textContent) > 0", arg=handle)
+    mine = widget.evaluate("el => [...el.load.running]")
+    page.wait_for_function("([el, ids]) => ids.every(id => el.querySelector(`.kvp-tables [data-seq='${id}']`))",
+                           arg=[handle, mine])
+    tables = widget.evaluate("el => el.exportData().pool.tables")
+    assert set(mine) <= set(tables) and all(len(tables[r]) >= 1 for r in mine)
+    widget.locator("canvas.kvp-pool").scroll_into_view_if_needed()
+    screenshot(widget, "pages-own-load")
+    widget.get_by_role("button", name="Stop my requests").click()
+    page.wait_for_function("el => Number(el.querySelector('[data-figure=used]').textContent) === 0", arg=handle)
+    assert not widget.locator(".kvp-tables [data-seq]").count()
+    assert_clean(page)
