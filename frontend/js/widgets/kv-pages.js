@@ -51,7 +51,11 @@ class KvPages extends withHandlers(KvWidget) {
     this.loadStatus = h('span', { class: 'kvw-note', 'aria-live': 'polite' });
     this.sandbox = new SandboxPanel(this, this.palette);
     this.demo = this.getAttribute('prompt') ? new PrefixDemo(this, this.getAttribute('prompt')) : null;
-    this.handlers = clientHandlers(this, { 'request.finished': (e) => this.demo?.onFinished(e) });
+    this.handlers = clientHandlers(this, {
+      'request.finished': (e) => this.demo?.onFinished(e),
+      step: (e) => this.demo?.onStep(e),
+    });
+    this.followSteps();
     this.handlers.attach();
     this.body.append(
       ...(this.demo ? [this.demo.el] : []),
@@ -104,9 +108,21 @@ class KvPages extends withHandlers(KvWidget) {
     } else this.loadStatus.textContent = 'Your own requests fill the pool; no instructor needed.';
   }
 
+  /** The prefix demo counts its requests' work from `step` events. */
+  followSteps() {
+    if (this.demo && !this.stopSteps) this.stopSteps = this.client.subscribe(['step']);
+  }
+
+  connectedCallback() {
+    super.connectedCallback();
+    if (this.handlers) this.followSteps();
+  }
+
   disconnectedCallback() {
     super.disconnectedCallback();
     this.load?.stop();
+    this.stopSteps?.();
+    this.stopSteps = null;
   }
 
   onModeChange(mode) {
