@@ -13,7 +13,7 @@ GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 HELLO_FIELDS = {
     "model": {"name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
               "intermediate_size", "vocab_size", "max_position_embeddings", "rope_theta", "num_params", "dtype",
-              "dtype_bytes", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings"},
+              "dtype_bytes", "dtype_reason", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings"},
     "device": {"type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops"},
     "engine": {"block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
                "max_model_len", "enable_prefix_caching", "attention_backend"},

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
@@ -34,6 +36,7 @@ class AsyncEngine:
         self.engine = engine
         self.idle_wait = idle_wait
         self.paused = False
+        self.pacing = Pacing()                       # slow motion and per-request paces
         self._steps_allowed = 0                      # single-steps granted while paused
         self._commands: queue.Queue = queue.Queue()
         self._wake = threading.Event()
@@ -92,6 +95,7 @@ class AsyncEngine:
 
     def resume(self) -> None:
         self.paused = False
+        self.pacing = Pacing()                       # slow motion and per-request paces
         self._wake.set()
 
     async def step_once(self) -> None:
@@ -128,28 +132,56 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stop:
             self._drain_commands()
+            now = time.perf_counter()
+            due = self._gate_paced(now)
             can_step = not self.paused or self._steps_allowed > 0
             if not (can_step and self.engine.scheduler.has_work):
-                self._wake.wait(self.idle_wait)
-                self._wake.clear()
+                self._sleep(self.idle_wait if due is None else min(self.idle_wait, due - now))
                 continue
+            if not self.paused:
+                wait = self.pacing.wait_before_step(now)
+                if wait > 0:   # slow motion: the room watches each step
+                    self._sleep(wait)
+                    continue
             if self.paused:
                 self._steps_allowed -= 1
             self._step_and_push()
 
+    def _sleep(self, seconds: float) -> None:
+        """Wait up to `seconds`, waking early for a command."""
+        self._wake.wait(max(seconds, 0.001))
+        self._wake.clear()
+
+    def _gate_paced(self, now: float) -> float | None:
+        if not self.pacing.paced:
+            return None
+        sched = self.engine.scheduler
+        return self.pacing.gate([*sched.running, *sched.waiting], now)
+
     def _step_and_push(self) -> None:
+        paced = self._paced_progress()
         try:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
             self.error = exc
             self._fail_all(f"engine error: {exc}")
             return
+        stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
+        self.pacing.stepped(stepped, finished, time.perf_counter())
         for d in deltas:
             self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
                                           d.seq.logprobs[-1] if d.seq.params.logprobs is not None
                                           and d.seq.logprobs else None))
         for seq in finished:
             self._close(seq)
+
+    def _paced_progress(self) -> list[tuple[Sequence, int]]:
+        """Paced requests and their computed tokens, to tell afterwards which ones ran."""
+        if not self.pacing.paced:
+            return []
+        sched = self.engine.scheduler
+        return [(seq, seq.num_computed_tokens) for seq in (*sched.running, *sched.waiting)
+                if seq.seq_id in self.pacing.paced]
 
     def _drain_commands(self) -> None:
         while True:
@@ -180,6 +212,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, delta)
 
     def _close(self, seq: Sequence) -> None:
+        self.pacing.forget(seq)
         stream = self._streams.pop(seq.seq_id, None)
         if stream is not None:
             loop, q, index = stream

@@ -54,7 +54,6 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
         self.observers: list[EngineObserver] = []
-        self.watched: dict[int, set[int] | None] = {}   # seq_id -> layers to capture (None: all)
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
@@ -121,12 +120,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
 
-    def watch(self, seq_id: int, layers: set[int] | None = None) -> None:
-        self.watched[seq_id] = layers
-
-    def unwatch(self, seq_id: int) -> None:
-        self.watched.pop(seq_id, None)
-
     def add_observer(self, observer: EngineObserver) -> None:
         self.observers.append(observer)
         self.block_manager.events = []
@@ -178,9 +171,9 @@ class LLMEngine:
         if out.is_empty:
             return [], []
         t1 = time.perf_counter()
-        watched = {e.seq.seq_id for e in out.entries if e.seq.seq_id in self.watched}
-        layers = self._capture_layers(watched)
-        result = self.runner.run(out, self.generators, watched, layers)
+        for obs in self.observers:
+            obs.on_scheduled(out)
+        result = self.runner.run(out, self.generators)
         t2 = time.perf_counter()
         finished = self.scheduler.postprocess(out, result.tokens)
         deltas = self._emit_tokens(out, result, finished)
@@ -189,12 +182,6 @@ class LLMEngine:
         if self.observers:
             self._publish_step(out, result, finished, t0, t1, t2)
         return deltas, finished
-
-    def _capture_layers(self, watched: set[int]) -> set[int] | None:
-        if not watched:
-            return None
-        wanted = [self.watched[s] for s in watched]
-        return None if any(w is None for w in wanted) else set().union(*wanted)
 
     def _emit_tokens(self, out, result, finished) -> list[TokenDelta]:
         deltas = []
@@ -247,7 +234,6 @@ class LLMEngine:
             seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
         self.detokenizers.pop(seq.seq_id, None)
-        self.watched.pop(seq.seq_id, None)
         for obs in self.observers:
             obs.on_request_finished(seq)
 
