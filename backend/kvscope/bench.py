@@ -33,7 +33,9 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     _common(lat)
     lat.add_argument("--input-len", type=int, default=None)
     lat.add_argument("--output-len", type=int, default=128)
-    lat.add_argument("--repeats", type=int, default=3)
+    lat.add_argument("--repeats", type=int, default=3, help="alternate the two engines N times; report medians")
+    lat.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                     help="cpu: this process's CPU time, steadier than wall time on a shared machine")
     lat.set_defaults(run=run_latency)
     par = sub.add_parser("parallel", help="one request with n choices vs n separate requests: prefill and KV blocks")
     _common(par)
@@ -219,20 +221,25 @@ def run_latency(args) -> int:
     prompt, n = prompts[0], args.output_len
     print(f"batch 1: prompt {len(prompt)} tokens, {n} output tokens; model {engine.model_config.name}, "
           f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}")
-    ttfts, tpots = [], []
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    ttfts, tpots, hf_ttfts, hf_tpots = [], [], [], []
     run_kvscope(engine, [prompt[:8]], [4])   # warm-up
-    for r in range(args.repeats):
+    model = None if args.no_hf else hf_model_like(engine)
+    for r in range(args.repeats):   # alternated, so both see the same machine load
         vocab = engine.model_config.vocab_size
         fresh = [(t + r + 1) % vocab for t in prompt]   # a new prompt each time: no prefix-cache hits
-        ttft, tpot = _kvscope_latency(engine, fresh, n)
+        ttft, tpot = _kvscope_latency(engine, fresh, n, clock)
         ttfts.append(ttft)
         tpots.append(tpot)
+        if model is not None:
+            ttft, tpot = _hf_latency(model, prompt, n, engine.device, clock)
+            hf_ttfts.append(ttft)
+            hf_tpots.append(tpot)
     print(f"kvscope: TTFT {1e3 * statistics.median(ttfts):.2f} ms, "
           f"time per output token {1e3 * statistics.median(tpots):.3f} ms "
-          f"({1 / statistics.median(tpots):,.0f} tok/s)")
-    if not args.no_hf:
-        model = hf_model_like(engine)
-        ttft, tpot = _hf_latency(model, prompt, n, engine.device, args.repeats)
+          f"({1 / statistics.median(tpots):,.0f} tok/s, {args.clock} clock, median of {args.repeats})")
+    if model is not None:
+        ttft, tpot = statistics.median(hf_ttfts), statistics.median(hf_tpots)
         print(f"transformers generate: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
               f"({1 / tpot:,.0f} tok/s)")
         print(f"decode speed-up: {tpot / statistics.median(tpots):.2f}x")
@@ -244,39 +251,36 @@ def run_latency(args) -> int:
     return 0
 
 
-def _kvscope_latency(engine, prompt, n):
+def _kvscope_latency(engine, prompt, n, clock):
     seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     _sync(engine.device)
-    start = time.perf_counter()
+    start = clock()
     first = None
     while engine.has_unfinished():
         engine.step()
         if first is None and seq.num_output_tokens:
             _sync(engine.device)
-            first = time.perf_counter()
+            first = clock()
     _sync(engine.device)
-    end = time.perf_counter()
+    end = clock()
     return first - start, (end - first) / max(1, n - 1)
 
 
 @torch.inference_mode()
-def _hf_latency(model, prompt, n, device, repeats):
+def _hf_latency(model, prompt, n, device, clock):
+    """One measurement: generate 1 token (TTFT), then n; the difference is the decode time."""
     ids = torch.tensor([prompt], device=device)
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
     model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)   # warm-up
-    ttfts, totals = [], []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        _sync(device)
-        ttfts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        _sync(device)
-        totals.append(time.perf_counter() - t)
-    ttft, total = statistics.median(ttfts), statistics.median(totals)
-    return ttft, (total - ttft) / max(1, n - 1)
+    _sync(device)
+    t = clock()
+    model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+    _sync(device)
+    ttft = clock() - t
+    t = clock()
+    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+    _sync(device)
+    return ttft, (clock() - t - ttft) / max(1, n - 1)
 
 
 def run_parallel(args) -> int:
