@@ -21,6 +21,7 @@ class WatchSpec:
     layers: frozenset[int] | None = None   # None: every layer
     heads: frozenset[int] | None = None    # None: every head
     sampling: bool = True
+    internals: bool = False                # embeddings, residual stream, MLP, logit lens
 
 
 @dataclass
@@ -44,6 +45,10 @@ class Watch:
     @property
     def sampling(self) -> bool:
         return any(s.sampling for s in self.viewers.values())
+
+    @property
+    def internals(self) -> bool:
+        return any(s.internals for s in self.viewers.values())
 
 
 class WatchRegistry:
