@@ -7,7 +7,10 @@ import './kv-value.js';
 import './kv-quiz.js';
 import './lib/connection.js';
 
-const WIDGET_TAGS = ['kv-tokenizer', 'kv-attention', 'kv-cache-view', 'kv-pages', 'kv-memory'];
+// Every <kv-*> element on the page not defined above is a widget, in widgets/<tag>.js (the
+// server renders only tags whose file exists there).
+const WIDGET_TAGS = [...new Set([...document.querySelectorAll('*')].map((el) => el.localName)
+  .filter((tag) => tag.startsWith('kv-') && !customElements.get(tag)))];
 
 performance.mark('kv:page-start');
 getClient();
