@@ -7,15 +7,15 @@ import './kv-value.js';
 import './kv-quiz.js';
 import './lib/connection.js';
 
-// Every <kv-*> element on the page not defined above is a widget, in widgets/<tag>.js (the
-// server renders only tags whose file exists there).
-const WIDGET_TAGS = [...new Set([...document.querySelectorAll('*')].map((el) => el.localName)
-  .filter((tag) => tag.startsWith('kv-') && !customElements.get(tag)))];
-
 performance.mark('kv:page-start');
 getClient();
 
-for (const tag of WIDGET_TAGS) {
+// A widget's code is frontend/js/widgets/<tag>.js; the chapter template preloads the ones
+// its page uses, so those links are the page's list of widgets.
+const widgetTags = new Set([...document.querySelectorAll('link[rel="modulepreload"][href*="widgets/kv-"]')]
+  .map((link) => new URL(link.href).pathname.split('/').pop().replace(/\.js$/, '')));
+
+for (const tag of widgetTags) {
   if (!document.querySelector(tag)) continue;
   import(`./widgets/${tag}.js`).catch((error) => {
     console.warn(`kvscope: the ${tag} widget could not be loaded: ${error.message}`);

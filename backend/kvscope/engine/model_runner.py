@@ -46,6 +46,13 @@ def pick_attention_backend(requested: str, device: torch.device, block_size: int
     return requested
 
 
+def _add_samplers(rows: list[int], seqs: list, entry: ScheduledSeq, row: int) -> None:
+    """The sequence draws from this row, and so do the choices that fork from it now."""
+    for seq in (entry.seq, *entry.forks):
+        rows.append(row)
+        seqs.append(seq)
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -111,7 +118,7 @@ class ModelRunner:
         ordered = batch_order(out.entries)
         prefills = [e for e in ordered if e.num_new_tokens > 1]
         decodes = ordered[len(prefills):]
-        ids, positions, slots, spans, sample_rows, sample_entries = [], [], [], [], [], []
+        ids, positions, slots, spans, sample_rows, sample_seqs = [], [], [], [], [], []
         row = 0
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
@@ -123,8 +130,7 @@ class ModelRunner:
             spans.append(PrefillSpan(row, n, e.start, blocks))
             row += n
             if e.samples:
-                sample_rows.append(row - 1)
-                sample_entries.append(e)
+                _add_samplers(sample_rows, sample_seqs, e, row - 1)
         bs = self.block_size
         decode_slots = []
         for e in decodes:
@@ -132,8 +138,7 @@ class ModelRunner:
             ids.append(seq.token_ids[pos])
             positions.append(pos)
             decode_slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            sample_rows.append(row)
-            sample_entries.append(e)
+            _add_samplers(sample_rows, sample_seqs, e, row)
             row += 1
         slots.append(torch.tensor(decode_slots, dtype=torch.long))
         md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
@@ -142,7 +147,7 @@ class ModelRunner:
             self._decode_metadata(md, decodes)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return ids_t, pos_t, md, sample_rows, sample_entries
+        return ids_t, pos_t, md, sample_rows, sample_seqs
 
     def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
         width = max(len(e.seq.block_table) for e in decodes)
@@ -168,10 +173,20 @@ class ModelRunner:
             groups.append(DecodeGroup(rows, tables[rows, :width].to(self.device), mask.to(self.device)))
         return groups
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for cache in (*self.k_caches, *self.v_caches):
+            cache[dst] = cache[src]
+
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
-        ids, pos, md, sample_rows, entries = self.prepare(out)
+        self.copy_blocks(out.block_copies)
+        ids, pos, md, sample_rows, seqs = self.prepare(out)
         result = StepResult()
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
@@ -179,10 +194,9 @@ class ModelRunner:
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)
-        if not entries:
+        if not seqs:
             return result
         logits = self.model.compute_logits(hidden[sample_rows]).float()
-        seqs = [e.seq for e in entries]
         batch = SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
         tokens = self.sampler(logits, batch)
         self._collect(result, seqs, logits, tokens)

@@ -148,7 +148,7 @@ class Instrumentation(EngineObserver):
         out, ts = record.scheduled, self.clock()
         events, self._pending = self._pending, []
         events.append(self._step_event(record, ts))
-        touched = [e.seq for e in out.entries] + out.preempted + record.finished
+        touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
         if delta:

@@ -8,7 +8,7 @@
 // The chosen layer and head stay chosen from one run to the next.
 // With no backend it follows the first watched request in the page's recording.
 
-import { KvWidget, heatColor, formatInt } from '../widget-base.js';
+import { KvWidget, heatColor, formatInt, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
@@ -266,7 +266,7 @@ class KvAttention extends withHandlers(KvWidget) {
   render() {
     const n = this.size;
     if (!n) {
-      this.mapEl.replaceChildren(h('p', { class: 'kvw-note' }, this.rid ? 'Waiting for the first step…' : 'Press Run to send the prompt to the engine and watch its attention.'));
+      this.mapEl.replaceChildren(h('p', { class: 'kvw-note' }, this.rid ? (this.client.engine?.paused ? `${pausedText(this.client.engine)}: the first step runs when they resume.` : 'Waiting for the first step…') : 'Press Run to send the prompt to the engine and watch its attention.'));
       this.overEl.replaceChildren();
       this.overCaption.textContent = '';
       return;
