@@ -51,3 +51,50 @@ def test_logit_lens_last_layer_is_the_engine_output(page, new_page, live_server,
     screenshot(widget, "widget-logit-lens")
     check_exports(widget, "image/svg+xml")
     assert_clean(page)
+
+
+def test_mlp_histograms_count_every_neuron(page, dark_page, live_server, screenshot, assert_clean):
+    import json
+    from pathlib import Path
+    from kvscope.default_model import default_model_path
+    inter = json.loads((Path(default_model_path()) / "config.json").read_text())["intermediate_size"]
+    widget = open_widget(page, live_server, "07-mlp", "kv-mlp")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The little cat sat on the mat")
+        mlp = data["mlp"]
+        assert data["intermediate_size"] == inter
+        for kind in ("gate", "activation", "up", "product"):
+            assert sum(mlp["hist"][kind]["counts"]) == inter, kind
+        assert len(mlp["top"]) == 8 and mlp["down"] > 0 and mlp["stream"] > 0
+        assert all(abs(n["product"]) >= abs(mlp["top"][-1]["product"]) for n in mlp["top"])
+    widget.get_by_label("Layer", exact=True).select_option("2")
+    page.wait_for_function("el => el.exportData().layer === 2", arg=widget.element_handle())
+    assert widget.get_attribute("data-histograms") == "4"
+    screenshot(widget, "widget-mlp")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "07-mlp", "kv-mlp")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-mlp-dark-768")
+    assert_clean(dark_page)
+
+
+def test_residual_stream_and_rmsnorm(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "08-transformer-block", "kv-residual")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The little cat sat on the mat")
+        stream = data["stream"]
+        assert len(stream) == 1 + 2 * 4 and stream[0]["added_norm"] is None
+        assert all(p["stream_norm"] > 0 and (p["added_norm"] is None or p["added_norm"] > 0) for p in stream)
+        n = data["rmsnorm"]
+        rms = (sum(x * x for x in n["input"]) / len(n["input"]) + n["eps"]) ** 0.5
+        assert abs(rms - n["rms"]) < 1e-3 * rms
+        assert all(abs(o - x / rms * w) < 2e-3 for x, w, o in zip(n["input"], n["weight"], n["output"]))
+    assert widget.locator("rect[data-kind=stream]").count() == 9
+    screenshot(widget, "widget-residual")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "08-transformer-block", "kv-residual")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-residual-dark-768")
+    assert_clean(dark_page)
