@@ -98,3 +98,26 @@ def test_residual_stream_and_rmsnorm(page, dark_page, live_server, screenshot, a
     run_prompt(dark_page, dark, "A dog ran")
     screenshot(dark, "widget-residual-dark-768")
     assert_clean(dark_page)
+
+
+def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "03-embeddings", "kv-embeddings")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The cat and the dog sat on the mat")
+        tokens = data["tokens"]
+        assert [t["position"] for t in tokens] == list(range(len(tokens))) and len(tokens) >= 9
+        for t in tokens:
+            assert len(t["row"]) == 256 and t["near"][0]["id"] == t["id"] and t["near"][0]["cosine"] > 0.999
+            assert len(t["pca"]) == 2
+        assert data["vocab_points"] == 2048
+    widget.locator(".kve-strips button").nth(0).focus()
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("el => el.exportData().chosen === 1", arg=widget.element_handle())
+    assert widget.locator(".kve-mine").count() == len(tokens)
+    screenshot(widget, "widget-embeddings")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "03-embeddings", "kv-embeddings")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-embeddings-dark-768")
+    assert_clean(dark_page)
