@@ -218,7 +218,7 @@ class Instrumentation(EngineObserver):
                 continue
             if e.samples and seq_id in record.result.tokens:
                 events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
-                                             self.engine.tokenizer, ts))
+                                             self.engine.tokenizer, ts, with_distribution=w.internals))
         return events
 
     def _attention_events(self, capture: StepCapture, watches: dict[int, Watch], step: int, ts: float,

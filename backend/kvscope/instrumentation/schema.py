@@ -143,7 +143,8 @@ SAMPLING = event("sampling", {
                        "applied": BOOL, "kept": NAT, "candidates": arr(CANDIDATE)})),
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
-    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})})
+    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},
+    {"distribution": obj({"complete": BOOL, "logits": arr(NUM)}, {"ids": arr(NAT)})})
 # internals of a watched request (see kvscope/instrumentation/internals.py)
 def internals_event(kind: str, fields: dict) -> dict:
     return event(f"internals.{kind}", {"request_id": STR, "step": NAT, "positions": arr(NAT), **fields})
