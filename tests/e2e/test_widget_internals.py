@@ -121,3 +121,55 @@ def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screen
     run_prompt(dark_page, dark, "A dog ran")
     screenshot(dark, "widget-embeddings-dark-768")
     assert_clean(dark_page)
+
+
+def set_slider(page, widget, param: str, value: float) -> None:
+    widget.locator(f"input[data-param={param}]").evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', { bubbles: true })); }", value)
+
+
+def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "10-sampling", "kv-sampling")
+    for _ in range(2):
+        data = run_prompt(page, widget, "Once upon a time, a little fox")
+        page.wait_for_function("el => el.exportData().sum !== null", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert abs(data["sum"] - 1) < 1e-6 and data["kept"] == 2048
+    before = [r["shaped"] for r in data["top"]]
+    set_slider(page, widget, "top_k", 3)
+    page.wait_for_function("el => el.exportData().kept === 3", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert abs(data["sum"] - 1) < 1e-6
+    assert all(r["shaped"] > 0 for r in data["top"][:3]) and all(r["shaped"] == 0 for r in data["top"][3:])
+    assert data["top"][0]["shaped"] > before[0]
+    set_slider(page, widget, "top_k", 0)
+    set_slider(page, widget, "temperature", 2)
+    page.wait_for_function("el => el.exportData().params.temperature === 2", arg=widget.element_handle())
+    hot = widget.evaluate("el => el.exportData()")
+    assert abs(hot["sum"] - 1) < 1e-6 and hot["top"][0]["shaped"] < before[0]    # flatter
+    # keyboard: the sliders are range inputs
+    widget.locator("input[data-param=temperature]").focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("el => el.exportData().params.temperature === 1.95", arg=widget.element_handle())
+    widget.get_by_role("button", name="Draw").click()
+    widget.get_by_role("button", name="Draw").click()
+    first = widget.evaluate("el => el.exportData().drawn")
+    assert len(first) == 2
+    set_slider(page, widget, "top_p", 0.5)   # a change starts a fresh stream of draws from the seed
+    set_slider(page, widget, "top_p", 1)
+    set_slider(page, widget, "temperature", 1.95)
+    widget.get_by_role("button", name="Draw").click()
+    widget.get_by_role("button", name="Draw").click()
+    assert widget.evaluate("el => el.exportData().drawn") == first              # same seed, same draws
+    widget.get_by_role("button", name="Continue both").click()
+    page.wait_for_function("el => el.dataset.continued === 'true'", arg=widget.element_handle(), timeout=30000)
+    data = widget.evaluate("el => el.exportData()")
+    assert data["greedy"].startswith("Once upon a time") and len(data["greedy"]) > len("Once upon a time, a little fox")
+    assert data["sampled"].startswith("Once upon a time")
+    screenshot(widget, "widget-sampling")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "10-sampling", "kv-sampling")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-sampling-dark-768")
+    assert_clean(dark_page)
