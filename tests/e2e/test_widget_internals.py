@@ -173,3 +173,30 @@ def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, s
     run_prompt(dark_page, dark, "A dog ran")
     screenshot(dark, "widget-sampling-dark-768")
     assert_clean(dark_page)
+
+
+def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "05-multi-head-attention", "kv-heads")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The keys to the old cabinet are on the table")
+        assert sorted(int(k) for k in data["layers"]) == list(range(data["num_layers"]))
+        for layer in data["layers"].values():
+            assert layer["heads"] == list(range(data["num_heads"]))
+            assert layer["rows"] == list(range(data["rows"]))          # every prompt row, cached or not
+        for q, row in enumerate(data["selected_matrix"]):
+            assert abs(sum(row) - 1) < 3e-3 and all(w == 0 for w in row[q + 1:])
+    assert widget.get_attribute("data-maps") == str(data["num_layers"] * data["num_heads"])
+    group = data["num_heads"] // data["num_kv_heads"]
+    assert f"{group}× less" in widget.inner_text()
+    widget.locator(".kvh-grid").focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("el => el.exportData().selected.layer === 1 && el.exportData().selected.head === 1",
+                           arg=widget.element_handle())
+    screenshot(widget, "widget-heads")
+    check_exports(widget, "image/png")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "05-multi-head-attention", "kv-heads")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-heads-dark-768")
+    assert_clean(dark_page)
