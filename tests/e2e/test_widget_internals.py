@@ -200,3 +200,33 @@ def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screensho
     run_prompt(dark_page, dark, "A dog ran")
     screenshot(dark, "widget-heads-dark-768")
     assert_clean(dark_page)
+
+
+def test_rope_score_depends_only_on_distance(page, dark_page, live_server, screenshot, assert_clean):
+    import json
+    from pathlib import Path
+    from kvscope.default_model import default_model_path
+    cfg = json.loads((Path(default_model_path()) / "config.json").read_text())
+    widget = open_widget(page, live_server, "06-positional-encoding", "kv-rope")
+    for _ in range(2):
+        data = run_prompt(page, widget, "RoPE turns every pair")
+        page.wait_for_function("el => el.exportData().score !== null", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert data["rope_theta"] == cfg["rope_theta"] and len(data["inv_freq"]) == cfg["head_dim"] // 2
+    assert abs(data["inv_freq"][1] - cfg["rope_theta"] ** (-2 / cfg["head_dim"])) < 1e-6
+    before = data["score"]
+    widget.get_by_role("button", name="Shift both by +5").click()
+    page.wait_for_function("el => el.exportData().m === 10", arg=widget.element_handle())
+    after = widget.evaluate("el => el.exportData()")
+    assert after["n"] == 7 and abs(after["score"] - before) < 1e-9
+    widget.locator("input[data-param=n]").focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("el => el.exportData().n === 8", arg=widget.element_handle())
+    assert abs(widget.evaluate("el => el.exportData().score") - before) > 1e-6     # the distance changed
+    screenshot(widget, "widget-rope")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "06-positional-encoding", "kv-rope")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-rope-dark-768")
+    assert_clean(dark_page)
