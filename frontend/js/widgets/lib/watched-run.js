@@ -139,6 +139,7 @@ export class WatchedRun {
     if (e.type === 'request.added') {
       this.numPrompt = e.num_prompt_tokens;
       e.prompt_token_ids.forEach((id, i) => { this.tokenIds[i] = id; });
+      if (this.client.mode === 'replay' && e.prompt) this.input.value = e.prompt;   // the recorded prompt
     } else if (e.type === 'request.token') {
       const pos = this.numPrompt + e.index;
       this.tokenIds[pos] = e.token_id;
