@@ -51,6 +51,11 @@ def test_logit_lens_last_layer_is_the_engine_output(page, new_page, live_server,
     screenshot(widget, "widget-logit-lens")
     check_exports(widget, "image/svg+xml")
     assert_clean(page)
+    dark = open_widget(new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark"), live_server,
+                       "09-full-model", "kv-logit-lens")
+    run_prompt(dark.page, dark, "A dog ran")
+    screenshot(dark, "widget-logit-lens-dark-768")
+    assert_clean(dark.page)
 
 
 def test_mlp_histograms_count_every_neuron(page, dark_page, live_server, screenshot, assert_clean):
@@ -109,7 +114,7 @@ def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screen
         for t in tokens:
             assert len(t["row"]) == 256 and t["near"][0]["id"] == t["id"] and t["near"][0]["cosine"] > 0.999
             assert len(t["pca"]) == 2
-        assert data["vocab_points"] == 2048
+        assert data["vocab_points"] == 2027      # the rows the tokenizer can reach
     widget.locator(".kve-strips button").nth(0).focus()
     page.keyboard.press("ArrowDown")
     page.wait_for_function("el => el.exportData().chosen === 1", arg=widget.element_handle())

@@ -28,7 +28,11 @@ def r4(t: torch.Tensor) -> list:
 @dataclass
 class EmbeddingFacts:
     """The embedding matrix seen whole, computed once: unit rows for cosine similarity and
-    the two principal axes of the centred matrix (its PCA), deterministic up to a sign we fix."""
+    the two principal axes of those unit rows, centred (a PCA of where tokens point, so a
+    few rows of unusual length cannot claim an axis), deterministic up to a sign we fix.
+    Only the rows the tokenizer can produce count: checkpoints pad the matrix with rows no
+    text ever reaches (kvscope-mini: 2,048 rows, 2,027 tokens), and those untrained rows
+    would otherwise dominate both the neighbours and the axes."""
     unit: torch.Tensor       # [vocab, hidden], rows of norm 1
     mean: torch.Tensor       # [hidden]
     axes: torch.Tensor       # [2, hidden]
@@ -37,8 +41,8 @@ class EmbeddingFacts:
     vocab_points: list[list[float]]
 
     @classmethod
-    def of(cls, weight: torch.Tensor) -> "EmbeddingFacts":
-        w = weight.detach().float().cpu()
+    def of(cls, weight: torch.Tensor, num_tokens: int | None = None) -> "EmbeddingFacts":
+        w = F.normalize(weight.detach().float().cpu()[:num_tokens], dim=1)
         mean = w.mean(dim=0)
         centred = w - mean
         cov = centred.T @ centred
@@ -50,11 +54,11 @@ class EmbeddingFacts:
         step = max(1, w.shape[0] // VOCAB_POINTS)
         ids = list(range(0, w.shape[0], step))[:VOCAB_POINTS]
         points = centred[ids] @ axes.T
-        return cls(F.normalize(w, dim=1), mean, axes, [round(x, DIGITS) for x in explained], ids,
+        return cls(w, mean, axes, [round(x, DIGITS) for x in explained], ids,
                    [[round(x, 3), round(y, 3)] for x, y in points.tolist()])
 
     def project(self, rows: torch.Tensor) -> torch.Tensor:
-        return (rows.float() - self.mean) @ self.axes.T
+        return (F.normalize(rows.float(), dim=1) - self.mean) @ self.axes.T
 
     def neighbours(self, rows: torch.Tensor, k: int = NEIGHBOURS) -> tuple[torch.Tensor, torch.Tensor]:
         """Cosine similarity of each row with every vocabulary row: top-k (values, ids)."""

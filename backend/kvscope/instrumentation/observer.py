@@ -244,7 +244,8 @@ class Instrumentation(EngineObserver):
                        for what in ("input", "attention", "mlp", "output", "gate", "up")}
                       for i in range(len(model.model.layers))]
             if self._embedding_facts is None:
-                self._embedding_facts = internals.EmbeddingFacts.of(model.model.embed_tokens.weight)
+                used = len(tokenizer) if tokenizer is not None else None
+                self._embedding_facts = internals.EmbeddingFacts.of(model.model.embed_tokens.weight, used)
             if r.positions[0] == 0:
                 events.append(internals.rope_event(r.seq, step, self.engine.model_config, ts))
             events += [

@@ -132,7 +132,7 @@ class KvEmbeddings extends KvWidget {
     }
     const [a, b] = this.vocab.explained;
     this.mapEl.replaceChildren(h('h4', {}, 'Your tokens among the vocabulary'), root,
-      h('p', { class: 'kvw-note' }, `Axes: the two directions along which the ${this.vocab.points.length} rows vary most (PCA, ${(a * 100).toFixed(1)}% and ${(b * 100).toFixed(1)}% of the variance); the rest of the ${this.rows.get(positions[0]).row.length} directions is flattened away.`));
+      h('p', { class: 'kvw-note' }, `Axes: the two directions along which the ${this.vocab.points.length} rows’ directions (each row scaled to length 1, as for cosine similarity) vary most (PCA, ${(a * 100).toFixed(1)}% and ${(b * 100).toFixed(1)}% of the variance); the rest of the ${this.rows.get(positions[0]).row.length} dimensions is flattened away.`));
   }
 
   exportData() {
