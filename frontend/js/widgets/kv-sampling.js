@@ -97,6 +97,7 @@ class KvSampling extends KvWidget {
     const ids = d.ids || d.logits.map((_, i) => i);
     const texts = new Map(raw.map((c) => [c.id, c.text]));
     this.steps[e.index] = { ids, logits: d.logits, complete: d.complete, texts, chosen: e.chosen };
+    if (!this.steps[this.index]) this.index = e.index;   // a replay joined mid-request starts where it joined
   }
 
   get current() { return this.steps[this.index]; }
@@ -128,8 +129,8 @@ class KvSampling extends KvWidget {
       return;
     }
     if (this.stepSel.options.length !== n) {
-      this.stepSel.replaceChildren(...this.steps.map((s, i) => h('option', { value: i },
-        i === 0 ? `the prompt (token 1)` : `the prompt + ${i} generated (token ${i + 1})`)));
+      this.stepSel.replaceChildren(...this.steps.map((s, i) => (s ? h('option', { value: i },
+        i === 0 ? 'the prompt (token 1)' : `the prompt + ${i} generated (token ${i + 1})`) : null)).filter(Boolean));
       this.stepSel.value = String(this.index);
     }
     const d = this.distribution();
