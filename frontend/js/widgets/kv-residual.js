@@ -123,7 +123,7 @@ class KvResidual extends KvWidget {
       h('h4', {}, `RMSNorm on one real vector: “${this.run.labelAt(n.position)}” entering layer 0`),
       h('p', { class: 'kvw-note' }, `Before: ${n.input.length} numbers, root mean square ${n.rms.toFixed(4)} (norm ${sq(n.input).toFixed(3)}).`),
       stripOf(n.input, width, 'the vector before RMSNorm'),
-      h('p', { class: 'kvw-note' }, `Divide every number by ${n.rms.toFixed(4)} (ε = ${n.eps} keeps it from being 0), then multiply each by its learned weight: norm ${sq(n.output).toFixed(3)}. The pattern stays; only the scale changes.`),
+      h('p', { class: 'kvw-note' }, `Divide every number by ${n.rms.toFixed(4)} (ε = ${n.eps} keeps it from being 0), then multiply each by its learned weight: norm ${sq(n.output).toFixed(3)}. Which numbers are large and which small barely changes; the overall size does.`),
       stripOf(n.output, width, 'the vector after RMSNorm'),
     );
   }
