@@ -1,5 +1,5 @@
 """The internals of a watched request, caught by forward hooks, against transformers on the
-same weights (random-weight Qwen3 and Llama checkpoints, and the embedded model), float32
+same weights (random-weight Qwen3, Qwen2 and Llama checkpoints, and the embedded model), float32
 on CPU: layer inputs/outputs equal `output_hidden_states`, the MLP's gate/up equal hooks on
 the HF model's projections, the logit lens equals the HF LM head on each hidden state, and
 its last layer equals the engine's own next-token distribution. Tolerance: 1e-4 absolute
@@ -61,7 +61,7 @@ def hf_reference(path, ids):
     return hf, out.hidden_states, gate_up, lens
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama", "embedded"])
+@pytest.fixture(scope="module", params=["qwen3", "qwen2", "llama", "embedded"])
 def checkpoint(request, tmp_path_factory):
     if request.param == "embedded":
         return model_path()
