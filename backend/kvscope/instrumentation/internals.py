@@ -153,19 +153,21 @@ def mlp_event(seq: Sequence, step: int, positions: list[int], layers: list[dict]
 
 
 @torch.inference_mode()
-def lens_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+def lens_top(model, hidden: torch.Tensor, k: int = LENS_TOP) -> tuple[torch.Tensor, torch.Tensor]:
     """The final norm and the LM head applied to hidden states [rows, hidden], as the model
-    does to its last layer's output: float32 logits [rows, vocab]."""
+    does to its last layer's output; the k most likely next tokens per row as (probabilities,
+    ids), computed where the model lives so only k numbers per row travel to the CPU."""
     w = model.lm_head.weight
-    return model.compute_logits(model.model.norm(hidden.to(w.device, w.dtype))).float().cpu()
+    probs = model.compute_logits(model.model.norm(hidden.to(w.device, w.dtype))).float().softmax(dim=-1)
+    values, ids = probs.topk(k, dim=-1)
+    return values.cpu(), ids.cpu()
 
 
 def logit_lens_event(seq: Sequence, step: int, positions: list[int], layers: list[dict], model, tokenizer,
                      ts: float) -> dict:
     out = []
     for i, t in enumerate(layers):
-        probs = lens_logits(model, t["output"]).softmax(dim=-1)
-        values, ids = probs.topk(LENS_TOP, dim=-1)
+        values, ids = lens_top(model, t["output"])
         out.append({"layer": i, "top": [[{"id": j, "text": txt, "prob": round(p, 6)}
                                          for j, txt, p in zip(row, _texts(tokenizer, row), pr)]
                                         for row, pr in zip(ids.tolist(), values.tolist())]})
