@@ -147,8 +147,18 @@ def paging(d: Driver) -> None:
     d.call("sandbox", op="free", seq="A")
 
 
+def internals(d: Driver) -> None:
+    """One prompt watched whole: attention, every draw with its raw logits, and the model's
+    internals (embeddings, RoPE, residual stream, MLP, logit lens) for chapters 3 and 5-10."""
+    text = "The little cat sat on the mat"
+    d.call("tokenize", text=text)
+    rid = d.submit(prompt=text, params={**GREEDY, "max_tokens": 4}, watch={"internals": True})
+    d.finished(rid)
+
+
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
-             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill, "paging": paging}
+             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill, "paging": paging,
+             "internals": internals}
 
 
 def free_port() -> int:

@@ -128,3 +128,21 @@ def test_attention_replays_the_watched_request(new_page, static_site, screenshot
             assert all(w == 0 for w in matrix[q][q + 1:])
     screenshot(widget, "widget-attention-replay")
     assert_clean_apart_from_the_socket(page)
+
+
+def test_inside_the_model_widgets_replay_the_internals_recording(new_page, static_site, screenshot):
+    """Chapters 3, 5-10: each inside-the-model widget draws the recorded watched request."""
+    cases = [("03-embeddings", "kv-embeddings", "el => el.exportData().tokens.length > 0"),
+             ("05-multi-head-attention", "kv-heads", "el => el.exportData().rows > 0"),
+             ("06-positional-encoding", "kv-rope", "el => el.exportData().inv_freq.length > 0"),
+             ("07-mlp", "kv-mlp", "el => el.exportData().mlp !== null"),
+             ("08-transformer-block", "kv-residual", "el => el.exportData().stream.length > 0"),
+             ("09-full-model", "kv-logit-lens", "el => el.exportData().positions.length > 0"),
+             ("10-sampling", "kv-sampling", "el => el.exportData().sum !== null")]
+    for chapter, tag, ready in cases:
+        page, widget = open_replay(new_page, static_site, f"/chapters/{chapter}/", tag)
+        page.wait_for_function(ready, arg=widget.element_handle(), timeout=20000)
+        assert widget.locator(".kvw-btn--primary").is_disabled()          # Run needs the live engine
+        screenshot(widget, f"{tag[3:]}-replay")
+        assert_clean_apart_from_the_socket(page)
+        page.close()

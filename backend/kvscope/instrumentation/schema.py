@@ -54,9 +54,9 @@ HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": S
                         "started_at": STR, "model": MODEL, "device": DEVICE, "engine": ENGINE,
                         "h100": H100})
 
-FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling",
+FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling", "internals",
             "memory", "spec", "sandbox", "viewers", "ack", "error"]
-SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "memory", "spec"]
+SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "internals", "memory", "spec"]
 FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
                   "layer": {"oneOf": [NAT, arr(NAT, maxItems=256)]},
                   "head": {"oneOf": [NAT, arr(NAT, maxItems=256)]}})
@@ -143,7 +143,36 @@ SAMPLING = event("sampling", {
                        "applied": BOOL, "kept": NAT, "candidates": arr(CANDIDATE)})),
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
-    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})})
+    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},
+    {"distribution": obj({"complete": BOOL, "logits": arr(NUM)}, {"ids": arr(NAT)})})
+# internals of a watched request (see kvscope/instrumentation/internals.py)
+def internals_event(kind: str, fields: dict) -> dict:
+    return event(f"internals.{kind}", {"request_id": STR, "step": NAT, "positions": arr(NAT), **fields})
+
+
+FLOATS = arr(NUM)
+NEAR = obj({"id": NAT, "text": STR, "cosine": NUM})
+INTERNALS_EMBEDDINGS = internals_event("embeddings", {
+    "token_ids": arr(NAT), "texts": arr(STR), "hidden_size": NAT, "rows": arr(FLOATS), "norms": FLOATS,
+    "neighbours": arr(arr(NEAR)), "pca": arr(arr(NUM, minItems=2, maxItems=2))})
+INTERNALS_EMBEDDINGS["properties"]["vocab"] = obj({"ids": arr(NAT), "texts": arr(STR),
+                                                   "points": arr(arr(NUM, minItems=2, maxItems=2)),
+                                                   "explained": FLOATS})
+INTERNALS_ROPE = internals_event("rope", {"rope_theta": NUM, "head_dim": NAT, "rope_type": STR,
+                                          "inv_freq": FLOATS})
+INTERNALS_RESIDUAL = internals_event("residual", {
+    "layers": arr(obj({"layer": NAT, "input_norm": FLOATS, "attention_norm": FLOATS,
+                       "after_attention_norm": FLOATS, "mlp_norm": FLOATS, "output_norm": FLOATS})),
+    "rmsnorm": obj({"position": NAT, "layer": NAT, "eps": NUM, "rms": NUM, "input": FLOATS,
+                    "weight": FLOATS, "output": FLOATS})})
+HISTOGRAM = obj({"edges": FLOATS, "counts": arr(arr(NAT))})
+INTERNALS_MLP = internals_event("mlp", {"intermediate_size": NAT, "layers": arr(obj({
+    "layer": NAT, "gate": HISTOGRAM, "activation": HISTOGRAM, "up": HISTOGRAM, "product": HISTOGRAM,
+    "active_share": FLOATS, "top": arr(arr(obj({"neuron": NAT, "gate": NUM, "up": NUM, "product": NUM}))),
+    "down_norm": FLOATS, "stream_norm": FLOATS}))})
+INTERNALS_LENS = internals_event("logit_lens", {"layers": arr(obj({
+    "layer": NAT, "top": arr(arr(obj({"id": NAT, "text": STR, "prob": PROB})))}))})
+
 MEMORY = event("memory", {
     "device_total_bytes": NAT, "device_free_bytes": NAT, "weights_bytes": NAT,
     "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
@@ -176,6 +205,8 @@ EVENTS = {
     "request.added": REQUEST_ADDED, "request.token": REQUEST_TOKEN,
     "request.finished": REQUEST_FINISHED, "request.snapshot": REQUEST_SNAPSHOT, "step": STEP,
     "kv_snapshot": KV_SNAPSHOT, "kv_delta": KV_DELTA, "attention": ATTENTION, "sampling": SAMPLING,
+    "internals.embeddings": INTERNALS_EMBEDDINGS, "internals.rope": INTERNALS_ROPE,
+    "internals.residual": INTERNALS_RESIDUAL, "internals.mlp": INTERNALS_MLP, "internals.logit_lens": INTERNALS_LENS,
     "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "viewers": VIEWERS, "ack": ACK,
     "error": ERROR,
 }
@@ -197,7 +228,8 @@ SAMPLING_PARAMS = obj({}, {
     "ignore_eos": BOOL,
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
 })
-WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL})
+WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL,
+                 "internals": BOOL})
 INTERVAL = {"type": "number", "minimum": 0, "maximum": 10}   # seconds between steps (pacing.MAX_INTERVAL_S)
 MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
 
