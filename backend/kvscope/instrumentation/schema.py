@@ -41,7 +41,7 @@ MODEL = obj({k: v for k, v in {
     "num_kv_heads": NAT, "head_dim": NAT, "intermediate_size": NAT, "vocab_size": NAT,
     "max_position_embeddings": NAT, "rope_theta": NUM, "num_params": NAT, "dtype": STR,
     "dtype_bytes": NAT, "weight_bytes": NAT, "kv_bytes_per_token": NAT,
-    "tie_word_embeddings": BOOL}.items()})
+    "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
@@ -125,7 +125,7 @@ KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snaps
 KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
                 "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
                 "removed_tables": arr(STR),
-                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict"]}, "block": NAT,
+                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict", "share", "cow"]}, "block": NAT,
                                    "request_id": NULL_STR})), **KV_TOTALS},
                {"ref": REF})
 
@@ -133,7 +133,8 @@ PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT,
-    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))},
+    {"recomputed": BOOL})
 CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,

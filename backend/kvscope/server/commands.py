@@ -122,29 +122,12 @@ async def submit(s: Session, msg: dict) -> None:
     spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
     check_submit_limits(s, ids, text)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
-    if spec is not None:
-        _register_watch(s, rid, spec)
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
     done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None,
                                 msg.get("pace_s", 0.0))
     if done.error:
-        _unregister_watch(s, rid)
         raise CommandError("engine", done.error, request_id=rid)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
-
-
-def _register_watch(s: Session, rid: str, spec: WatchSpec) -> None:
-    s.viewer.watches[rid] = spec
-    s.hub.watchers[rid].add(s.viewer.id)
-
-
-def _unregister_watch(s: Session, rid: str) -> None:
-    s.viewer.watches.pop(rid, None)
-    viewers = s.hub.watchers.get(rid)
-    if viewers is not None:
-        viewers.discard(s.viewer.id)
-        if not viewers:
-            del s.hub.watchers[rid]
 
 
 async def cancel(s: Session, msg: dict) -> None:
@@ -156,19 +139,12 @@ async def cancel(s: Session, msg: dict) -> None:
 
 async def watch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    spec = watch_spec(s, msg)
-    _register_watch(s, rid, spec)
-    try:
-        await s.service.watch(rid, s.viewer.id, spec)
-    except CommandError:
-        _unregister_watch(s, rid)
-        raise
+    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg))
     s.ack(msg, request_id=rid)
 
 
 async def unwatch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    _unregister_watch(s, rid)
     await s.service.unwatch(rid, s.viewer.id)
     s.ack(msg, request_id=rid)
 

@@ -15,7 +15,7 @@ from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
-from kvscope.instrumentation.watch import WatchSpec
+from kvscope.instrumentation.watch import WatchRegistry, WatchSpec
 from kvscope.llm import apply_chat_template
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.config import ServerConfig
@@ -48,8 +48,9 @@ class EngineService:
         self.clock = Clock()
         self.started_at = time.time()
         self.metrics = Metrics()
-        self.hub = Hub(self.clock, self.metrics)
-        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock)
+        watches = WatchRegistry()   # one record of who watches what, shared by the hub
+        self.hub = Hub(self.clock, self.metrics, watches)
+        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
         self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
         self.model_name = engine.model_config.name or engine.model_path.name
         self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)

@@ -21,6 +21,7 @@ kv-pages .kvp-poolwrap { max-height: 420px; overflow: auto; border: 1px solid va
 kv-pages .kvp-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
 kv-pages .kvp-events { font-family: var(--kv-font-mono); font-size: .8rem; color: var(--kv-fg-soft); min-height: 1.3em; }
 kv-pages .kvp-tables button { font: inherit; background: none; border: 1px solid transparent; color: inherit; padding: .1rem .3rem; border-radius: 4px; cursor: pointer; text-align: left; }
+kv-pages .kvp-chip--shared { border-width: 2px; border-color: var(--kv-fg); font-weight: 600; }
 kv-pages .kvp-tables button:hover, kv-pages .kvp-tables button[aria-pressed=true] { border-color: var(--kv-focus); }
 `;
 
@@ -221,9 +222,9 @@ class KvPages extends withHandlers(KvWidget) {
     this.tablesEl.replaceChildren(...shown.map(([rid, t]) => {
       const button = h('button', {
         type: 'button', 'data-seq': rid, 'aria-pressed': this.pinnedSeq === rid ? 'true' : 'false',
-        'aria-label': `${rid}: ${t.length} blocks, logical to physical ${t.map((b, i) => `${i} to ${b}`).join(', ')}. Press to keep it highlighted.`,
+        'aria-label': `${rid}: ${t.length} blocks, logical to physical ${t.map((b, i) => `${i} to ${b}${this.refOf(b) > 1 ? ' (shared)' : ''}`).join(', ')}. Press to keep it highlighted.`,
       }, h('strong', { style: `color:${this.palette.cssColour(rid)}` }, `■ ${rid}`), ` ${t.length} block${t.length === 1 ? '' : 's'}: `,
-      ...t.slice(0, 32).map((b, i) => h('span', { class: 'kvp-chip' }, `${i}→${b}`)), t.length > 32 ? ' …' : '');
+      ...t.slice(0, 32).map((b, i) => this.chip(b, i)), t.length > 32 ? ' …' : '');
       button.addEventListener('pointerenter', () => this.setHighlight(rid));
       button.addEventListener('focus', () => this.setHighlight(rid));
       button.addEventListener('blur', () => this.setHighlight(this.pinnedSeq));
@@ -238,6 +239,19 @@ class KvPages extends withHandlers(KvWidget) {
     if (focused) this.tablesEl.querySelector(`[data-seq="${CSS.escape(focused)}"]`)?.focus();
     const owners = entries.slice(0, 6).map(([rid]) => ({ label: rid, color: this.palette.cssColour(rid) }));
     this.legendOwners(owners);
+  }
+
+  refOf(block) {
+    return this.pool.blocks[block]?.ref ?? 0;
+  }
+
+  // A table entry; a block other sequences hold too (a prefix hit, or a parallel-sampling
+  // fork before copy-on-write) is drawn bold with its ref count.
+  chip(block, index) {
+    const ref = this.refOf(block);
+    return ref > 1
+      ? h('span', { class: 'kvp-chip kvp-chip--shared', 'data-shared': String(ref), title: `shared by ${ref} sequences` }, `${index}→${block} ×${ref}`)
+      : h('span', { class: 'kvp-chip' }, `${index}→${block}`);
   }
 
   legendOwners(owners) {
