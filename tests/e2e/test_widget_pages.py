@@ -141,6 +141,46 @@ def test_live_pool_equals_the_engine_snapshot(page, live_server, screenshot, ass
     assert_clean(page)
 
 
+def test_live_pool_shows_a_parallel_sampling_fork(page, live_server, instructor, instructor_token, screenshot,
+                                                  assert_clean):
+    """OpenAI n = 3, stepped by hand: after the prompt step the three choices' tables are
+    the same blocks (ref count 3); after the first decode step the partly filled last block
+    has been copied for two of them (copy-on-write) and the full blocks are still shared."""
+    import threading
+
+    import httpx
+    widget = open_pages(page, live_server)
+    wait_idle(live_server)
+    body = {"prompt": "The fox ran into the forest and met a bear. " * 2, "max_tokens": 4, "n": 3,
+            "temperature": 1.0, "seed": 5, "ignore_eos": True}
+    handle = widget.element_handle()
+    instructor({"type": "pause"}, until="pause")
+    try:
+        request = threading.Thread(target=lambda: httpx.post(
+            f"{live_server}/v1/completions", json=body, timeout=60,
+            headers={"Authorization": f"Bearer {instructor_token}"}))
+        request.start()
+        page.wait_for_timeout(300)     # the request reaches the paused engine
+        instructor({"type": "step"}, until="step")
+        page.wait_for_function("el => Object.keys(el.exportData().pool.tables).length === 3", arg=handle)
+        tables = list(widget.evaluate("el => el.exportData().pool.tables").values())
+        assert tables[0] == tables[1] == tables[2]
+        refs = widget.evaluate("el => el.exportData().pool.blocks.filter(b => b.ref === 3).map(b => b.id)")
+        assert sorted(refs) == sorted(tables[0])
+        assert widget.locator(".kvp-tables .kvp-chip--shared").count() == 3 * len(tables[0])
+        instructor({"type": "step"}, until="step")
+        page.wait_for_function("el => el.querySelector('.kvp-events').textContent.includes('cow')", arg=handle)
+        after = list(widget.evaluate("el => el.exportData().pool.tables").values())
+        last = len(tables[0]) - 1
+        assert all(t[:last] == tables[0][:last] for t in after)      # full blocks: still shared
+        assert len({t[last] for t in after}) == 3                   # last block: one kept, two copies
+        screenshot(widget, "widget-pages-fork")
+    finally:
+        instructor({"type": "resume"}, until="resume")
+    request.join(30)
+    wait_idle(live_server)
+
+
 def figure(widget, key: str) -> int:
     return int(widget.locator(f"[data-figure={key}]").text_content().replace(",", ""))
 
@@ -196,45 +236,4 @@ def test_prefix_demo_shares_blocks_and_computes_less(page, live_server, screensh
     page.wait_for_function("el => el.querySelectorAll('.kvp-prefix-results li').length === 2 && "
                            "[...el.querySelectorAll('.kvp-prefix-results li')].every(li => li.textContent.includes('Finished'))",
                            arg=widget.element_handle())
-    assert_clean(page)
-
-
-def test_live_pool_shows_a_parallel_sampling_fork(page, live_server, instructor, instructor_token, screenshot,
-                                                  assert_clean):
-    """OpenAI n = 3, stepped by hand: after the prompt step the three choices' tables are
-    the same blocks (ref count 3); after the first decode step the partly filled last block
-    has been copied for two of them (copy-on-write) and the full blocks are still shared."""
-    import threading
-
-    import httpx
-    widget = open_pages(page, live_server)
-    wait_idle(live_server)
-    body = {"prompt": "The fox ran into the forest and met a bear. " * 2, "max_tokens": 4, "n": 3,
-            "temperature": 1.0, "seed": 5, "ignore_eos": True}
-    handle = widget.element_handle()
-    instructor({"type": "pause"}, until="pause")
-    try:
-        request = threading.Thread(target=lambda: httpx.post(
-            f"{live_server}/v1/completions", json=body, timeout=60,
-            headers={"Authorization": f"Bearer {instructor_token}"}))
-        request.start()
-        page.wait_for_timeout(300)     # the request reaches the paused engine
-        instructor({"type": "step"}, until="step")
-        page.wait_for_function("el => Object.keys(el.exportData().pool.tables).length === 3", arg=handle)
-        tables = list(widget.evaluate("el => el.exportData().pool.tables").values())
-        assert tables[0] == tables[1] == tables[2]
-        refs = widget.evaluate("el => el.exportData().pool.blocks.filter(b => b.ref === 3).map(b => b.id)")
-        assert sorted(refs) == sorted(tables[0])
-        assert widget.locator(".kvp-tables .kvp-chip--shared").count() == 3 * len(tables[0])
-        instructor({"type": "step"}, until="step")
-        page.wait_for_function("el => el.querySelector('.kvp-events').textContent.includes('cow')", arg=handle)
-        after = list(widget.evaluate("el => el.exportData().pool.tables").values())
-        last = len(tables[0]) - 1
-        assert all(t[:last] == tables[0][:last] for t in after)      # full blocks: still shared
-        assert len({t[last] for t in after}) == 3                   # last block: one kept, two copies
-        screenshot(widget, "widget-pages-fork")
-    finally:
-        instructor({"type": "resume"}, until="resume")
-    request.join(30)
-    wait_idle(live_server)
     assert_clean(page)
