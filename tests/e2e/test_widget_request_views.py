@@ -69,3 +69,21 @@ def test_pipeline_lights_every_stage_with_measured_times(page, live_server, scre
     assert min(gaps) >= 0.19                              # the page's own pace, 0.2 s per step
     assert widget.locator(".kpl-text").text_content() == finished["text"]
     assert_clean(page)
+
+
+def test_request_views_replay_dark_and_narrow(new_page, static_site, screenshot):
+    """No backend, 768 px, dark: the timeline and the pipeline follow the recording's first
+    request; the throughput chart says it needs the live engine rather than inventing points."""
+    page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+    for path, tag, ready in (
+            ("/chapters/11-prefill-and-decode/", "kv-request-timeline", "el => Number(el.dataset.steps || 0) >= 2"),
+            ("/chapters/01-what-is-an-llm/", "kv-pipeline", "el => el.dataset.state === 'finished'"),
+            ("/chapters/20-throughput-vs-latency/", "kv-throughput", "el => el.dataset.painted === 'true'")):
+        page.goto(f"{static_site}{path}")
+        page.wait_for_function("() => kvscope.client.mode === 'replay'", timeout=15000)
+        widget = page.locator(tag)
+        page.wait_for_function(ready, arg=widget.element_handle(), timeout=30000)
+        assert widget.bounding_box()["width"] <= 768
+        widget.scroll_into_view_if_needed()
+        screenshot(widget, f"{tag[3:]}-replay-dark-768")
+    assert "needs the live engine" in page.locator("kv-throughput svg").text_content().lower()

@@ -3,7 +3,7 @@
 // event arrives, with the time measured for it. Engine times come from the server's own
 // events; the tokenizer's and the stream's are measured in this browser and say so.
 
-import { KvWidget, formatInt, formatSeconds } from '../widget-base.js';
+import { KvWidget, formatInt, formatSeconds, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { RequestTrace } from './lib/request-trace.js';
@@ -104,6 +104,8 @@ class KvPipeline extends KvWidget {
   }
 
   onEvent(event) {
+    if (event.type === 'engine' && event.reason === 'reset' && !this.isLive) this.restart(null);   // the replay went back
+    if (event.type === 'engine') this.requestRender();   // paused or resumed: say so
     if (!this.trace.apply(event)) return;
     if (event.type === 'request.token' && this.submittedAt) {
       const at = (performance.now() - this.submittedAt) / 1000;
@@ -150,6 +152,7 @@ class KvPipeline extends KvWidget {
     const t = this.trace;
     if (!t.rid && !this.tokenize) this.announce(this.isLive ? 'Press “Send it through” to follow a real request.' : 'Waiting for the recording’s first request…');
     else if (t.finished) this.announce(`${t.rid} finished (${t.finished.reason}) after ${formatSeconds(t.finished.e2e_s)} in the engine.`);
+    else if (this.isLive && this.client.engine?.paused) this.announce(`${pausedText(this.client.engine)}: your request moves on when they resume.`);
     else this.announce('');
   }
 

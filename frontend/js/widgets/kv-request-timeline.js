@@ -3,7 +3,7 @@
 // and inter-token latencies, and, per step, the FLOPs and bytes the engine reports for it, so
 // compute-bound prefill and bandwidth-bound decode can be told apart by their numbers.
 
-import { KvWidget, formatInt, formatSeconds, formatSI, formatBytes, formatFloat } from '../widget-base.js';
+import { KvWidget, formatInt, formatSeconds, formatSI, formatBytes, formatFloat, pausedText } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { RequestTrace, percentile } from './lib/request-trace.js';
@@ -84,6 +84,8 @@ class KvRequestTimeline extends KvWidget {
   }
 
   onEvent(event) {
+    if (event.type === 'engine' && event.reason === 'reset' && !this.isLive) this.follow(null);   // the replay went back
+    if (event.type === 'engine') this.requestRender();   // paused or resumed: say so
     if (this.trace.apply(event)) {
       this.dataset.steps = String(this.trace.steps.length);
       this.dataset.state = this.trace.finished ? 'finished' : 'running';
@@ -108,13 +110,15 @@ class KvRequestTimeline extends KvWidget {
     this.renderTable();
     if (!t.rid) this.announce(this.isLive ? 'Press Run to send the prompt and see its timeline.' : 'Waiting for the recording’s first request…');
     else if (t.finished) this.announce(`${t.rid} finished: first token after ${formatSeconds(ttft)}, then a token every ${formatSeconds(percentile(itl, 0.5) || 0)} (median).`);
+    else this.announce('');
   }
 
   renderAxis() {
     const t = this.trace;
     const nodes = [];
     if (!t.added || !t.steps.length) {
-      this.axis.replaceChildren(svg('text', { x: 0, y: 20, class: 'kvw-soft', 'font-size': 12 }, t.rid ? 'Waiting for its first step…' : ''));
+      this.axis.replaceChildren(svg('text', { x: 0, y: 20, class: 'kvw-soft', 'font-size': 12 }, !t.rid ? ''
+        : this.client.engine?.paused && this.isLive ? `${pausedText(this.client.engine)}: its first step runs when they resume.` : 'Waiting for its first step…'));
       return;
     }
     const t0 = t.added.ts;
