@@ -85,6 +85,11 @@ def test_timeline_replays_the_recording_dark_and_narrow(new_page, static_site, s
     data = widget.evaluate("el => el.exportData()")
     assert data["requests"] and all(r["cells"] for r in data["requests"])
     assert widget.get_by_role("button", name="Send a burst of my requests").is_disabled()
+    page.evaluate("() => kvscope.client.replay.seek(kvscope.client.replay.state.stepCount)")   # the whole episode
+    page.wait_for_function("el => Number(el.dataset.compared) >= 7", arg=widget.element_handle(), polling=100)
+    data = widget.evaluate("el => el.exportData()")
+    assert any(c["kind"] == "waiting" for r in data["requests"] for c in r["cells"])       # one waited for a place
+    assert len({r["arrival_step"] for r in data["requests"]}) >= 3                          # joined mid-flight
     box = widget.bounding_box()
     assert box["width"] <= 768
     widget.scroll_into_view_if_needed()
