@@ -39,7 +39,7 @@ class KvBatchTimeline extends KvWidget {
     injectStyle('kv-batch-timeline', STYLE);
     this.model = new BatchModel({ maxSteps: 60, maxRequests: 14 });
     this.cursor = null;              // { row, col } of the focused cell
-    this.load = new LoadMaker(this.client, { onChange: () => this.showControls() });
+    this.load = new LoadMaker(this.client, { onChange: () => this.showControls(), onFinished: (rid) => this.onMineFinished(rid) });
     this.late = null;                // the burst request whose finish lets the late one join
     this.modeBadge = h('span', { class: 'kvw-mode' });
     this.burstButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.burst() },
@@ -82,7 +82,6 @@ class KvBatchTimeline extends KvWidget {
   }
 
   onEvent(event) {
-    if (event.type === 'request.finished' && event.request_id === this.late) this.sendLate();
     if (this.model.apply(event)) {
       this.dataset.steps = String(this.model.steps.length);
       this.requestRender();
@@ -97,19 +96,15 @@ class KvBatchTimeline extends KvWidget {
   // -- load -------------------------------------------------------------------------------
   async burst() {
     this.burstButton.disabled = true;
-    const ids = [];
-    for (const maxTokens of BURST) {
-      const [rid] = await this.load.burst(1, this.requestFields(maxTokens));
-      if (rid) ids.push(rid);
-    }
-    this.late = ids[0] || null;
+    this.late = 'first';             // the first of the burst to finish lets the late one in
+    for (const maxTokens of BURST) await this.load.burst(1, this.requestFields(maxTokens));
     this.showControls();
   }
 
-  async sendLate() {
+  onMineFinished() {
+    if (this.late !== 'first') return;
     this.late = null;
-    await this.load.burst(1, this.requestFields(LATE));
-    this.showControls();
+    this.load.burst(1, this.requestFields(LATE)).then(() => this.showControls());
   }
 
   requestFields(maxTokens) {

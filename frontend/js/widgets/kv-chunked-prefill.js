@@ -100,14 +100,13 @@ class KvChunkedPrefill extends KvWidget {
     const live = { mine: new Set(), events: [], done: false, pending: 3 };
     this.live = live;
     this.updateMode(this.client.mode);
-    const submit = async (prompt, maxTokens) => {
-      const ack = await this.client.command('submit', { prompt, params: { temperature: 0, max_tokens: maxTokens, ignore_eos: true } });
-      live.mine.add(ack.request_id);
-      return ack.request_id;
-    };
+    // Our requests are known by their request.added events (owner = this page), which come
+    // before the acks; a fast request may even finish before its ack arrives.
+    const submit = (prompt, maxTokens) => this.client.command('submit', { prompt, params: { temperature: 0, max_tokens: maxTokens, ignore_eos: true } });
     try {
-      for (const p of DECODERS) await submit(p, 24);
-      await new Promise((resolve) => { live.onTokens = resolve; });   // both decoding before the long prompt arrives
+      const decoding = new Promise((resolve) => { live.onTokens = resolve; });
+      await Promise.all(DECODERS.map((p) => submit(p, 32)));
+      await decoding;   // the decoders are decoding before the long prompt arrives
       await submit(LONG_PROMPT, 4);
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
@@ -119,10 +118,12 @@ class KvChunkedPrefill extends KvWidget {
   onEvent(event) {
     const live = this.live;
     if (!live || live.done) return;
-    if (event.type === 'step' && event.seqs.some((s) => live.mine.has(s.request_id))) {
+    if (event.type === 'request.added' && event.owner === (this.client.session && this.client.session.client_id)) {
+      live.mine.add(event.request_id);
+    } else if (event.type === 'step' && event.seqs.some((s) => live.mine.has(s.request_id))) {
       live.events.push(event);
-      const decoded = event.seqs.filter((s) => live.mine.has(s.request_id) && s.kind === 'decode').length;
-      if (decoded >= 2 && live.onTokens) { live.onTokens(); live.onTokens = null; }
+      const decoding = event.seqs.some((s) => live.mine.has(s.request_id) && s.kind === 'decode');
+      if (decoding && live.onTokens) { live.onTokens(); live.onTokens = null; }
       this.runs.set('live', { label: this.liveLabel(event), summary: summarizeRun(live.events, { only: live.mine }) });
       this.requestRender();
     } else if (event.type === 'request.finished' && live.mine.has(event.request_id)) {
