@@ -156,9 +156,9 @@ class KvChunkedPrefill extends KvWidget {
     const nodes = [];
     steps.forEach((s, i) => {
       const x = 36 + i * BAR_W;
-      const decodeTop = y(s.decode);
+      const decodeTop = s.decode ? Math.min(y(s.decode), 10 + CHART_H - 3) : 10 + CHART_H;   // a decode stays visible
       nodes.push(svg('rect', { x, y: decodeTop, width: BAR_W - 2, height: 10 + CHART_H - decodeTop, fill: 'var(--kv-decode)' }));
-      const prefillTop = y(s.decode + s.prefill);
+      const prefillTop = Math.min(y(s.decode + s.prefill), decodeTop);
       nodes.push(svg('rect', { x, y: prefillTop, width: BAR_W - 2, height: decodeTop - prefillTop, fill: 'var(--kv-prefill)', 'data-step': s.step, 'data-tokens': s.tokens, 'data-budget': s.budget },
         svg('title', {}, `step ${s.step}: ${s.tokens} tokens (${s.prefill} prompt, ${s.decode} decode) of a budget of ${s.budget}; ${formatSeconds(s.durationS)}`)));
       if (s.tokens > top * 1.15) nodes.push(svg('text', { x: x + BAR_W / 2, y: 8, 'font-size': 9, 'text-anchor': 'middle' }, String(s.tokens)));
