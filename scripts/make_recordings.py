@@ -137,13 +137,20 @@ def batching(d: Driver) -> None:
 
 
 def prefix_cache(d: Driver) -> None:
-    """Two chats that share a system prompt: the second reuses the first one's blocks."""
-    first = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a crab."}],
-                     params={**GREEDY, "max_tokens": 8})
-    d.finished(first)
-    second = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a seal."}],
-                      params={**GREEDY, "max_tokens": 8})
-    d.finished(second)
+    """Two chats that share a system prompt, as chapter 16's demo sends them: the first is
+    prefilled and held, the second reuses its full blocks (ref count 2) and computes only the
+    rest; then both finish and the shared blocks stay cached."""
+    held = []
+    for animal in ("crab", "seal"):
+        rid = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"A story about a {animal}."}],
+                       params={**GREEDY, "max_tokens": 8}, hold=True)
+        d.call("next", request_id=rid)
+        d.until(lambda e, rid=rid: e["type"] == "request.token" and e["request_id"] == rid)
+        d.settle(0.3)
+        held.append(rid)
+    for rid in held:
+        d.call("release", request_id=rid)
+    d.finished(*held)
 
 
 LONG_PROMPT = " ".join(["The little fox ran along the river to find the shiny stone."] * 8)
