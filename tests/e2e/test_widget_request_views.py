@@ -73,12 +73,12 @@ def test_pipeline_lights_every_stage_with_measured_times(page, live_server, scre
 
 def test_request_views_replay_dark_and_narrow(new_page, static_site, screenshot):
     """No backend, 768 px, dark: the timeline and the pipeline follow the recording's first
-    request; the throughput chart says it needs the live engine rather than inventing points."""
+    request; the throughput chart plots the runs the project recorded."""
     page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
     for path, tag, ready in (
             ("/chapters/11-prefill-and-decode/", "kv-request-timeline", "el => Number(el.dataset.steps || 0) >= 2"),
             ("/chapters/01-what-is-an-llm/", "kv-pipeline", "el => el.dataset.state === 'finished'"),
-            ("/chapters/20-throughput-vs-latency/", "kv-throughput", "el => el.dataset.painted === 'true'")):
+            ("/chapters/20-throughput-vs-latency/", "kv-throughput", "el => el.exportData().recorded.length === 3")):
         page.goto(f"{static_site}{path}")
         page.wait_for_function("() => kvscope.client.mode === 'replay'", timeout=15000)
         widget = page.locator(tag)
@@ -86,4 +86,6 @@ def test_request_views_replay_dark_and_narrow(new_page, static_site, screenshot)
         assert widget.bounding_box()["width"] <= 768
         widget.scroll_into_view_if_needed()
         screenshot(widget, f"{tag[3:]}-replay-dark-768")
-    assert "needs the live engine" in page.locator("kv-throughput svg").text_content().lower()
+    recorded = page.locator("kv-throughput").evaluate("el => el.exportData().recorded")
+    assert [p["concurrency"] for p in recorded] == [1, 2, 4] and all(p["requests"] == 6 for p in recorded)
+    assert page.locator("kv-throughput [data-series=itl_p50]").count() == 3      # plotted, from the recording

@@ -3,11 +3,13 @@
 // tokens each — and plots what the run measured: output tokens per second against time to
 // first token and inter-token latency (p50 and p90). Points accumulate into the curve. An
 // instructor also gets the engine's sequence cap and token budget, applied before the run.
+// Without a live engine it plots the runs the project recorded (frontend/recordings/throughput).
 
 import { KvWidget, formatInt, formatSeconds, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { percentile } from './lib/request-trace.js';
+import { namedRecordingEvents } from './lib/recording.js';
 
 const PROMPTS = [
   'Once upon a time, a little fox found a shiny stone by the river.',
@@ -16,6 +18,7 @@ const PROMPTS = [
   'In a small village by the sea, there lived a curious cat named',
 ];
 const RETRY_MS = 3000;
+const RUN_GAP_S = 0.3;   // scripts/make_recordings.py pauses 0.5 s between runs
 const W = 560;
 const H = 240;
 const PAD = { left: 56, right: 12, top: 12, bottom: 36 };
@@ -47,6 +50,29 @@ export function runReport(added, finished, setting) {
   };
 }
 
+/** A recording's runs: requests that follow each other with less than RUN_GAP_S between one's
+ * finish and the next one's arrival form one run; its concurrency is the most of them in
+ * flight at once. Each run's report comes from runReport, as live. */
+export function recordedRuns(events) {
+  const added = new Map(events.filter((e) => e.type === 'request.added').map((e) => [e.request_id, e]));
+  const done = events.filter((e) => e.type === 'request.finished' && added.has(e.request_id))
+    .sort((a, b) => added.get(a.request_id).ts - added.get(b.request_id).ts);
+  const runs = [];
+  let run = null;
+  for (const f of done) {
+    const start = added.get(f.request_id).ts;
+    if (!run || start > run.end + RUN_GAP_S) runs.push(run = { finished: [], end: -Infinity });
+    run.finished.push(f);
+    run.end = Math.max(run.end, f.ts);
+  }
+  return runs.map(({ finished }) => {
+    const spans = finished.map((f) => [added.get(f.request_id).ts, f.ts]);
+    const concurrency = Math.max(...spans.map(([s]) => spans.filter(([a, b]) => a <= s && s < b).length));
+    return runReport(finished.map((f) => added.get(f.request_id)), finished,
+      { concurrency, total: finished.length, max_tokens: Math.max(...finished.map((f) => f.num_output_tokens)), recorded: true });
+  });
+}
+
 class KvThroughput extends KvWidget {
   static events = ['request'];
   static label = 'Throughput against latency, measured';
@@ -54,7 +80,12 @@ class KvThroughput extends KvWidget {
   setup() {
     injectStyle('kv-throughput', STYLE);
     this.points = [];
+    this.recorded = [];          // the project's recorded runs, shown without a live engine
     this.run = null;
+    namedRecordingEvents('throughput').then((events) => {
+      this.recorded = recordedRuns(events);
+      this.requestRender();
+    });
     this.modeBadge = h('span', { class: 'kvw-mode' });
     const number = (label, value, min, max) => {
       const input = h('input', { class: 'kvw-input', type: 'number', value, min, max, step: 1 });
@@ -85,7 +116,11 @@ class KvThroughput extends KvWidget {
     this.updateMode(this.client.mode);
   }
 
-  onModeChange(mode) { this.updateMode(mode); }
+  onModeChange(mode) {
+    this.updateMode(mode);
+    this.requestRender();
+    if (mode === 'replay') this.announce('Without a live engine: the runs the project recorded on it (6 requests with 1, 2 and 4 in flight). Press Run when it is back.');
+  }
 
   updateMode(mode) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
@@ -161,7 +196,7 @@ class KvThroughput extends KvWidget {
   }
 
   render() {
-    const pts = this.points;
+    const pts = this.isLive ? this.points : this.recorded;
     const maxX = Math.max(1, ...pts.map((p) => p.throughput)) * 1.1;
     const maxY = Math.max(0.001, ...pts.flatMap((p) => SERIES.map(([k]) => p[k] || 0))) * 1.1;
     const x = (v) => PAD.left + (v / maxX) * (W - PAD.left - PAD.right);
@@ -189,7 +224,8 @@ class KvThroughput extends KvWidget {
       });
     }
     pts.forEach((p) => nodes.push(svg('text', { x: x(p.throughput), y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'middle', class: 'kvw-soft' }, `×${p.concurrency}`)));
-    if (!pts.length) nodes.push(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' }, this.isLive ? 'Press Run: each run adds a point per latency.' : 'Needs the live engine to measure.'));
+    if (!pts.length) nodes.push(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' }, this.isLive ? 'Press Run: each run adds a point per latency.' : 'Loading the recorded runs…'));
+    this.dataset.shown = this.isLive ? 'live' : 'recorded';
     this.chart.replaceChildren(...nodes);
     this.chart.setAttribute('aria-label', `Throughput against latency: ${pts.length} runs. ${pts.map((p) => `${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens per second, first token p50 ${formatSeconds(p.ttft_p50)}, inter-token p50 ${formatSeconds(p.itl_p50)}`).join('; ')}`);
     const head = h('tr', {}, ...['in flight', 'requests', 'tokens', 'seconds', 'tok/s', 'TTFT p50', 'TTFT p90', 'ITL p50', 'ITL p90'].map((c) => h('th', { scope: 'col' }, c)));
@@ -199,7 +235,7 @@ class KvThroughput extends KvWidget {
   }
 
   exportData() {
-    return { points: this.points };
+    return { points: this.points, recorded: this.recorded };
   }
 }
 
