@@ -9,7 +9,7 @@
 //   client.hello / .session / .engine / .memory        // latest state (null until known)
 //   client.mode                                        // 'connecting' | 'live' | 'replay'
 //   client.onModeChange((mode) => ...)                 // returns unsubscribe
-//   client.replay.play() / pause() / step() / setSpeed(2)   // only does something in replay
+//   client.replay.play() / pause() / step() / setSpeed(2) / seek(n)   // only in replay; paced by engine steps
 //   client.stats                                       // counters: events, renders, rates
 //
 // Without a backend (the socket cannot connect, or the page comes from a static file
@@ -266,6 +266,7 @@ export class EventClient extends EventTarget {
       this._emitReplayState();
     };
     socket.onmessage = (event) => this._receive(event.data);
+    socket.addEventListener('progress', () => this._emitReplayState());
     socket.onclose = (event) => {
       if (this._replaySocket !== socket) return;
       if (socket.loadError) {
@@ -432,6 +433,7 @@ export class EventClient extends EventTarget {
       pause: act((s) => s.pause()),
       step: act((s) => s.step()),
       setSpeed(speed) { act((s) => { s.speed = speed; })(); },
+      seek(stepIndex) { act((s) => s.seek(stepIndex))(); },
       get state() {
         const s = socket();
         return {
@@ -439,6 +441,9 @@ export class EventClient extends EventTarget {
           loaded: Boolean(s && s.readyState === 1),
           playing: Boolean(s && s.playing),
           speed: s ? s.speed : 1,
+          stepsPerSecond: s ? s.stepsPerSecond : 0,
+          stepIndex: s ? s.stepIndex : 0,
+          stepCount: s ? s.stepCount : 0,
           position: s ? s.position : 0,
           length: s ? s.length : 0,
           recording: s && s.header ? s.header.name : null,

@@ -146,3 +146,42 @@ def test_inside_the_model_widgets_replay_the_internals_recording(new_page, stati
         screenshot(widget, f"{tag[3:]}-replay")
         assert_clean_apart_from_the_socket(page)
         page.close()
+
+
+def step_counts(events: list[dict]) -> list[int]:
+    """`step` events sent after each step group (the rule of kvscope.instrumentation.recording)."""
+    from kvscope.instrumentation.recording import step_group_ends
+    return [sum(1 for e in events[:end] if e["type"] == "step") for end in step_group_ends(events)]
+
+
+def test_replay_advances_by_steps_and_the_scrubber_goes_back(new_page, static_site, screenshot):
+    page, widget = open_replay(new_page, static_site, "/chapters/14-continuous-batching/", "kv-batch-timeline")
+    events = recording(static_site, page)
+    hello = next(i for i, e in enumerate(events) if e["type"] == "hello")
+    counts = step_counts(events[hello + 1:])
+    state = lambda: page.evaluate("() => kvscope.client.replay.state")   # noqa: E731
+    page.evaluate("() => { kvscope.client.replay.seek(0); }")
+    assert state()["stepIndex"] == 0 and state()["stepCount"] == len(counts) >= 20
+    handle = widget.element_handle()
+    for n in (1, 2, 3):                                   # one engine step per press of Step
+        page.locator("kv-connection").get_by_role("button", name="Step", exact=False).click()
+        assert state()["stepIndex"] == n
+        page.wait_for_function("([el, k]) => Number(el.dataset.steps || 0) === k", arg=[handle, counts[n - 1]])
+    scrubber = page.locator(".kv-replay-scrubber")
+    move = "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', {bubbles: true})); }"
+    far = len(counts) - 2
+    scrubber.evaluate(move, far)                          # forwards
+    assert state()["stepIndex"] == far
+    page.wait_for_function("([el, k]) => Number(el.dataset.steps) === Math.min(k, 60)", arg=[handle, counts[far - 1]])
+    assert page.locator(".kv-replay-counter").text_content() == f"step {far} / {len(counts)}"
+    scrubber.evaluate(move, 5)                            # and back
+    assert state()["stepIndex"] == 5
+    page.wait_for_function("([el, k]) => Number(el.dataset.steps) === k", arg=[handle, counts[4]])
+    screenshot(page.locator("kv-connection"), "replay-controls")
+    page.select_option("#kv-replay-speed", label="16")   # paced by steps: 16 a second
+    page.evaluate("() => kvscope.client.replay.play()")
+    page.wait_for_timeout(1000)
+    page.evaluate("() => kvscope.client.replay.pause()")
+    advanced = state()["stepIndex"] - 5
+    assert 8 <= advanced <= 20, advanced
+    assert_clean_apart_from_the_socket(page)
