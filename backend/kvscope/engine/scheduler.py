@@ -22,6 +22,7 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
+    forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
 
 
 @dataclass
@@ -29,6 +30,7 @@ class SchedulerOutput:
     step: int
     entries: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write (src, dst)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -76,7 +78,13 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
         return out
+
+    @staticmethod
+    def _entry(seq: Sequence, n: int) -> ScheduledSeq:
+        samples = seq.num_computed_tokens + n == seq.num_tokens
+        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples, list(seq.forks) if samples else [])
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
@@ -95,8 +103,7 @@ class Scheduler:
             if not bm.can_append(seq, n):
                 self._preempt(seq, out)
                 continue
-            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
-                                            seq.num_computed_tokens + n == seq.num_tokens))
+            out.entries.append(self._entry(seq, n))
             bm.append_slots(seq, n)
             budget -= n
             kept.append(seq)
@@ -121,8 +128,7 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
-                                            seq.num_computed_tokens + n == seq.num_tokens))
+            out.entries.append(self._entry(seq, n))
             budget -= n
 
     def _chunk(self, remaining: int, budget: int) -> int:
@@ -152,14 +158,29 @@ class Scheduler:
             seq.num_computed_tokens += entry.num_new_tokens
             self.block_manager.commit(seq)
             if entry.samples:
-                seq.append_token(sampled[seq.seq_id])
-                reason = self._stop_reason(seq)
-                if reason:
-                    self.finish(seq, reason)
-                    finished.append(seq)
-                elif seq.pause_after_token:   # its owner steps it one token at a time
-                    seq.hold = True
+                forked = self._fork(seq, entry.forks)
+                for s in (seq, *forked):
+                    self._append(s, sampled[s.seq_id], finished)
         return finished
+
+    def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
+        """The prompt is computed: the other choices start sharing its blocks."""
+        forked = [c for c in forks if not c.is_finished]
+        for child in forked:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        parent.forks = [c for c in parent.forks if c not in forks]
+        return forked
+
+    def _append(self, seq: Sequence, token_id: int, finished: list[Sequence]) -> None:
+        seq.append_token(token_id)
+        reason = self._stop_reason(seq)
+        if reason:
+            self.finish(seq, reason)
+            finished.append(seq)
+        elif seq.pause_after_token:   # its owner steps it one token at a time
+            seq.hold = True
 
     def _stop_reason(self, seq: Sequence) -> str | None:
         token, p = seq.token_ids[-1], seq.params
@@ -186,4 +207,7 @@ class Scheduler:
         for seq in (*self.running, *self.waiting):
             if seq.request_id == request_id:
                 return seq
+            for child in seq.forks:   # a choice still waiting for its prompt
+                if child.request_id == request_id:
+                    return child
         return None

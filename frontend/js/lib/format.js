@@ -91,3 +91,8 @@ export function getPath(object, path) {
   }
   return current;
 }
+
+/** What a page says while the instructor has paused the live engine (`engine` event). */
+export function pausedText(engine) {
+  return `Paused by the instructor · step ${formatInt(engine.step)}`;
+}
