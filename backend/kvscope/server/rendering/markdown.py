@@ -38,7 +38,8 @@ VALUE_KEYS = frozenset(
         "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
         "max_model_len", "enable_prefix_caching", "attention_backend")]
     # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
-    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte"]
+    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte", "derived.weight_bytes_int8",
+       "derived.weight_bytes_int4"]
 )
 FIGURE_LINE = re.compile(r"^!\[([^\]]+)\]\(figures/([a-z0-9-]+)\.svg\)\s*$")
 WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
