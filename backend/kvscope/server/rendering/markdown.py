@@ -96,7 +96,8 @@ def _render_term(self, tokens, idx, options, env) -> str:
     tip_id = ctx.new_id("kv-tip")
     return (f'<kv-term tabindex="0" role="term" data-term="{escape(term.term)}" aria-describedby="{tip_id}">'
             f'{escape(meta["shown"])}'
-            f'<span class="kv-term__tip" role="tooltip" id="{tip_id}">'
+            # `hidden`: without the stylesheet the definition must not spill into the sentence.
+            f'<span class="kv-term__tip" role="tooltip" id="{tip_id}" hidden>'
             f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
 
 
