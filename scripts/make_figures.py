@@ -236,7 +236,7 @@ def batching_timeline(name: str, title: str, rows: list[tuple[str, int, int, int
             x = left + (s - 1) * cell
             if first <= s <= last:
                 fig.rect(x + 3, y + 3, cell - 6, ROW_H - 6, "kvf-blue", 3)
-            elif arrives and arrives <= s < first:
+            elif arrives and arrives < s < first:     # arrived during step `arrives`: waits from the next one
                 fig.rect(x + 3, y + 3, cell - 6, ROW_H - 6, "kvf-empty", 3)
     fig.rect(0, fig.height - 18, 14, 12, "kvf-blue", 2)
     fig.text(20, fig.height - 8, "one token produced", "kvf-text kvf-soft")
