@@ -15,7 +15,7 @@ from kvscope.server.rendering import Site  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Site()
 CHAPTERS = {c.number: c.body for c in SITE.chapter_list()}
-VALUE = re.compile(r'<kv-value key="([^"]+)"(?: format="([^"]+)")?></kv-value>([A-Za-z/]*)')
+VALUE = re.compile(r'<kv-value key="([^"]+)"(?: format="([^"]+)")?(?: unit="([^"]+)")?></kv-value>')
 
 
 def sentences(text: str) -> list[str]:

@@ -35,7 +35,8 @@ class KvValue extends HTMLElement {
     const format = this.getAttribute('format') || 'int';
     const value = lookup(hello, key);
     const known = value !== undefined && value !== null;
-    this.textContent = known ? formatValue(value, format) : '—';
+    // `unit` joins the number ("19.8 GB/s" reads as one figure, not "19.8 G" + "B/s").
+    this.textContent = known ? formatValue(value, format) + (this.getAttribute('unit') || '') : '—';
     this.dataset.state = known ? 'known' : 'unknown';
     this.dataset.value = known ? String(value) : '';
     const exact = known && format === 'bytes' ? ` (${formatInt(value)} bytes)` : '';
