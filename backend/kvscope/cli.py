@@ -1,4 +1,4 @@
-"""Command line: `kvscope generate`, `kvscope serve`, `kvscope bench`."""
+"""Command line: `kvscope generate`, `kvscope serve`, `kvscope bench`, `kvscope export-site`."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_serve_arguments(serve)
     except ImportError:
         serve.set_defaults(server_missing=True)
+    export = sub.add_parser("export-site", help="write the whole book as static files (any static host, or file://)")
+    export.add_argument("directory", help="folder to write the site into (created if missing)")
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     from kvscope.bench import add_bench_subcommands
     add_bench_subcommands(bench)
@@ -72,11 +74,21 @@ def cmd_serve(args) -> int:
     return serve(args) or 0
 
 
+def cmd_export_site(args) -> int:
+    from pathlib import Path
+
+    from kvscope.server.rendering import export_static_site
+    out = export_static_site(Path(args.directory))
+    print(f"kvscope: wrote the book to {out}; open {out / 'index.html'} or serve the folder with any static host")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from kvscope.models.config import ModelConfigError
     from kvscope.models.loader import ModelLoadError
-    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": lambda a: a.run(a)}
+    handlers = {"generate": cmd_generate, "serve": cmd_serve, "export-site": cmd_export_site,
+                "bench": lambda a: a.run(a)}
     try:
         return handlers[args.command](args)
     except (ModelLoadError, ModelConfigError, ValueError) as exc:

@@ -64,6 +64,8 @@ class RateMeter {
 
 /** The page's recording (`<body data-recording="name">`), or null when it has none. */
 function defaultRecordingUrl() {
+  // An exported page is handed its recording as a data: URL (static_modules.py), readable from file://.
+  if (document.body && document.body.dataset.recordingUrl) return document.body.dataset.recordingUrl;
   const name = document.body ? document.body.dataset.recording : 'default';
   if (!name) return null;
   return new URL(`../recordings/${encodeURIComponent(name)}.jsonl`, import.meta.url).href;
@@ -82,7 +84,8 @@ export class EventClient extends EventTarget {
     this.socketUrl = socketUrl || defaultSocketUrl();
     this.recordingUrl = recordingUrl === undefined ? defaultRecordingUrl() : recordingUrl;
     this._recordingText = null;
-    this.liveEnabled = live && location.protocol !== 'file:';
+    // An exported book (`data-live="off"`) or a file has no engine to connect to: replay at once.
+    this.liveEnabled = live && location.protocol !== 'file:' && document.body?.dataset.live !== 'off';
     this.mode = 'connecting';
     this.hello = null;
     this.session = null;
