@@ -16,6 +16,7 @@ from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
 from kvscope.engine.sequence import Sequence
+from kvscope.engine.spec_decode import SpeculativeConfig, build_speculator, spec_logprobs
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
@@ -56,6 +57,7 @@ class LLMEngine:
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
+        self.speculator = build_speculator(SpeculativeConfig.from_dict(config.speculative_config), self)
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -162,6 +164,8 @@ class LLMEngine:
     def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
         """Schedule, run the model, append tokens. Returns (new tokens, finished sequences)."""
         t0 = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             return [], []
@@ -169,9 +173,12 @@ class LLMEngine:
         watched = {e.seq.seq_id for e in out.entries if e.seq.seq_id in self.watched}
         layers = self._capture_layers(watched)
         result = self.runner.run(out, self.generators, watched, layers)
+        if result.spec_logits:
+            self._verify_drafts(out, result)
         t2 = time.perf_counter()
-        finished = self.scheduler.postprocess(out, result.tokens)
-        deltas = self._emit_tokens(out, result, finished)
+        deltas: list[TokenDelta] = []
+        finished = self.scheduler.postprocess(
+            out, result.tokens, lambda seq, i, final: self._on_token(seq, i, final, result, deltas))
         for seq in finished:
             self._cleanup(seq)
         if self.observers:
@@ -184,40 +191,50 @@ class LLMEngine:
         wanted = [self.watched[s] for s in watched]
         return None if any(w is None for w in wanted) else set().union(*wanted)
 
-    def _emit_tokens(self, out, result, finished) -> list[TokenDelta]:
-        deltas = []
+    def _verify_drafts(self, out, result) -> None:
+        """Accept or reject each sequence's drafts against the target's scores."""
         for entry in out.entries:
             seq = entry.seq
-            if not entry.samples or seq.seq_id not in result.tokens:
+            logits = result.spec_logits.get(seq.seq_id)
+            if logits is None:
                 continue
-            if seq.seq_id in result.logprobs:
-                seq.logprobs.append(result.logprobs[seq.seq_id])
-            text = self._detokenize(seq, finished)
-            deltas.append(TokenDelta(seq, result.tokens[seq.seq_id], text))
-            for obs in self.observers:
-                obs.on_token(seq, result.tokens[seq.seq_id], text)
-        return deltas
+            verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
+                                             self.generators.get(seq.seq_id, self.runner.sampler.generator))
+            result.spec[seq.seq_id] = verdict
+            self.speculator.record(seq, verdict, len(verdict.token_ids))
+            result.tokens[seq.seq_id] = verdict.token_ids
+            if seq.params.logprobs is not None:
+                result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
+            if seq.seq_id in self.watched:
+                result.logits[seq.seq_id] = logits[0].cpu()
 
-    def _detokenize(self, seq: Sequence, finished: list[Sequence]) -> str:
+    def _on_token(self, seq: Sequence, index: int, final: bool, result, deltas: list[TokenDelta]) -> bool:
+        """One appended token: its logprobs, text and stop strings. True when a stop string
+        ends the sequence here."""
+        if seq.seq_id in result.logprobs:
+            seq.logprobs.append(result.logprobs[seq.seq_id][index])
+        text, stopped = self._detokenize(seq, final)
+        token = seq.token_ids[-1]
+        deltas.append(TokenDelta(seq, token, text))
+        for obs in self.observers:
+            obs.on_token(seq, token, text)
+        return stopped
+
+    def _detokenize(self, seq: Sequence, final: bool) -> tuple[str, bool]:
         detok = self.detokenizers.get(seq.seq_id)
         if detok is None:
-            return ""
+            return "", False
         delta = detok.step(seq)
-        if seq.is_finished:
-            delta += detok.flush(seq) if not delta else ""
+        if final and not delta:
+            delta = detok.flush(seq)
         seq.text += delta
         if seq.params.stop:
             cut = find_stop(seq.text, len(delta), seq.params.stop)
             if cut is not None:
                 kept = len(seq.text) - len(delta)
-                delta = seq.text[kept:cut] if cut > kept else ""
                 seq.text = seq.text[:cut]
-                if not seq.is_finished:
-                    self.scheduler.finish(seq, "stop")
-                    finished.append(seq)
-                else:
-                    seq.finish_reason = "stop"
-        return delta
+                return (seq.text[kept:] if cut > kept else ""), True
+        return delta, False
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         self.scheduler.finish(seq, reason, error)
@@ -228,6 +245,8 @@ class LLMEngine:
             seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
         self.detokenizers.pop(seq.seq_id, None)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         self.watched.pop(seq.seq_id, None)
         for obs in self.observers:
             obs.on_request_finished(seq)

@@ -24,8 +24,10 @@ MIN_DECODE_GROUP = 8
 
 @dataclass
 class StepResult:
-    tokens: dict[int, int] = field(default_factory=dict)            # seq_id -> sampled token
-    logprobs: dict[int, dict] = field(default_factory=dict)         # seq_id -> {logprob, top}
+    tokens: dict[int, list[int]] = field(default_factory=dict)      # seq_id -> tokens drawn
+    logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
+    spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
+    spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
     attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     logits: dict[int, torch.Tensor] = field(default_factory=dict)   # watched seq_id -> row (cpu)
     used_cuda_graph: bool = False
@@ -109,7 +111,7 @@ class ModelRunner:
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
             end = e.start + n
-            ids += seq.token_ids[e.start:end]
+            ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
             positions += range(e.start, end)
             slots.append(self._slots(seq.block_table, e.start, end))
             blocks = self._blocks_for(seq.block_table, end) if e.start or seq.seq_id in watched else None
@@ -117,8 +119,8 @@ class ModelRunner:
             if seq.seq_id in watched:
                 watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, end)), blocks))
             row += n
-            if e.samples:
-                sample_rows.append(row - 1)
+            if e.samples:   # with drafts, every row from the last known token on is scored
+                sample_rows += range(row - 1 - len(e.spec_token_ids), row)
                 sample_entries.append(e)
         bs = self.block_size
         decode_slots = []
@@ -183,27 +185,36 @@ class ModelRunner:
         if not entries:
             return result
         logits = self.model.compute_logits(hidden[sample_rows]).float()
-        seqs = [e.seq for e in entries]
-        batch = SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
-        tokens = self.sampler(logits, batch)
-        self._collect(result, seqs, logits, tokens, watched)
+        plain, plain_rows, row = [], [], 0
+        for e in entries:
+            k = len(e.spec_token_ids)
+            if k:
+                result.spec_logits[e.seq.seq_id] = logits[row:row + k + 1]
+            else:
+                plain.append(e.seq)
+                plain_rows.append(row)
+            row += k + 1
+        if plain:
+            logits = logits[plain_rows]
+            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
+            self._collect(result, plain, logits, self.sampler(logits, batch), watched)
         if md.capture is not None:
             result.attention = md.capture.weights
         return result
 
     def _collect(self, result, seqs, logits, tokens, watched) -> None:
         token_list = tokens.tolist()
-        result.tokens = {s.seq_id: t for s, t in zip(seqs, token_list)}
+        result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
         n_max = max((s.params.logprobs or 0 for s in seqs), default=0)
         wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wants:
             chosen, top = top_logprobs(logits[wants], tokens[wants], n_max)
             for j, i in enumerate(wants):
                 n = seqs[i].params.logprobs
-                result.logprobs[seqs[i].seq_id] = {
+                result.logprobs[seqs[i].seq_id] = [{
                     "logprob": float(chosen[j]),
                     "top": list(zip(top.indices[j, :n].tolist(), top.values[j, :n].tolist())) if n else [],
-                }
+                }]
         for i, s in enumerate(seqs):
             if s.seq_id in watched:
                 result.logits[s.seq_id] = logits[i].cpu()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence, SequenceStatus
+
+OnToken = Callable[[Sequence, int, bool], bool]
 
 
 @dataclass
@@ -22,6 +25,7 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
+    spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
 
 
 @dataclass
@@ -89,14 +93,16 @@ class Scheduler:
             if seq.hold or budget == 0:
                 kept.append(seq)
                 continue
-            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget)
+            drafts, seq.spec_token_ids = seq.spec_token_ids, []
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
             while not bm.can_append(seq, n) and queue:
                 self._preempt(queue.pop(), out)
             if not bm.can_append(seq, n):
                 self._preempt(seq, out)
                 continue
-            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
-                                            seq.num_computed_tokens + n == seq.num_tokens))
+            known = seq.num_tokens - seq.num_computed_tokens
+            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens, n >= known,
+                                            drafts[:max(0, n - known)]))
             bm.append_slots(seq, n)
             budget -= n
             kept.append(seq)
@@ -141,25 +147,48 @@ class Scheduler:
         out.preempted.append(seq)
 
     # -- after the model ran -----------------------------------------------------------
-    def postprocess(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]],
+                    on_token: OnToken | None = None) -> list[Sequence]:
         """Advance computed counts, append sampled tokens, finish what hit a stop condition.
-        `sampled` maps seq_id to the drawn token. Returns the sequences finished now."""
+        `sampled` maps seq_id to the tokens drawn (several when drafts were accepted); they
+        are appended one by one and stop conditions checked after each, so a stop or
+        max_tokens falls where it would without speculation. `on_token(seq, index, final)`
+        sees each appended token and returns True when a stop string ended the sequence.
+        Returns the sequences finished now."""
         finished = []
         for entry in out.entries:
             seq = entry.seq
             if seq.is_finished:      # aborted while the step ran
                 continue
-            seq.num_computed_tokens += entry.num_new_tokens
-            self.block_manager.commit(seq)
-            if entry.samples:
-                seq.append_token(sampled[seq.seq_id])
-                reason = self._stop_reason(seq)
-                if reason:
-                    self.finish(seq, reason)
-                    finished.append(seq)
-                elif seq.pause_after_token:   # its owner steps it one token at a time
-                    seq.hold = True
+            if not entry.samples:
+                seq.num_computed_tokens += entry.num_new_tokens
+                self.block_manager.commit(seq)
+                continue
+            reason = self._append_tokens(seq, entry, sampled[seq.seq_id], on_token)
+            if reason:
+                self.finish(seq, reason)
+                finished.append(seq)
+            elif seq.pause_after_token:   # its owner steps it one token at a time
+                seq.hold = True
         return finished
+
+    def _append_tokens(self, seq: Sequence, entry: ScheduledSeq, tokens: list[int],
+                       on_token: OnToken | None) -> str | None:
+        # KV was computed for the known tokens and the drafts; only accepted drafts count,
+        # and the slots written for rejected ones are given back
+        computed = seq.num_computed_tokens + entry.num_new_tokens - len(entry.spec_token_ids) + len(tokens) - 1
+        reason = None
+        for i, token in enumerate(tokens):
+            seq.append_token(token)
+            reason = self._stop_reason(seq)
+            if on_token is not None and on_token(seq, i, reason is not None):
+                reason = "stop"
+            if reason:
+                break
+        seq.num_computed_tokens = min(computed, seq.num_tokens - 1)
+        self.block_manager.commit(seq)
+        self.block_manager.trim(seq)
+        return reason
 
     def _stop_reason(self, seq: Sequence) -> str | None:
         token, p = seq.token_ids[-1], seq.params

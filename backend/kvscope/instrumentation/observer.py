@@ -203,6 +203,6 @@ class Instrumentation(EngineObserver):
             if e is None or w is None or not w.sampling:
                 continue
             if e.samples and seq_id in record.result.tokens:
-                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
+                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id][0],
                                              self.engine.tokenizer, ts))
         return events
