@@ -198,3 +198,25 @@ def test_greedy_verification_takes_the_argmax():
     assert v.token_ids == [1, 0] and v.num_accepted == 1 and not v.bonus
     v = verify(logits, [1, 0], SamplingParams(temperature=0.0), torch.Generator())
     assert v.token_ids == [1, 0, 2] and v.bonus
+
+
+def test_spec_events_are_valid_and_add_up(models):
+    from server_harness import check_event
+    from kvscope.instrumentation.observer import Instrumentation
+    target, _, prompts, _ = models
+    llm = engine(target, {"method": "ngram", "num_speculative_tokens": 3})
+    events: list[dict] = []
+    Instrumentation(llm.engine, events.extend)
+    outs = greedy(llm, prompts[3:])
+    spec = [e for e in events if e["type"] == "spec"]
+    assert spec
+    for e in spec:
+        check_event(e)
+        assert e["token_ids"][:e["accepted"]] == e["proposed"][:e["accepted"]]
+        assert e["bonus"] == (e["accepted"] == len(e["proposed"]))
+    drafted_steps = [s for e in events if e["type"] == "step" for s in e["seqs"] if s.get("num_drafts")]
+    assert len(drafted_steps) == len(spec)
+    last = {e["request_id"]: e["running"] for e in spec}
+    for out in outs:
+        if out.request_id in last:
+            assert sum(e["accepted"] for e in spec if e["request_id"] == out.request_id) == last[out.request_id]["accepted"]

@@ -97,10 +97,12 @@ class Speculator:
     drafts: dict[int, Draft] = field(default_factory=dict)
     stats: dict[int, SpecStats] = field(default_factory=dict)
     total: SpecStats = field(default_factory=SpecStats)
+    last_stats: dict[int, SpecStats] = field(default_factory=dict)   # of requests finished this step
 
     def propose(self, running: list[Sequence]) -> None:
         """Draft for every running sequence whose next step is a decode. Never more drafts
         than the tokens it may still produce, so max_tokens cannot be overshot."""
+        self.last_stats.clear()
         ready, ks = [], []
         for seq in running:
             if seq.num_tokens - seq.num_computed_tokens != 1 or getattr(seq, "hold", False):
@@ -132,7 +134,9 @@ class Speculator:
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
-        self.stats.pop(seq.seq_id, None)
+        stats = self.stats.pop(seq.seq_id, None)
+        if stats is not None:
+            self.last_stats[seq.seq_id] = stats
         self.proposer.release(seq)
 
 

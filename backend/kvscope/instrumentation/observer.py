@@ -16,6 +16,7 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.memory import memory_event
+from kvscope.instrumentation.spec import spec_events
 from kvscope.instrumentation.watch import Watch, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -129,6 +130,8 @@ class Instrumentation(EngineObserver):
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
         if delta:
             events.append(delta)
+        if record.result.spec:
+            events += spec_events(record, self.engine, ts)
         if self.watches or self.engine.watched:
             events += self._watched_events(record, ts)
             for seq in record.finished:
@@ -144,9 +147,11 @@ class Instrumentation(EngineObserver):
 
     def _step_event(self, record: StepRecord, ts: float) -> dict:
         out = record.scheduled
-        seqs = [{"request_id": e.seq.request_id, "kind": "prefill" if e.num_new_tokens > 1 else "decode",
+        seqs = [{"request_id": e.seq.request_id,
+                 "kind": "prefill" if e.num_new_tokens > 1 and not e.spec_token_ids else "decode",
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
-                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples} for e in out.entries]
+                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
+                 "num_drafts": len(e.spec_token_ids)} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         cfg = self.engine.config
         return {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,

@@ -102,7 +102,8 @@ REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
     "num_output_tokens": NAT, "num_computed_tokens": NAT, "held": BOOL, "watched": BOOL}))})
 
 STEP_SEQ = obj({"request_id": STR, "kind": {"enum": ["prefill", "decode"]}, "start": NAT,
-                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL})
+                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL},
+               {"num_drafts": NAT})
 H100_COST = obj({"dtype": STR, "bytes": NAT, "flops": NAT, "memory_time_s": NNUM,
                  "compute_time_s": NNUM, "time_s": NNUM, "bound": {"enum": ["memory", "compute"]}})
 COST = obj({"weight_bytes": NAT, "kv_read_bytes": NAT, "kv_write_bytes": NAT, "bytes": NAT,
@@ -146,7 +147,14 @@ MEMORY = event("memory", {
     "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
     "block_bytes": NAT, "activations_bytes": NAT, "activations_peak_bytes": NAT,
     "process_bytes": NAT})
-SPEC = event("spec", {"step": NAT, "request_id": STR, "proposed": arr(NAT), "accepted": NAT})
+PROB01 = {"type": "number", "minimum": 0, "maximum": 1}
+SPEC = event("spec", {
+    "step": NAT, "request_id": STR, "method": {"enum": ["ngram", "draft_model"]}, "greedy": BOOL,
+    "proposed": arr(NAT), "proposed_text": arr(STR), "accepted": NAT, "token_ids": arr(NAT),
+    "token_text": arr(STR), "bonus": BOOL, "rejected_slots": NAT,
+    "checks": arr(obj({"token_id": NAT, "p": PROB01, "q": PROB01, "u": NULL_NUM, "accepted": BOOL})),
+    "running": obj({"proposed": NAT, "accepted": NAT, "acceptance_rate": PROB01, "target_passes": NAT,
+                    "tokens_per_pass": NNUM})})
 
 SANDBOX_SEQ = obj({"name": STR, "num_tokens": NAT, "block_table": arr(NAT), "cached_tokens": NAT})
 SANDBOX = event("sandbox", {
