@@ -33,6 +33,8 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--repeats", type=int, default=3)
     lat.set_defaults(run=run_latency)
+    from kvscope.bench_spec import add_arguments as add_spec_arguments
+    add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
     try:
         from kvscope.server import loadtest
         serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")

@@ -26,6 +26,9 @@ def resolve_model_path(model: str | None) -> Path:
             return Path(default_model_path())
         except DefaultModelMissing as exc:
             raise ModelLoadError(str(exc)) from None
+    from kvscope.default_model import DEFAULT_DRAFT_NAME, default_draft_path
+    if model == DEFAULT_DRAFT_NAME and default_draft_path() is not None:
+        return Path(default_draft_path())
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
