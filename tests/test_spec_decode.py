@@ -220,3 +220,21 @@ def test_spec_events_are_valid_and_add_up(models):
     for out in outs:
         if out.request_id in last:
             assert sum(e["accepted"] for e in spec if e["request_id"] == out.request_id) == last[out.request_id]["accepted"]
+
+
+def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
+    from kvscope.bench_spec import FREE_FORM
+    from kvscope.default_model import DEFAULT_DRAFT_NAME, default_draft_path
+    import os
+    path = default_draft_path()
+    assert path is not None
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    assert size <= 5 * 2**20, f"the draft must stay under 5 MB, it is {size / 2**20:.1f} MB"
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = LLM(None, device="cpu", dtype="float32").generate([FREE_FORM], params)[0]
+    llm = LLM(None, device="cpu", dtype="float32",
+              speculative_config={"model": DEFAULT_DRAFT_NAME, "num_speculative_tokens": 3})
+    spec = llm.generate([FREE_FORM], params)[0]
+    assert spec.token_ids == plain.token_ids
+    assert llm.engine.speculator.total.acceptance_rate > 0.3
+    assert llm.engine.speculator.total.tokens_per_pass > 1.5
