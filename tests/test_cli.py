@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -18,9 +19,10 @@ def test_generate_with_stats_on_the_default_model():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("Once upon a time") and len(lines[0]) > len("Once upon a time") + 10
-    stats = dict(kv.split("=") for kv in lines[-1].split())
+    stats = dict(kv.split("=", 1) for kv in shlex.split(lines[-1]))
     assert set(stats) == {"prompt_tokens", "generated_tokens", "elapsed_seconds", "tokens_per_second",
-                          "device", "dtype"}
+                          "device", "dtype", "dtype_reason"}
+    assert stats["dtype_reason"].startswith("auto: ")   # why float32: a tiny model, or no native bf16
     assert int(stats["generated_tokens"]) <= 24 and float(stats["tokens_per_second"]) > 0
     assert stats["device"] == "cpu" and stats["dtype"] == "float32"
 

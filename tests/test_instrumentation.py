@@ -116,6 +116,33 @@ def test_attention_weights_match_transformers(engine):
         assert a["token_ids"] == seq.token_ids[:a["context_len"]]
 
 
+def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
+    from transformers import AutoModelForCausalLM
+    engine = make_engine()
+    first = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=1))
+    while engine.has_unfinished():
+        engine.step()
+    events = []
+    instr = Instrumentation(engine, events.extend)
+    seq = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    instr.watch(seq.request_id, "test", WatchSpec(), seq)
+    while engine.has_unfinished():
+        engine.step()
+    instr.detach()
+    assert seq.num_cached_tokens >= 8 and first.num_prompt_tokens == seq.num_prompt_tokens
+    att = [check_event(e) for e in events if e["type"] == "attention"]
+    hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():   # transformers has no prefix cache: the uncached reference
+        ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+    for layer in range(engine.model_config.num_layers):
+        rows = {p: a for a in att if a["layer"] == layer for p in a["query_positions"]}
+        assert sorted(rows) == list(range(len(seq.token_ids) - 1))      # no blank prompt row
+        for a in (a for a in att if a["layer"] == layer):
+            assert a["recomputed"] == (a["query_positions"][-1] < seq.num_cached_tokens)
+            want = ref[layer][0][:, a["query_positions"], :a["context_len"]]
+            assert torch.allclose(torch.tensor(a["weights"]), want, atol=2e-4)
+
+
 def test_sampling_event_follows_each_filter(engine):
     events = []
     instr = Instrumentation(engine, events.extend)
@@ -178,7 +205,9 @@ def test_bench_modes_count_what_they_build(engine):
         counts[mode] = instr.sink.by_type
     assert counts["listen"]["step"] > 0 and counts["listen"]["request.token"] == 9
     assert counts["listen"]["attention"] == 0
-    assert counts["watch"]["attention"] == 3 * engine.model_config.num_layers   # the first request, every layer
+    # the first request, every layer, 3 steps; its prompt is cached by the listen round, so
+    # one more event per layer rebuilds the cached rows
+    assert counts["watch"]["attention"] == 4 * engine.model_config.num_layers
 
 
 def test_tokens_event_spans_tile_the_bytes(engine):

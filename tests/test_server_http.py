@@ -130,7 +130,7 @@ def test_openai_errors_have_openai_shape(server, oai, model):
         oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], temperature=5)
     assert bad.value.body["type"] == "invalid_request_error" and "temperature" in bad.value.body["message"]
     with pytest.raises(openai.BadRequestError) as unsupported:
-        oai.completions.create(model=model, prompt="hi", n=2)
+        oai.completions.create(model=model, prompt="hi", n=17)
     assert unsupported.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as too_long:
         oai.completions.create(model=model, prompt="the cat " * 600, max_tokens=1)

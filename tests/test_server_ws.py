@@ -13,7 +13,7 @@ GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 HELLO_FIELDS = {
     "model": {"name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
               "intermediate_size", "vocab_size", "max_position_embeddings", "rope_theta", "num_params", "dtype",
-              "dtype_bytes", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings"},
+              "dtype_bytes", "dtype_reason", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings"},
     "device": {"type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops"},
     "engine": {"block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
                "max_model_len", "enable_prefix_caching", "attention_backend"},
@@ -345,13 +345,14 @@ def test_sandbox_commands_drive_a_real_block_manager(learner):
                              "internal_waste_slots": 2, "waste_fraction": round(2 / 12, 4)}
     assert frag["contiguous"]["reserved_slots"] == 32 and frag["contiguous"]["waste_slots"] == 22
     s = learner.ok("sandbox", op="fork", seq="A", new_seq="B")
-    shared = [b for b in s["blocks"] if b["ref"] == 2]
-    assert len(shared) == 2 and s["num_free"] == 12 and s["last"]["hits"] == 2
-    assert s["fragmentation"]["paged"]["shared_slots_saved"] == 8
+    shared = [b for b in s["blocks"] if b["ref"] == 2]   # the partly filled block too, until written
+    assert len(shared) == 3 and s["num_free"] == 13 and s["last"]["shared_blocks"] == 3
+    assert s["fragmentation"]["paged"]["shared_slots_saved"] == 12
     s = learner.ok("sandbox", op="allocate", seq="C", tokens=9, prefix_of="A", prefix_tokens=8)
     assert s["last"]["hits"] == 2 and s["seqs"][2]["cached_tokens"] == 8
     s = learner.ok("sandbox", op="append", seq="A", tokens=3)
     assert next(q for q in s["seqs"] if q["name"] == "A")["num_tokens"] == 13
+    assert s["last"]["copied_blocks"] == 1 and s["last"]["new_blocks"] == 1   # copy-on-write, then a fresh block
     s = learner.ok("sandbox", op="free", seq="B")
     assert [q["name"] for q in s["seqs"]] == ["A", "C"]
     assert learner.call("sandbox", op="append", seq="A", tokens=64)["code"] in ("sandbox", "invalid_field")

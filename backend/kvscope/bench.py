@@ -75,12 +75,13 @@ def _engine(args, **overrides):
     return LLMEngine(**kw)
 
 
-def run_kvscope(engine, prompts, outputs, watch_first: bool = False) -> dict:
+def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
+    """`watcher`: an Instrumentation that watches the first request of this run."""
     bm = engine.block_manager
+    if watcher is not None:
+        watcher.watch_first = True
     seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
             for p, o in zip(prompts, outputs)]
-    if watch_first:
-        engine.watch(seqs[0].seq_id)
     peak_used, steps = 0, 0
     _sync(engine.device)
     start = time.perf_counter()
@@ -163,16 +164,18 @@ def run_throughput(args) -> int:
     print(f"model: {engine.model_config.name} ({engine.model_config.architecture}), device {engine.device}, "
           f"dtype {str(engine.dtype).removeprefix('torch.')}, attention {engine.runner.attention_backend}, "
           f"cuda graphs {'on' if engine.runner.graphs else 'off'}")
+    instr = None
     if args.instrument != "off":
         from kvscope.instrumentation import attach_for_bench
-        attach_for_bench(engine, args.instrument)
+        instr = attach_for_bench(engine, args.instrument)
+    watcher = instr if args.instrument == "watch" else None
     run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
     model = None if args.no_hf else hf_model_like(engine)
     if model is not None:
         run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
     ours_runs, hf_runs = [], []
     for _ in range(max(1, args.repeats)):   # alternated, so both see the same machine load
-        ours_runs.append(run_kvscope(engine, prompts, outputs, watch_first=args.instrument == "watch"))
+        ours_runs.append(run_kvscope(engine, prompts, outputs, watcher))
         if model is not None:
             hf_runs.append(run_hf_static(model, prompts, outputs, args.hf_batch_size, engine.device))
     ours = sorted(ours_runs, key=lambda r: r["elapsed"])[len(ours_runs) // 2]

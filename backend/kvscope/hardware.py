@@ -59,6 +59,17 @@ def _cpu_spec() -> DeviceSpec:
     return DeviceSpec("cpu", name, total, measure_copy_bandwidth(), measure_matmul_flops(), "measured")
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_flags() -> list[str]:
+    """The CPU feature flags that mean bfloat16 arithmetic in hardware (x86 Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
+    except OSError:
+        return []
+    return [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+
+
 def measure_matmul_flops(size: int = 512, repeats: int = 5) -> float:
     """FLOP/s of a float32 matrix multiply on the threads torch uses, best of a few runs."""
     a, b = torch.randn(size, size), torch.randn(size, size)

@@ -29,9 +29,10 @@ class LLM:
         else:
             params = [params] * len(prompts)
         seqs = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        choices = [c for s in seqs for c in (s, *s.forks)]   # with n > 1, a prompt's n choices in a row
         while self.engine.has_unfinished():
             self.engine.step()
-        return [RequestOutput.from_sequence(s) for s in seqs]
+        return [RequestOutput.from_sequence(c) for c in choices]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:

@@ -1,7 +1,7 @@
 """Per-request generation settings, validated up front so bad input fails with a clear message."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -16,6 +16,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n alternatives per generated token
+    n: int = 1                  # parallel samples of one prompt; choice i draws with seed + i
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -37,6 +38,7 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= 20,
              f"logprobs must be between 0 and 20, got {self.logprobs}"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
+            (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "stop_token_ids must be non-negative integers"),
@@ -44,6 +46,12 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    def for_choice(self, index: int) -> "SamplingParams":
+        """The settings of choice `index` of a parallel-sampling request: one sample each,
+        seeded seed + index so every choice is reproducible on its own."""
+        seed = None if self.seed is None else self.seed + index
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:

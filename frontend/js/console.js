@@ -25,6 +25,7 @@ function showEngine(e) {
   $('s-knobs').textContent = `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
     + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
   $('s-viewers').textContent = String(e.num_viewers);
+  $('s-slow').textContent = e.slow_motion_s ? `${e.slow_motion_s} s between steps` : 'off';
   $('s-recording').textContent = e.recording ? `${e.recording.name} (${e.recording.events} events)` : 'off';
   if (document.activeElement?.closest('#knobs') == null) {
     $('k-budget').value = k.max_num_batched_tokens;
@@ -89,6 +90,10 @@ function connect(token) {
       max_num_batched_tokens: Number($('k-budget').value), max_num_seqs: Number($('k-seqs').value),
       prefill_chunk_size: numberOrNull($('k-chunk')), enable_chunked_prefill: $('k-chunked').checked,
     });
+  };
+  $('slow').onsubmit = (event) => {
+    event.preventDefault();
+    run('slow_motion', { interval_s: Number($('slow-interval').value) });
   };
   $('inject').onsubmit = (event) => {
     event.preventDefault();

@@ -5,6 +5,17 @@
 import { getClient } from './client.js';
 import { formatInt, formatValue, getPath } from './lib/format.js';
 
+// Figures a chapter derives from `hello` instead of restating them: chapter 13's two divisions.
+const DERIVED = {
+  'derived.min_decode_step_s': (hello) => hello.model.weight_bytes / hello.device.peak_bandwidth_bytes_per_s,
+  'derived.ridge_flops_per_byte': (hello) => hello.device.peak_flops / hello.device.peak_bandwidth_bytes_per_s,
+};
+
+function lookup(hello, key) {
+  if (!hello) return undefined;
+  return DERIVED[key] ? DERIVED[key](hello) : getPath(hello, key);
+}
+
 class KvValue extends HTMLElement {
   connectedCallback() {
     const client = getClient();
@@ -19,7 +30,7 @@ class KvValue extends HTMLElement {
   update(hello) {
     const key = this.getAttribute('key') || '';
     const format = this.getAttribute('format') || 'int';
-    const value = hello ? getPath(hello, key) : undefined;
+    const value = lookup(hello, key);
     const known = value !== undefined && value !== null;
     this.textContent = known ? formatValue(value, format) : '—';
     this.dataset.state = known ? 'known' : 'unknown';

@@ -7,12 +7,15 @@ import './kv-value.js';
 import './kv-quiz.js';
 import './lib/connection.js';
 
-const WIDGET_TAGS = ['kv-tokenizer', 'kv-attention', 'kv-cache-view', 'kv-pages', 'kv-memory'];
-
 performance.mark('kv:page-start');
 getClient();
 
-for (const tag of WIDGET_TAGS) {
+// A widget's code is frontend/js/widgets/<tag>.js; the chapter template preloads the ones
+// its page uses, so those links are the page's list of widgets.
+const widgetTags = new Set([...document.querySelectorAll('link[rel="modulepreload"][href*="widgets/kv-"]')]
+  .map((link) => new URL(link.href).pathname.split('/').pop().replace(/\.js$/, '')));
+
+for (const tag of widgetTags) {
   if (!document.querySelector(tag)) continue;
   import(`./widgets/${tag}.js`).catch((error) => {
     console.warn(`kvscope: the ${tag} widget could not be loaded: ${error.message}`);

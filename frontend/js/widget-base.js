@@ -22,7 +22,7 @@
 import { getClient } from './client.js';
 import { familyOf } from './lib/replay-socket.js';
 
-export { formatValue, formatInt, formatFloat, formatBytes, formatSeconds, formatSI, getPath } from './lib/format.js';
+export { formatValue, formatInt, formatFloat, formatBytes, formatSeconds, formatSI, getPath, pausedText } from './lib/format.js';
 export { CATEGORICAL, categoricalColor, cssVar, heatColor, heatTextColor } from './lib/colors.js';
 
 const ALWAYS_DELIVERED = new Set(['hello', 'engine']);

@@ -130,7 +130,12 @@ def test_quiz_by_keyboard_shows_every_why(page, live_server, screenshot, assert_
     page.locator("#check-yourself").evaluate("h => { h.tabIndex = -1; h.focus(); }")
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.type") == "radio"
-    page.keyboard.press("ArrowDown")           # choose the second option (a wrong one here)
+    # The choices are shuffled: find the right one, then arrow to a wrong one (the focus starts on the first).
+    correct = first.locator(".kv-quiz__choice").evaluate_all(
+        "items => items.findIndex(li => li.dataset.correct === 'true')")
+    wrong = 1 if correct != 1 else 2
+    for _ in range(wrong):
+        page.keyboard.press("ArrowDown")
     page.keyboard.press("Enter")               # check
     whys = first.locator(".kv-quiz__why")
     assert whys.count() >= 2
@@ -141,7 +146,8 @@ def test_quiz_by_keyboard_shows_every_why(page, live_server, screenshot, assert_
     assert "Wrong (your answer)" in chosen.locator(".kv-quiz__why").inner_text()
     assert "Not quite" in first.locator(".kv-quiz__feedback").inner_text()
     # Space on the "Check answer" button works too.
-    page.keyboard.press("ArrowUp")
+    for _ in range(abs(wrong - correct)):
+        page.keyboard.press("ArrowUp" if correct < wrong else "ArrowDown")
     page.keyboard.press("Tab")
     assert page.evaluate("() => document.activeElement.className").startswith("kv-button kv-quiz__check")
     page.keyboard.press("Space")

@@ -61,3 +61,35 @@ def test_attention_rows_are_causal_distributions(page, live_server, screenshot, 
     screenshot(widget, "widget-attention")
     check_exports(widget, "image/svg+xml")
     assert_clean(page)
+
+
+def run_and_wait(page, widget) -> None:
+    widget.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("el => el.dataset.finished === 'true' && el.exportData().matrix.length > 0",
+                           arg=widget.element_handle(), timeout=30000)
+
+
+def test_second_run_of_a_cached_prompt_has_every_prompt_row(new_page, live_server, screenshot, assert_clean):
+    """A prompt someone ran before comes from the prefix cache; its rows are recomputed,
+    marked, and none is blank. The chosen layer and head survive the next run."""
+    page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+    page.goto(live_server + "/chapters/04-attention")
+    page.wait_for_selector("kv-attention[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-attention").first
+    widget.scroll_into_view_if_needed()
+    widget.get_by_label("Prompt").fill("A prompt that a whole class runs: the fox jumps over the dog.")
+    run_and_wait(page, widget)
+    widget.get_by_label("Layer", exact=True).select_option("2")
+    widget.get_by_label("Head", exact=True).select_option("1")
+    run_and_wait(page, widget)
+    data = widget.evaluate("el => el.exportData()")
+    assert data["layer"] == 2 and data["head"] == "1"
+    assert data["recomputed_rows"] and data["recomputed_rows"][0] == 0
+    assert all(row is not None for row in data["matrix"])
+    assert widget.get_attribute("data-missing-rows") == "0"
+    assert widget.locator(".kva-recomputed").count() == len(data["recomputed_rows"])
+    assert widget.locator(".kva-split").count() == 1
+    assert "from the prefix cache" in widget.inner_text()
+    screenshot(widget, "widget-attention-cached-dark-768")
+    assert_clean(page)

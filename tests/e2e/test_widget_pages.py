@@ -139,3 +139,101 @@ def test_live_pool_equals_the_engine_snapshot(page, live_server, screenshot, ass
     saved = json.loads(open(download.value.path()).read())
     assert saved["widget"] == "kv-pages" and saved["data"]["pool"]["num_blocks"] == snapshot["num_blocks"]
     assert_clean(page)
+
+
+def test_live_pool_shows_a_parallel_sampling_fork(page, live_server, instructor, instructor_token, screenshot,
+                                                  assert_clean):
+    """OpenAI n = 3, stepped by hand: after the prompt step the three choices' tables are
+    the same blocks (ref count 3); after the first decode step the partly filled last block
+    has been copied for two of them (copy-on-write) and the full blocks are still shared."""
+    import threading
+
+    import httpx
+    widget = open_pages(page, live_server)
+    wait_idle(live_server)
+    body = {"prompt": "The fox ran into the forest and met a bear. " * 2, "max_tokens": 4, "n": 3,
+            "temperature": 1.0, "seed": 5, "ignore_eos": True}
+    handle = widget.element_handle()
+    instructor({"type": "pause"}, until="pause")
+    try:
+        request = threading.Thread(target=lambda: httpx.post(
+            f"{live_server}/v1/completions", json=body, timeout=60,
+            headers={"Authorization": f"Bearer {instructor_token}"}))
+        request.start()
+        page.wait_for_timeout(300)     # the request reaches the paused engine
+        instructor({"type": "step"}, until="step")
+        page.wait_for_function("el => Object.keys(el.exportData().pool.tables).length === 3", arg=handle)
+        tables = list(widget.evaluate("el => el.exportData().pool.tables").values())
+        assert tables[0] == tables[1] == tables[2]
+        refs = widget.evaluate("el => el.exportData().pool.blocks.filter(b => b.ref === 3).map(b => b.id)")
+        assert sorted(refs) == sorted(tables[0])
+        assert widget.locator(".kvp-tables .kvp-chip--shared").count() == 3 * len(tables[0])
+        instructor({"type": "step"}, until="step")
+        page.wait_for_function("el => el.querySelector('.kvp-events').textContent.includes('cow')", arg=handle)
+        after = list(widget.evaluate("el => el.exportData().pool.tables").values())
+        last = len(tables[0]) - 1
+        assert all(t[:last] == tables[0][:last] for t in after)      # full blocks: still shared
+        assert len({t[last] for t in after}) == 3                   # last block: one kept, two copies
+        screenshot(widget, "widget-pages-fork")
+    finally:
+        instructor({"type": "resume"}, until="resume")
+    request.join(30)
+    wait_idle(live_server)
+
+
+def figure(widget, key: str) -> int:
+    return int(widget.locator(f"[data-figure={key}]").text_content().replace(",", ""))
+
+
+def test_pool_load_control_fills_and_frees_the_pool(page, live_server, screenshot, assert_clean):
+    """The widget's own control makes load (no other page, no instructor): blocks in use,
+    block tables for the learner's requests; stopping frees them."""
+    wait_idle(live_server)
+    widget = open_pages(page, live_server)
+    assert figure(widget, "used") == 0
+    widget.get_by_role("button", name="Keep 3 requests running").click()
+    handle = widget.element_handle()
+    page.wait_for_function("el => el.load.running.size === 3", arg=handle)
+    page.wait_for_function("el => Number(el.querySelector('[data-figure=used]').textContent) > 0", arg=handle)
+    mine = widget.evaluate("el => [...el.load.running]")
+    page.wait_for_function("([el, ids]) => ids.every(id => el.querySelector(`.kvp-tables [data-seq='${id}']`))",
+                           arg=[handle, mine])
+    tables = widget.evaluate("el => el.exportData().pool.tables")
+    assert set(mine) <= set(tables) and all(len(tables[r]) >= 1 for r in mine)
+    widget.locator("canvas.kvp-pool").scroll_into_view_if_needed()
+    screenshot(widget, "pages-own-load")
+    widget.get_by_role("button", name="Stop my requests").click()
+    page.wait_for_function("el => Number(el.querySelector('[data-figure=used]').textContent) === 0", arg=handle)
+    assert not widget.locator(".kvp-tables [data-seq]").count()
+    assert_clean(page)
+
+
+def test_prefix_demo_shares_blocks_and_computes_less(page, live_server, screenshot, assert_clean):
+    """Chapter 16: one click, two held requests with the same system prompt; the pool shows
+    blocks with ref count 2, and the second request computed fewer prefill tokens (the
+    engine's own `step` counts)."""
+    wait_idle(live_server)
+    page.goto(live_server + "/chapters/16-prefix-caching")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-pages").first
+    widget.get_by_role("button", name="Send two requests with this prompt").click()
+    rows = widget.locator(".kvp-prefix-results li")
+    page.wait_for_function("""el => {
+        const rows = el.querySelectorAll('.kvp-prefix-results li[data-computed]');
+        return rows.length === 2 && el.querySelector('.kvp-prefix-results + .kvw-note').textContent !== '';
+    }""", arg=widget.element_handle())
+    first, second = (rows.nth(i) for i in (0, 1))
+    computed = [int(r.get_attribute("data-computed")) for r in (first, second)]
+    cached = [int(r.get_attribute("data-cached")) for r in (first, second)]
+    assert computed[1] < computed[0] and cached[0] == 0 and cached[1] > 0
+    assert computed[1] + cached[1] == computed[0]          # same prompt length, split differently
+    page.wait_for_function("el => el.exportData().pool.blocks.some(b => b.ref === 2)", arg=widget.element_handle())
+    shared = widget.evaluate("el => el.exportData().pool.blocks.filter(b => b.ref === 2).length")
+    assert shared * int(widget.evaluate("el => el.exportData().pool.block_size")) == cached[1]
+    widget.scroll_into_view_if_needed()
+    screenshot(widget, "pages-prefix-demo")
+    widget.get_by_role("button", name="Let them finish").click()
+    page.wait_for_function("el => el.querySelectorAll('.kvp-prefix-results li').length === 2 && "
+                           "[...el.querySelectorAll('.kvp-prefix-results li')].every(li => li.textContent.includes('Finished'))",
+                           arg=widget.element_handle())
+    assert_clean(page)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
@@ -25,6 +27,7 @@ class StreamDelta:
     logprob: dict | None = None
     finished: bool = False
     output: RequestOutput | None = None    # set on the last delta
+    index: int = 0                         # which of the request's n choices
 
 
 class AsyncEngine:
@@ -33,10 +36,11 @@ class AsyncEngine:
         self.engine = engine
         self.idle_wait = idle_wait
         self.paused = False
+        self.pacing = Pacing()                       # slow motion and per-request paces
         self._steps_allowed = 0                      # single-steps granted while paused
         self._commands: queue.Queue = queue.Queue()
         self._wake = threading.Event()
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}   # seq_id -> (loop, queue, choice)
         self._stop = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kvscope-engine", daemon=True)
@@ -54,28 +58,34 @@ class AsyncEngine:
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
                        source: str = "api", on_added: Callable[[Sequence], None] | None = None
                        ) -> AsyncIterator[StreamDelta]:
+        """Deltas of every choice (params.n of them, told apart by `index`), until all finished."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
 
-        def add() -> Sequence:
+        def add() -> list[Sequence]:
             seq = self.engine.add_request(prompt, params, request_id, source)
-            self._streams[seq.seq_id] = (loop, deltas)
-            if seq.is_finished:   # refused at admission: the reason is the last delta
-                self._close(seq)
-            return seq
+            choices = [seq, *seq.forks]
+            for index, choice in enumerate(choices):
+                self._streams[choice.seq_id] = (loop, deltas, index)
+            for choice in choices:
+                if choice.is_finished:   # refused at admission: the reason is the last delta
+                    self._close(choice)
+            return choices
 
-        seq = await self.call(add)
+        choices = await self.call(add)
         if on_added is not None:
-            on_added(seq)
-        done = False
+            on_added(choices[0])
+        open_choices = set(range(len(choices)))
         try:
-            while not done:
+            while open_choices:
                 delta = await deltas.get()
-                done = delta.finished
+                if delta.finished:
+                    open_choices.discard(delta.index)
                 yield delta
         finally:
-            if not done:   # the consumer went away: free its blocks now
-                await self.call(lambda: self._abort_now(seq.request_id))
+            if open_choices:   # the consumer went away: free its blocks now
+                rids = [choices[i].request_id for i in open_choices]
+                await self.call(lambda: [self._abort_now(rid) for rid in rids])
 
     async def abort(self, request_id: str) -> bool:
         return await self.call(lambda: self._abort_now(request_id))
@@ -85,6 +95,7 @@ class AsyncEngine:
 
     def resume(self) -> None:
         self.paused = False
+        self.pacing = Pacing()                       # slow motion and per-request paces
         self._wake.set()
 
     async def step_once(self) -> None:
@@ -121,28 +132,56 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stop:
             self._drain_commands()
+            now = time.perf_counter()
+            due = self._gate_paced(now)
             can_step = not self.paused or self._steps_allowed > 0
             if not (can_step and self.engine.scheduler.has_work):
-                self._wake.wait(self.idle_wait)
-                self._wake.clear()
+                self._sleep(self.idle_wait if due is None else min(self.idle_wait, due - now))
                 continue
+            if not self.paused:
+                wait = self.pacing.wait_before_step(now)
+                if wait > 0:   # slow motion: the room watches each step
+                    self._sleep(wait)
+                    continue
             if self.paused:
                 self._steps_allowed -= 1
             self._step_and_push()
 
+    def _sleep(self, seconds: float) -> None:
+        """Wait up to `seconds`, waking early for a command."""
+        self._wake.wait(max(seconds, 0.001))
+        self._wake.clear()
+
+    def _gate_paced(self, now: float) -> float | None:
+        if not self.pacing.paced:
+            return None
+        sched = self.engine.scheduler
+        return self.pacing.gate([*sched.running, *sched.waiting], now)
+
     def _step_and_push(self) -> None:
+        paced = self._paced_progress()
         try:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
             self.error = exc
             self._fail_all(f"engine error: {exc}")
             return
+        stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
+        self.pacing.stepped(stepped, finished, time.perf_counter())
         for d in deltas:
             self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
                                           d.seq.logprobs[-1] if d.seq.params.logprobs is not None
                                           and d.seq.logprobs else None))
         for seq in finished:
             self._close(seq)
+
+    def _paced_progress(self) -> list[tuple[Sequence, int]]:
+        """Paced requests and their computed tokens, to tell afterwards which ones ran."""
+        if not self.pacing.paced:
+            return []
+        sched = self.engine.scheduler
+        return [(seq, seq.num_computed_tokens) for seq in (*sched.running, *sched.waiting)
+                if seq.seq_id in self.pacing.paced]
 
     def _drain_commands(self) -> None:
         while True:
@@ -160,27 +199,33 @@ class AsyncEngine:
         seq = self.engine.scheduler.find(request_id)
         if seq is None:
             return False
+        group = [seq, *seq.forks]   # choices not forked yet end with their prompt
         self.engine.abort(request_id)
-        self._close(seq)
+        for choice in group:
+            self._close(choice)
         return True
 
     def _push(self, seq: Sequence, delta: StreamDelta) -> None:
         stream = self._streams.get(seq.seq_id)
         if stream is not None:
-            loop, q = stream
+            loop, q, delta.index = stream
             loop.call_soon_threadsafe(q.put_nowait, delta)
 
     def _close(self, seq: Sequence) -> None:
+        self.pacing.forget(seq)
         stream = self._streams.pop(seq.seq_id, None)
         if stream is not None:
-            loop, q = stream
-            final = StreamDelta(seq.request_id, None, "", finished=True, output=RequestOutput.from_sequence(seq))
+            loop, q, index = stream
+            final = StreamDelta(seq.request_id, None, "", finished=True, output=RequestOutput.from_sequence(seq),
+                                index=index)
             loop.call_soon_threadsafe(q.put_nowait, final)
 
     def _fail_all(self, reason: str) -> None:
         for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
+            group = [seq, *seq.forks]
             self.engine._finish(seq, "error", reason)   # observers hear of it too
-            self._close(seq)
+            for choice in group:
+                self._close(choice)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

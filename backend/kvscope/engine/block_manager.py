@@ -4,6 +4,11 @@ A full block is identified by a hash chained to the block before it, so equal ha
 equal prefixes. Freed blocks keep their hash (lazy eviction) and sit in an LRU free list:
 a later request with the same prefix takes them back; only allocating a fresh block
 evicts the oldest one's hash.
+
+Parallel sampling forks a sequence after its prompt: the copies share every block (ref
+counts). Full blocks are never written again, so they stay shared; the partial last block
+is copied only when a sequence first writes into it while others still hold it
+(copy-on-write). The copies to make on the device are handed to the model runner.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ class BlockManager:
         self.events: list[tuple] | None = None   # a list while someone records allocator events
         self.num_prefix_hits = 0                 # blocks reused, since start
         self.num_evictions = 0
+        self.num_copies = 0                      # copy-on-write copies, since start
+        self.pending_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -102,16 +109,48 @@ class BlockManager:
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed <= self.num_free_blocks
+        return needed + self._is_shared_write(seq) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        if needed > self.num_free_blocks:
+        if needed + self._is_shared_write(seq) > self.num_free_blocks:
             raise RuntimeError(f"out of KV blocks: need {needed}, {self.num_free_blocks} free")
+        if self._is_shared_write(seq):
+            self._copy_on_write(seq)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block(seq.seq_id))
 
-    def _take_free_block(self, owner: int) -> int:
+    def _is_shared_write(self, seq: Sequence) -> bool:
+        """The next token lands in a block another sequence still holds (a forked prompt's
+        partial last block)."""
+        idx = seq.num_computed_tokens // self.block_size
+        return idx < len(seq.block_table) and self.blocks[seq.block_table[idx]].ref_count > 1
+
+    def _copy_on_write(self, seq: Sequence) -> None:
+        idx = seq.num_computed_tokens // self.block_size
+        src = seq.block_table[idx]
+        self.blocks[src].ref_count -= 1
+        dst = self._take_free_block(seq.seq_id, op="cow")
+        seq.block_table[idx] = dst
+        self.pending_copies.append((src, dst))
+        self.num_copies += 1
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` continues from `parent`'s computed tokens, sharing all of its blocks."""
+        assert not child.block_table, "a fork starts without blocks"
+        for block_id in parent.block_table:
+            self.blocks[block_id].ref_count += 1
+            self._record("share", block_id, child.seq_id)
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_cached_tokens = parent.num_cached_tokens
+
+    def _take_free_block(self, owner: int, op: str = "alloc") -> int:
         block_id, _ = self.free_ids.popitem(last=False)   # least recently freed first
         block = self.blocks[block_id]
         if block.hash is not None:
@@ -121,7 +160,7 @@ class BlockManager:
             self._record("evict", block_id, block.hash)
             block.hash, block.token_ids = None, ()
         block.ref_count = 1
-        self._record("alloc", block_id, owner)
+        self._record(op, block_id, owner)
         return block_id
 
     def commit(self, seq: Sequence) -> None:

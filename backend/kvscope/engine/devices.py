@@ -6,7 +6,6 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.models.config import ModelConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_CPU_KV_MIB = 256
 
 
@@ -19,16 +18,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {name!r}: use cpu or cuda")
     return device
-
-
-def resolve_dtype(name: str, device: torch.device, cfg: ModelConfig) -> torch.dtype:
-    if name != "auto":
-        if name not in DTYPES:
-            raise ValueError(f"unsupported dtype {name!r}: use one of {', '.join(DTYPES)}")
-        return DTYPES[name]
-    if device.type == "cuda":
-        return torch.bfloat16
-    return torch.float32   # CPU matmuls are fastest and exact in float32 for small models
 
 
 def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

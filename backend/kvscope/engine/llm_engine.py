@@ -11,7 +11,8 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
-from kvscope.engine.devices import kv_cache_blocks, resolve_device, resolve_dtype
+from kvscope.engine.devices import kv_cache_blocks, resolve_device
+from kvscope.engine.dtype_choice import choose_dtype
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
@@ -38,7 +39,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_path)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.model_config)
+        self.dtype_choice = choose_dtype(config.dtype, self.device, self.model_config)
+        self.dtype = self.dtype_choice.dtype
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
@@ -53,7 +55,6 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
         self.observers: list[EngineObserver] = []
-        self.watched: dict[int, set[int] | None] = {}   # seq_id -> layers to capture (None: all)
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
@@ -84,21 +85,31 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "", source: str = "api") -> Sequence:
+        """Queue a request. With params.n > 1 the returned sequence is choice 0; choices
+        1..n-1 (`seq.forks`, request ids `<id>-<i>`) fork from it once its prompt is computed."""
         params = params or SamplingParams()
-        seq = Sequence(self.tokenize(prompt), params, request_id=request_id, source=source)
-        if params.seed is not None:
-            self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
-        if (self.stream_text or params.stop) and self.tokenizer is not None:
-            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+        ids = self.tokenize(prompt)
+        seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
+        seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
+                     for i in range(1, params.n)]
         error = self.scheduler.admission_error(seq)
         for obs in self.observers:
-            obs.on_request_added(seq)
+            for s in (seq, *seq.forks):
+                obs.on_request_added(s)
         if error:
             self._finish(seq, "error", error)
         else:
             self.scheduler.add(seq)
+        return seq
+
+    def _new_sequence(self, ids: list[int], params: SamplingParams, request_id: str, source: str) -> Sequence:
+        seq = Sequence(ids, params, request_id=request_id, source=source)
+        if params.seed is not None:
+            self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
+        if (self.stream_text or params.stop) and self.tokenizer is not None:
+            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
         return seq
 
     def abort(self, request_id: str) -> bool:
@@ -110,12 +121,6 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
-
-    def watch(self, seq_id: int, layers: set[int] | None = None) -> None:
-        self.watched[seq_id] = layers
-
-    def unwatch(self, seq_id: int) -> None:
-        self.watched.pop(seq_id, None)
 
     def add_observer(self, observer: EngineObserver) -> None:
         self.observers.append(observer)
@@ -149,7 +154,7 @@ class LLMEngine:
 
     def reset(self) -> list[Sequence]:
         """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
-        aborted = list(self.scheduler.running) + list(self.scheduler.waiting)
+        aborted = [s for seq in (*self.scheduler.running, *self.scheduler.waiting) for s in (seq, *seq.forks)]
         for seq in aborted:
             self._finish(seq, "abort")
         bm = self.block_manager
@@ -170,9 +175,9 @@ class LLMEngine:
         if out.is_empty:
             return [], []
         t1 = time.perf_counter()
-        watched = {e.seq.seq_id for e in out.entries if e.seq.seq_id in self.watched}
-        layers = self._capture_layers(watched)
-        result = self.runner.run(out, self.generators, watched, layers)
+        for obs in self.observers:
+            obs.on_scheduled(out)
+        result = self.runner.run(out, self.generators)
         if result.spec_logits:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
@@ -184,12 +189,6 @@ class LLMEngine:
         if self.observers:
             self._publish_step(out, result, finished, t0, t1, t2)
         return deltas, finished
-
-    def _capture_layers(self, watched: set[int]) -> set[int] | None:
-        if not watched:
-            return None
-        wanted = [self.watched[s] for s in watched]
-        return None if any(w is None for w in wanted) else set().union(*wanted)
 
     def _verify_drafts(self, out, result) -> None:
         """Accept or reject each sequence's drafts against the target's scores."""
@@ -205,8 +204,6 @@ class LLMEngine:
             result.tokens[seq.seq_id] = verdict.token_ids
             if seq.params.logprobs is not None:
                 result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
-            if seq.seq_id in self.watched:
-                result.logits[seq.seq_id] = logits[0].cpu()
 
     def _on_token(self, seq: Sequence, index: int, final: bool, result, deltas: list[TokenDelta]) -> bool:
         """One appended token: its logprobs, text and stop strings. True when a stop string
@@ -237,8 +234,12 @@ class LLMEngine:
         return delta, False
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        self.scheduler.finish(seq, reason, error)
-        self._cleanup(seq)
+        """Finish `seq`; its choices not forked yet end with it (their prompt is its prompt)."""
+        orphans, seq.forks = seq.forks, []
+        for s in (seq, *orphans):
+            if not s.is_finished:
+                self.scheduler.finish(s, reason, error)
+                self._cleanup(s)
 
     def _cleanup(self, seq: Sequence) -> None:
         if self.tokenizer is not None and seq.seq_id not in self.detokenizers and seq.output_token_ids:
@@ -247,7 +248,6 @@ class LLMEngine:
         self.detokenizers.pop(seq.seq_id, None)
         if self.speculator is not None:
             self.speculator.release(seq)
-        self.watched.pop(seq.seq_id, None)
         for obs in self.observers:
             obs.on_request_finished(seq)
 

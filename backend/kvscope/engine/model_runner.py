@@ -12,7 +12,6 @@ from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
-from kvscope.layers.capture import AttentionCapture, WatchedRows
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
@@ -28,8 +27,6 @@ class StepResult:
     logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
-    attention: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)   # watched seq_id -> row (cpu)
     used_cuda_graph: bool = False
 
 
@@ -51,8 +48,28 @@ def pick_attention_backend(requested: str, device: torch.device, block_size: int
     return requested
 
 
+def _add_samplers(rows: list[int], seqs: list, entry: ScheduledSeq, row: int) -> None:
+    """The sequence draws from this row, and so do the choices that fork from it now. With k
+    drafts, the k rows before it are scored too: one per draft, this one for the bonus."""
+    k = len(entry.spec_token_ids)
+    rows += range(row - k, row + 1)
+    seqs += [entry.seq] * (k + 1)
+    for seq in entry.forks:
+        rows.append(row)
+        seqs.append(seq)
+
+
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
+    """The order of a step's sequences in the flattened batch: prefills, then decodes with
+    the shortest context first (so decode rows of similar length sit together). Observers
+    use it to find a sequence's rows and its row of logits."""
+    prefills = [e for e in entries if e.num_new_tokens > 1]
+    decodes = sorted((e for e in entries if e.num_new_tokens == 1), key=lambda e: e.start)
+    return prefills + decodes
 
 
 class ModelRunner:
@@ -68,6 +85,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.graphs = None
+        self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
         if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch":
             self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
 
@@ -102,11 +120,11 @@ class ModelRunner:
         pos = torch.arange(start, end)
         return torch.tensor(block_table, dtype=torch.long)[pos // bs] * bs + pos % bs
 
-    def prepare(self, out: SchedulerOutput, watched: set[int]):
-        prefills = [e for e in out.entries if e.num_new_tokens > 1]
-        # shortest context first, so decode rows of similar length sit together
-        decodes = sorted((e for e in out.entries if e.num_new_tokens == 1), key=lambda e: e.start)
-        ids, positions, slots, spans, sample_rows, sample_entries, watch_rows = [], [], [], [], [], [], []
+    def prepare(self, out: SchedulerOutput):
+        ordered = batch_order(out.entries)
+        prefills = [e for e in ordered if e.num_new_tokens > 1]
+        decodes = ordered[len(prefills):]
+        ids, positions, slots, spans, sample_rows, sample_seqs = [], [], [], [], [], []
         row = 0
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
@@ -114,14 +132,11 @@ class ModelRunner:
             ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
             positions += range(e.start, end)
             slots.append(self._slots(seq.block_table, e.start, end))
-            blocks = self._blocks_for(seq.block_table, end) if e.start or seq.seq_id in watched else None
-            spans.append(PrefillSpan(row, n, e.start, blocks if e.start else None))
-            if seq.seq_id in watched:
-                watch_rows.append(WatchedRows(seq.seq_id, row, list(range(e.start, end)), blocks))
+            blocks = self._blocks_for(seq.block_table, end) if e.start else None
+            spans.append(PrefillSpan(row, n, e.start, blocks))
             row += n
-            if e.samples:   # with drafts, every row from the last known token on is scored
-                sample_rows += range(row - 1 - len(e.spec_token_ids), row)
-                sample_entries.append(e)
+            if e.samples:
+                _add_samplers(sample_rows, sample_seqs, e, row - 1)
         bs = self.block_size
         decode_slots = []
         for e in decodes:
@@ -129,10 +144,7 @@ class ModelRunner:
             ids.append(seq.token_ids[pos])
             positions.append(pos)
             decode_slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            if seq.seq_id in watched:
-                watch_rows.append(WatchedRows(seq.seq_id, row, [pos], self._blocks_for(seq.block_table, pos + 1)))
-            sample_rows.append(row)
-            sample_entries.append(e)
+            _add_samplers(sample_rows, sample_seqs, e, row)
             row += 1
         slots.append(torch.tensor(decode_slots, dtype=torch.long))
         md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
@@ -141,7 +153,7 @@ class ModelRunner:
             self._decode_metadata(md, decodes)
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return ids_t, pos_t, md, sample_rows, sample_entries, watch_rows
+        return ids_t, pos_t, md, sample_rows, sample_seqs
 
     def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
         width = max(len(e.seq.block_table) for e in decodes)
@@ -167,42 +179,47 @@ class ModelRunner:
             groups.append(DecodeGroup(rows, tables[rows, :width].to(self.device), mask.to(self.device)))
         return groups
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for cache in (*self.k_caches, *self.v_caches):
+            cache[dst] = cache[src]
+
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator],
-            watched: set[int] | None = None, capture_layers: set[int] | None = None) -> StepResult:
-        watched = watched or set()
-        ids, pos, md, sample_rows, entries, watch_rows = self.prepare(out, watched)
+    def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
+        self.copy_blocks(out.block_copies)
+        ids, pos, md, sample_rows, seqs = self.prepare(out)
         result = StepResult()
-        if watch_rows:
-            md.capture = AttentionCapture(watch_rows, capture_layers)
-        if self.graphs is not None and not md.prefills and md.capture is None and self.graphs.fits(len(ids)):
+        if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
             result.used_cuda_graph = True
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)
-        if not entries:
+        if not seqs:
             return result
         logits = self.model.compute_logits(hidden[sample_rows]).float()
+        drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
         plain, plain_rows, row = [], [], 0
-        for e in entries:
-            k = len(e.spec_token_ids)
+        while row < len(seqs):     # rows of a sequence with drafts go to the verifier
+            seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
             if k:
-                result.spec_logits[e.seq.seq_id] = logits[row:row + k + 1]
+                result.spec_logits[seq.seq_id] = logits[row:row + k + 1]
             else:
-                plain.append(e.seq)
+                plain.append(seq)
                 plain_rows.append(row)
             row += k + 1
         if plain:
             logits = logits[plain_rows]
             batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
-            self._collect(result, plain, logits, self.sampler(logits, batch), watched)
-        if md.capture is not None:
-            result.attention = md.capture.weights
+            self._collect(result, plain, logits, self.sampler(logits, batch))
         return result
 
-    def _collect(self, result, seqs, logits, tokens, watched) -> None:
+    def _collect(self, result, seqs, logits, tokens) -> None:
         token_list = tokens.tolist()
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
         n_max = max((s.params.logprobs or 0 for s in seqs), default=0)
@@ -215,6 +232,3 @@ class ModelRunner:
                     "logprob": float(chosen[j]),
                     "top": list(zip(top.indices[j, :n].tolist(), top.values[j, :n].tolist())) if n else [],
                 }]
-        for i, s in enumerate(seqs):
-            if s.seq_id in watched:
-                result.logits[s.seq_id] = logits[i].cpu()

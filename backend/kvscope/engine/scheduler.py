@@ -25,6 +25,7 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
+    forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
     spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
 
 
@@ -33,6 +34,7 @@ class SchedulerOutput:
     step: int
     entries: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write (src, dst)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -80,7 +82,16 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
         return out
+
+    @staticmethod
+    def _entry(seq: Sequence, n: int, drafts: list[int] = ()) -> ScheduledSeq:
+        """n counts the known tokens computed, then as many drafts as fit."""
+        known = seq.num_tokens - seq.num_computed_tokens
+        samples = n >= known
+        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples, list(seq.forks) if samples else [],
+                            list(drafts[:max(0, n - known)]))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
@@ -100,9 +111,7 @@ class Scheduler:
             if not bm.can_append(seq, n):
                 self._preempt(seq, out)
                 continue
-            known = seq.num_tokens - seq.num_computed_tokens
-            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens, n >= known,
-                                            drafts[:max(0, n - known)]))
+            out.entries.append(self._entry(seq, n, drafts))
             bm.append_slots(seq, n)
             budget -= n
             kept.append(seq)
@@ -127,8 +136,7 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.entries.append(ScheduledSeq(seq, n, seq.num_computed_tokens,
-                                            seq.num_computed_tokens + n == seq.num_tokens))
+            out.entries.append(self._entry(seq, n))
             budget -= n
 
     def _chunk(self, remaining: int, budget: int) -> int:
@@ -164,19 +172,29 @@ class Scheduler:
                 seq.num_computed_tokens += entry.num_new_tokens
                 self.block_manager.commit(seq)
                 continue
-            reason = self._append_tokens(seq, entry, sampled[seq.seq_id], on_token)
-            if reason:
-                self.finish(seq, reason)
-                finished.append(seq)
-            elif seq.pause_after_token:   # its owner steps it one token at a time
-                seq.hold = True
+            # the known tokens' K/V are in; the drafts' count only once accepted (below)
+            seq.num_computed_tokens += entry.num_new_tokens - len(entry.spec_token_ids)
+            self.block_manager.commit(seq)
+            forked = self._fork(seq, entry.forks)
+            for s in (seq, *forked):
+                self._append(s, sampled[s.seq_id], on_token, finished)
         return finished
 
-    def _append_tokens(self, seq: Sequence, entry: ScheduledSeq, tokens: list[int],
-                       on_token: OnToken | None) -> str | None:
-        # KV was computed for the known tokens and the drafts; only accepted drafts count,
-        # and the slots written for rejected ones are given back
-        computed = seq.num_computed_tokens + entry.num_new_tokens - len(entry.spec_token_ids) + len(tokens) - 1
+    def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
+        """The prompt is computed: the other choices start sharing its blocks."""
+        forked = [c for c in forks if not c.is_finished]
+        for child in forked:
+            self.block_manager.fork(parent, child)
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        parent.forks = [c for c in parent.forks if c not in forks]
+        return forked
+
+    def _append(self, seq: Sequence, tokens: list[int], on_token: OnToken | None,
+                finished: list[Sequence]) -> None:
+        """Append the drawn tokens one by one, checking the stop conditions after each. The
+        K/V of accepted drafts count as computed; slots written for rejected ones go back."""
+        computed = seq.num_computed_tokens + len(tokens) - 1
         reason = None
         for i, token in enumerate(tokens):
             seq.append_token(token)
@@ -186,9 +204,14 @@ class Scheduler:
             if reason:
                 break
         seq.num_computed_tokens = min(computed, seq.num_tokens - 1)
-        self.block_manager.commit(seq)
+        if len(tokens) > 1:
+            self.block_manager.commit(seq)
         self.block_manager.trim(seq)
-        return reason
+        if reason:
+            self.finish(seq, reason)
+            finished.append(seq)
+        elif seq.pause_after_token:   # its owner steps it one token at a time
+            seq.hold = True
 
     def _stop_reason(self, seq: Sequence) -> str | None:
         token, p = seq.token_ids[-1], seq.params
@@ -215,4 +238,7 @@ class Scheduler:
         for seq in (*self.running, *self.waiting):
             if seq.request_id == request_id:
                 return seq
+            for child in seq.forks:   # a choice still waiting for its prompt
+                if child.request_id == request_id:
+                    return child
         return None

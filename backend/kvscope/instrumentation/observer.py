@@ -15,9 +15,10 @@ from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation.kv_state import KVTracker
+from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import Watch, WatchSpec, attention_event, sampling_event
+from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -45,7 +46,8 @@ class RequestLabel:
 
 
 class Instrumentation(EngineObserver):
-    def __init__(self, engine, sink: Sink, clock: Clock | None = None, memory_interval: float = 0.25):
+    def __init__(self, engine, sink: Sink, clock: Clock | None = None, memory_interval: float = 0.25,
+                 watches: WatchRegistry | None = None):
         self.engine = engine
         self.sink = sink
         self.clock = clock or Clock()
@@ -53,7 +55,12 @@ class Instrumentation(EngineObserver):
         self.facts = model_facts(engine)
         self.kv = KVTracker(engine.block_manager)
         self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
-        self.watches: dict[str, Watch] = {}         # request id -> who watches it
+        # request id -> who watches it. A registry shared with a fan-out is the fan-out's to
+        # prune: it forgets a request once it has delivered the request's last event
+        self.watches = watches if watches is not None else WatchRegistry()
+        self._prune_watches = watches is None
+        self._capture: StepCapture | None = None    # this step's hooks, while a watched request runs
+        self._recomputed: list[StepCapture] = []    # this step's side passes over prefix-cached rows
         self.watch_first = False                    # benchmarks: watch the next request added
         self._pending: list[dict] = []              # this step's events so far
         self._last_memory = float("-inf")
@@ -87,7 +94,7 @@ class Instrumentation(EngineObserver):
         if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step
             self._pending.append(event)
             return
-        self.watches.pop(seq.request_id, None)
+        self._forget_watch(seq)
         bm = self.engine.block_manager   # abort, error, reset: between steps, publish now
         events, bm.events = bm.events or [], [] if bm.events is not None else None
         delta = self.kv.update([seq], [], events, self.engine.scheduler.num_steps, self.clock())
@@ -111,6 +118,21 @@ class Instrumentation(EngineObserver):
         return self.kv.snapshot(self.engine.scheduler.num_steps, self.clock())
 
     # -- inside a step -----------------------------------------------------------------
+    def on_scheduled(self, scheduled) -> None:
+        if not self.watches:
+            return
+        watches = self.watches.by_seq_id()
+        rows = watched_rows(scheduled, {seq_id: w.layers() for seq_id, w in watches.items()})
+        for r in rows:   # rows the prefix cache spared: rebuilt first, so every prompt row shows
+            w = watches[r.seq.seq_id]
+            if r.positions[0] > w.covered:
+                self._recomputed.append(recompute_rows(self.engine.model, self.engine.runner, r.seq,
+                                                       w.covered, r.positions[0], r.layers))
+            w.covered = max(w.covered, r.positions[-1] + 1)
+        if rows:
+            self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
+            self.engine.runner.force_eager = True   # a CUDA graph replay would run past the hooks
+
     def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None:
         event = {"type": "request.token", "ts": self.clock.at(seq.token_times[-1]), "request_id": seq.request_id,
                  "index": seq.num_output_tokens - 1, "token_id": token_id, "text": text_delta,
@@ -125,17 +147,20 @@ class Instrumentation(EngineObserver):
         out, ts = record.scheduled, self.clock()
         events, self._pending = self._pending, []
         events.append(self._step_event(record, ts))
-        touched = [e.seq for e in out.entries] + out.preempted + record.finished
+        touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
         if delta:
             events.append(delta)
         if record.result.spec:
             events += spec_events(record, self.engine, ts)
-        if self.watches or self.engine.watched:
-            events += self._watched_events(record, ts)
-            for seq in record.finished:
-                self.watches.pop(seq.request_id, None)
+        if self._capture is not None:
+            self._capture.remove()
+            self.engine.runner.force_eager = False
+            events += self._watched_events(record, self._capture, ts)
+            self._capture, self._recomputed = None, []
+        for seq in record.finished:
+            self._forget_watch(seq)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
@@ -168,46 +193,43 @@ class Instrumentation(EngineObserver):
         seq = seq or self.engine.scheduler.find(request_id)
         if seq is None:
             raise KeyError(request_id)
-        w = self.watches.setdefault(request_id, Watch(seq))
-        w.viewers[viewer] = spec
-        self.engine.watch(seq.seq_id, w.layers())
-        return w
+        return self.watches.add(request_id, viewer, spec, seq)
+
+    def _forget_watch(self, seq: Sequence) -> None:
+        if self._prune_watches:
+            self.watches.forget(seq.request_id)
 
     def unwatch(self, request_id: str, viewer: str) -> None:
-        w = self.watches.get(request_id)
-        if w is None:
-            return
-        w.viewers.pop(viewer, None)
-        if w.viewers:
-            self.engine.watch(w.seq.seq_id, w.layers())
-        else:
-            del self.watches[request_id]
-            self.engine.unwatch(w.seq.seq_id)
+        self.watches.remove(request_id, viewer)
 
     def drop_viewer(self, viewer: str) -> None:
-        for rid in [r for r, w in self.watches.items() if viewer in w.viewers]:
-            self.unwatch(rid, viewer)
+        self.watches.drop_viewer(viewer)
 
-    def _watched_events(self, record: StepRecord, ts: float) -> list[dict]:
+    def _watched_events(self, record: StepRecord, capture: StepCapture, ts: float) -> list[dict]:
         entries = {e.seq.seq_id: e for e in record.scheduled.entries}
-        watches = {w.seq.seq_id: w for w in self.watches.values()}
-        for seq_id in self.engine.watched.keys() - watches.keys():   # watched through the engine directly
-            if seq_id in entries:
-                watches[seq_id] = Watch(entries[seq_id].seq, {"engine": WatchSpec()})
-        step, kvh = record.scheduled.step, self.facts.num_kv_heads
+        watches: dict[int, Watch] = self.watches.by_seq_id()
+        step = record.scheduled.step
         events = []
-        for (seq_id, layer), probs in sorted(record.result.attention.items()):
-            e, w = entries.get(seq_id), watches.get(seq_id)
-            if e is None or w is None:
-                continue
-            positions = list(range(e.start, e.start + e.num_new_tokens))
-            events.append(attention_event(e.seq, step, layer, probs, positions,
-                                          w.heads(probs.shape[0]), kvh, ts))
-        for seq_id, logits in record.result.logits.items():
+        for side in self._recomputed:
+            events += self._attention_events(side, watches, step, ts, recomputed=True)
+        events += self._attention_events(capture, watches, step, ts, recomputed=False)
+        for seq_id, logits in capture.logits.items():
             e, w = entries.get(seq_id), watches.get(seq_id)
             if e is None or w is None or not w.sampling:
                 continue
             if e.samples and seq_id in record.result.tokens:
                 events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id][0],
                                              self.engine.tokenizer, ts))
+        return events
+
+    def _attention_events(self, capture: StepCapture, watches: dict[int, Watch], step: int, ts: float,
+                          recomputed: bool) -> list[dict]:
+        rows = {r.seq.seq_id: r for r in capture.watched}
+        events = []
+        for (seq_id, layer), probs in sorted(capture.attention.items()):
+            r, w = rows[seq_id], watches.get(seq_id)
+            if w is None:
+                continue
+            events.append(attention_event(r.seq, step, layer, probs, r.positions, w.heads(probs.shape[0]),
+                                          self.facts.num_kv_heads, ts, recomputed))
         return events

@@ -41,7 +41,7 @@ MODEL = obj({k: v for k, v in {
     "num_kv_heads": NAT, "head_dim": NAT, "intermediate_size": NAT, "vocab_size": NAT,
     "max_position_embeddings": NAT, "rope_theta": NUM, "num_params": NAT, "dtype": STR,
     "dtype_bytes": NAT, "weight_bytes": NAT, "kv_bytes_per_token": NAT,
-    "tie_word_embeddings": BOOL}.items()})
+    "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
@@ -69,10 +69,12 @@ SESSION = event("session", {"client_id": STR, "role": {"enum": ["learner", "inst
 KNOBS = obj({"max_num_batched_tokens": NAT, "max_num_seqs": NAT,
              "prefill_chunk_size": NULL_NAT, "enable_chunked_prefill": BOOL})
 ENGINE_STATE = event("engine", {
-    "reason": {"enum": ["connect", "pause", "resume", "step", "reset", "knobs", "inject", "recording"]},
+    "reason": {"enum": ["connect", "pause", "resume", "step", "reset", "knobs", "inject", "recording",
+                        "slow_motion"]},
     "paused": BOOL, "step": NAT, "knobs": KNOBS, "num_running": NAT, "num_waiting": NAT,
     "num_viewers": NAT,
-    "recording": {"oneOf": [{"type": "null"}, obj({"name": STR, "events": NAT})]}})
+    "recording": {"oneOf": [{"type": "null"}, obj({"name": STR, "events": NAT})]}},
+    {"slow_motion_s": NNUM})
 
 TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
              "complete": BOOL})
@@ -124,7 +126,7 @@ KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snaps
 KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
                 "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
                 "removed_tables": arr(STR),
-                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict"]}, "block": NAT,
+                "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict", "share", "cow"]}, "block": NAT,
                                    "request_id": NULL_STR})), **KV_TOTALS},
                {"ref": REF})
 
@@ -132,7 +134,8 @@ PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT,
-    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))},
+    {"recomputed": BOOL})
 CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,
@@ -203,6 +206,7 @@ SAMPLING_PARAMS = obj({}, {
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
 })
 WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL})
+INTERVAL = {"type": "number", "minimum": 0, "maximum": 10}   # seconds between steps (pacing.MAX_INTERVAL_S)
 MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
 
 
@@ -219,7 +223,7 @@ COMMANDS = {
         "prompt": {"type": "string", "minLength": 1},
         "messages": arr(MESSAGE, minItems=1, maxItems=64),
         "prompt_token_ids": arr(NAT, minItems=1),
-        "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL}),
+        "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL, "pace_s": INTERVAL}),
     "cancel": command("cancel", {"request_id": RID}),
     "watch": command("watch", {"request_id": RID}, {"layers": arr(NAT, maxItems=256),
                                                     "heads": arr(NAT, maxItems=256), "sampling": BOOL}),
@@ -227,6 +231,8 @@ COMMANDS = {
     "hold": command("hold", {"request_id": RID}),
     "next": command("next", {"request_id": RID}),
     "release": command("release", {"request_id": RID}),
+    "pace": command("pace", {"request_id": RID, "interval_s": INTERVAL}),
+    "slow_motion": command("slow_motion", {"interval_s": INTERVAL}),
     "sandbox": command("sandbox", {"op": {"enum": ["allocate", "append", "fork", "free", "reset", "state"]}}, {
         "seq": NAME, "new_seq": NAME, "prefix_of": NAME,
         "tokens": {"type": "integer", "minimum": 1, "maximum": 64},
@@ -256,7 +262,7 @@ COMMANDS = {
                       {"speed": {"type": "number", "exclusiveMinimum": 0, "maximum": 100}}),
 }
 INSTRUCTOR_COMMANDS = {"pause", "resume", "step", "reset", "set_knobs", "inject", "record_start",
-                       "record_stop", "viewers"}
+                       "record_stop", "viewers", "slow_motion"}
 
 
 def event_schema_key(event: dict) -> str:

@@ -1,9 +1,10 @@
-"""Costly captures for watched requests only: attention weights (recomputed by
-`kvscope.layers.capture` from the request's queries and cached keys) and the sampler's
-view of each draw. Viewers say which layers and heads they want; the engine captures the
-union, and each event carries the union of heads (the server slices per viewer)."""
+"""Who watches which request, and the events built for watched requests only: attention
+weights (caught by the hooks in `kvscope.instrumentation.capture`) and the sampler's view
+of each draw. Viewers say which layers and heads they want; the hooks capture the union,
+and each event carries the union of heads (the server slices per viewer)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,7 @@ class WatchSpec:
 class Watch:
     seq: Sequence
     viewers: dict[str, WatchSpec] = field(default_factory=dict)   # viewer id -> what it wants
+    covered: int = 0   # positions [0, covered) have had their rows captured
 
     def layers(self) -> set[int] | None:
         specs = list(self.viewers.values())
@@ -44,19 +46,79 @@ class Watch:
         return any(s.sampling for s in self.viewers.values())
 
 
+class WatchRegistry:
+    """The one record of who watches what. Written on the engine thread (watch, unwatch,
+    a request's end); read by the server's fan-out on the event loop, hence the lock."""
+
+    def __init__(self):
+        self._watches: dict[str, Watch] = {}   # request id -> its watch
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence) -> Watch:
+        with self._lock:
+            w = self._watches.setdefault(request_id, Watch(seq))
+            w.viewers[viewer] = spec
+            return w
+
+    def remove(self, request_id: str, viewer: str) -> None:
+        with self._lock:
+            w = self._watches.get(request_id)
+            if w is not None:
+                w.viewers.pop(viewer, None)
+                if not w.viewers:
+                    del self._watches[request_id]
+
+    def drop_viewer(self, viewer: str) -> None:
+        with self._lock:
+            for rid, w in list(self._watches.items()):
+                w.viewers.pop(viewer, None)
+                if not w.viewers:
+                    del self._watches[rid]
+
+    def forget(self, request_id: str) -> None:
+        with self._lock:
+            self._watches.pop(request_id, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._watches.clear()
+
+    def spec(self, request_id: str, viewer: str) -> WatchSpec | None:
+        """What `viewer` asked to see of `request_id` (None: it does not watch it)."""
+        with self._lock:
+            w = self._watches.get(request_id)
+            return None if w is None else w.viewers.get(viewer)
+
+    def viewers(self, request_id: str) -> list[str]:
+        with self._lock:
+            w = self._watches.get(request_id)
+            return [] if w is None else list(w.viewers)
+
+    def by_seq_id(self) -> dict[int, Watch]:
+        with self._lock:
+            return {w.seq.seq_id: w for w in self._watches.values()}
+
+    def __len__(self) -> int:
+        return len(self._watches)
+
+    def __bool__(self) -> bool:
+        return bool(self._watches)
+
+
 def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
 def attention_event(seq: Sequence, step: int, layer: int, probs: torch.Tensor, positions: list[int],
-                    heads: list[int], num_kv_heads: int, ts: float) -> dict:
-    """probs: [num_heads, rows, context] for one layer of one watched sequence."""
+                    heads: list[int], num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """probs: [num_heads, rows, context] for one layer of one watched sequence;
+    `recomputed`: rows the prefix cache spared the engine, rebuilt by a side pass."""
     group = probs.shape[0] // num_kv_heads
     ctx = probs.shape[2]
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
             "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": probs.shape[0],
             "query_positions": positions, "context_len": ctx, "token_ids": seq.token_ids[:ctx],
-            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0))}
+            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0)), "recomputed": recomputed}
 
 
 def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, texts: dict[int, str]) -> list[dict]:

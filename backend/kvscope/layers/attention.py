@@ -41,8 +41,6 @@ class PagedAttention(nn.Module):
         if md.num_decodes:
             q_dec = q[md.num_prefill_tokens:]
             out[md.num_prefill_tokens:] = self._decode(q_dec, md)
-        if md.capture is not None:
-            md.capture.record(self.layer_idx, q, self.k_cache, self.scale)
         return out.view(q.shape[0], -1)
 
     def _decode(self, q, md):

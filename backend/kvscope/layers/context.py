@@ -36,7 +36,6 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None    # [num_decodes]
     max_context_len: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
-    capture: object | None = None               # AttentionCapture while a request is watched
 
     @property
     def num_decodes(self) -> int:

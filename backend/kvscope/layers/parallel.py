@@ -124,7 +124,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    """Called on hidden states, it returns the logits over the whole vocabulary."""
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         local = F.linear(hidden, self.weight)
         return self.tp.all_gather_last(local)[..., :self.vocab_size]
 

@@ -122,28 +122,12 @@ async def submit(s: Session, msg: dict) -> None:
     spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
     check_submit_limits(s, ids, text)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
-    if spec is not None:
-        _register_watch(s, rid, spec)
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
-    done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None)
+    done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None,
+                                msg.get("pace_s", 0.0))
     if done.error:
-        _unregister_watch(s, rid)
         raise CommandError("engine", done.error, request_id=rid)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
-
-
-def _register_watch(s: Session, rid: str, spec: WatchSpec) -> None:
-    s.viewer.watches[rid] = spec
-    s.hub.watchers[rid].add(s.viewer.id)
-
-
-def _unregister_watch(s: Session, rid: str) -> None:
-    s.viewer.watches.pop(rid, None)
-    viewers = s.hub.watchers.get(rid)
-    if viewers is not None:
-        viewers.discard(s.viewer.id)
-        if not viewers:
-            del s.hub.watchers[rid]
 
 
 async def cancel(s: Session, msg: dict) -> None:
@@ -155,19 +139,12 @@ async def cancel(s: Session, msg: dict) -> None:
 
 async def watch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    spec = watch_spec(s, msg)
-    _register_watch(s, rid, spec)
-    try:
-        await s.service.watch(rid, s.viewer.id, spec)
-    except CommandError:
-        _unregister_watch(s, rid)
-        raise
+    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg))
     s.ack(msg, request_id=rid)
 
 
 async def unwatch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    _unregister_watch(s, rid)
     await s.service.unwatch(rid, s.viewer.id)
     s.ack(msg, request_id=rid)
 
@@ -182,6 +159,12 @@ async def next_token(s: Session, msg: dict) -> None:
     s.own(msg["request_id"])
     await s.service.next_token(msg["request_id"])
     s.ack(msg, request_id=msg["request_id"])
+
+
+async def pace(s: Session, msg: dict) -> None:
+    s.own(msg["request_id"])
+    await s.service.pace(msg["request_id"], msg["interval_s"])
+    s.ack(msg, request_id=msg["request_id"], interval_s=msg["interval_s"])
 
 
 async def release(s: Session, msg: dict) -> None:
@@ -246,6 +229,11 @@ async def reset(s: Session, msg: dict) -> None:
     announce(s, "reset")
 
 
+async def slow_motion(s: Session, msg: dict) -> None:
+    s.ack(msg, interval_s=await s.service.slow_motion(msg["interval_s"]))
+    announce(s, "slow_motion")
+
+
 async def set_knobs(s: Session, msg: dict) -> None:
     knobs = {k: v for k, v in msg.items() if k not in ("type", "ref")}
     s.ack(msg, knobs=await s.service.set_knobs(knobs))
@@ -285,7 +273,7 @@ async def viewers(s: Session, msg: dict) -> None:
 HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
     "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
-    "next": next_token, "release": release, "sandbox": sandbox, "auth": auth, "ping": ping,
+    "next": next_token, "release": release, "pace": pace, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
     "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
     "replay": replay_control,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kvscope.instrumentation.encode import dumps
 from kvscope.instrumentation.recording import Recorder
+from kvscope.instrumentation.watch import WatchRegistry
 from kvscope.server.viewer import Chunk, Viewer
 
 RECORDED_REPLIES = ("tokens", "sandbox")
@@ -61,12 +62,12 @@ class KVMirror:
 
 
 class Hub:
-    def __init__(self, clock, metrics=None):
+    def __init__(self, clock, metrics=None, watches: WatchRegistry | None = None):
         self.clock = clock
         self.metrics = metrics
+        self.watches = watches if watches is not None else WatchRegistry()   # the instrumentation's
         self.viewers: dict[str, Viewer] = {}
         self.followers: dict[str, list[asyncio.Queue]] = defaultdict(list)
-        self.watchers: dict[str, set[str]] = defaultdict(set)   # request id -> viewer ids
         self.owners: dict[str, str] = {}                         # request id -> viewer id
         self.kv = KVMirror()
         self.memory: dict | None = None
@@ -125,7 +126,7 @@ class Hub:
                 if e["type"] == "request.finished":
                     finished.append(rid)
             elif fam in ("attention", "sampling"):
-                for vid in self.watchers.get(rid, ()):
+                for vid in self.watches.viewers(rid):
                     personal[vid].append((i, False))
         if self.recorder is not None:
             for t in texts:
@@ -159,7 +160,7 @@ class Hub:
                     chosen[i] = False
         for i, essential in mine:
             e = events[i]
-            spec = v.watches.get(e["request_id"])
+            spec = self.watches.spec(e["request_id"], v.id)
             if spec is not None and not essential:   # a watcher: its own layers, and sampling if asked
                 if e["type"] == "attention" and spec.layers is not None and e["layer"] not in spec.layers:
                     continue
@@ -174,7 +175,7 @@ class Hub:
 
     def _heads_for(self, v: Viewer, e: dict, text: str) -> str:
         """An attention event cut to the heads this viewer asked for."""
-        spec, flt = v.watches.get(e["request_id"]), v.families.get("attention")
+        spec, flt = self.watches.spec(e["request_id"], v.id), v.families.get("attention")
         wanted = spec.heads if spec is not None else (flt.heads if flt is not None else None)
         if wanted is None or set(e["heads"]) <= wanted:
             return text
@@ -250,9 +251,7 @@ class Hub:
         if owner in self.viewers:
             self.viewers[owner].active.discard(rid)
         self.followers.pop(rid, None)
-        for vid in self.watchers.pop(rid, ()):
-            if vid in self.viewers:
-                self.viewers[vid].watches.pop(rid, None)
+        self.watches.forget(rid)
 
     def set_held(self, rid: str, held: bool) -> None:
         r = self.requests.get(rid)
@@ -287,8 +286,6 @@ class Hub:
 
     def remove(self, v: Viewer) -> None:
         self.viewers.pop(v.id, None)
-        for rid in list(v.watches):
-            self.watchers.get(rid, set()).discard(v.id)
         if self.metrics is not None:
             self.metrics.viewers.set(len(self.viewers))
 

@@ -19,12 +19,13 @@ from kvscope.server.service import EngineService
 from kvscope.server.validation import CommandError
 
 NUM = {"type": ["number", "null"]}
+MAX_N = 16   # parallel samples per prompt: each choice is a sequence in the batch
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}
 COMMON = {
     "model": {"type": "string"}, "max_tokens": {"type": ["integer", "null"], "minimum": 1},
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-    "n": {"type": ["integer", "null"], "minimum": 1}, "stream": {"type": ["boolean", "null"]},
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_N}, "stream": {"type": ["boolean", "null"]},
     "stop": STOP, "seed": {"type": ["integer", "null"]}, "user": {"type": "string"},
     "presence_penalty": NUM, "frequency_penalty": NUM, "logit_bias": {"type": ["object", "null"]},
     "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
@@ -104,7 +105,7 @@ def check_model(service: EngineService, body: dict) -> None:
 
 
 def check_unsupported(body: dict) -> None:
-    for key, ok in (("n", lambda v: v in (None, 1)), ("best_of", lambda v: v in (None, 1)),
+    for key, ok in (("best_of", lambda v: v in (None, 1)),
                     ("echo", lambda v: not v), ("suffix", lambda v: v is None), ("logit_bias", lambda v: not v),
                     ("presence_penalty", lambda v: not v), ("frequency_penalty", lambda v: not v)):
         if key in body and not ok(body[key]):
@@ -121,7 +122,7 @@ def sampling_for(body: dict, chat: bool, max_cap: int) -> SamplingParams:
         return SamplingParams(temperature=1.0 if temperature is None else temperature,
                               top_p=body.get("top_p") or 1.0, top_k=body.get("top_k", 0), min_p=body.get("min_p", 0.0),
                               seed=body.get("seed"), max_tokens=max_tokens, stop=body.get("stop") or [],
-                              ignore_eos=body.get("ignore_eos", False), logprobs=logprobs)
+                              ignore_eos=body.get("ignore_eos", False), logprobs=logprobs, n=body.get("n") or 1)
     except ValueError as exc:
         raise OpenAIError(400, str(exc)) from None
 
@@ -218,14 +219,16 @@ def prompt_list(service: EngineService, body: dict, chat: bool) -> list[tuple[li
 
 
 async def run_one(call: Completion, index: int, ids: list[int], text: str | None, params: SamplingParams, sink):
-    """Stream one prompt through the engine, handing (index, delta) to sink; returns the output."""
+    """Stream one prompt's n choices through the engine, handing (choice index, delta) to sink
+    (prompt i's choices are indices i*n .. i*n+n-1); returns their outputs in choice order."""
     rid = call.service.new_request_id()
     source_label = RequestLabel(prompt=text)
+    outputs = [None] * params.n
     async for delta in call.service.stream(rid, ids, params, "openai", source_label):
-        await sink(index, delta)
+        await sink(index * params.n + delta.index, delta)
         if delta.finished:
-            return delta.output
-    return None
+            outputs[delta.index] = delta.output
+    return outputs
 
 
 async def complete(call: Completion, params: SamplingParams):
@@ -234,15 +237,17 @@ async def complete(call: Completion, params: SamplingParams):
     async def keep(index, delta):
         if delta.logprob is not None:
             texts.setdefault(index, []).append((delta.token_id, delta.logprob))
-    outputs = await asyncio.gather(*(run_one(call, i, ids, text, params, keep)
-                                     for i, (ids, text) in enumerate(call.prompts)))
+    per_prompt = await asyncio.gather(*(run_one(call, i, ids, text, params, keep)
+                                        for i, (ids, text) in enumerate(call.prompts)))
+    outputs = [out for outs in per_prompt for out in outs]
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, out in enumerate(outputs):
         if out.finish_reason == "error":
             return OpenAIError(400 if "prompt" in (out.error or "") else 500, out.error or "the engine failed",
                                code="context_length_exceeded" if "prompt" in (out.error or "") else "engine_error",
                                kind="invalid_request_error" if "prompt" in (out.error or "") else "server_error")
-        prompt_tokens += len(out.prompt_token_ids)
+        if i % params.n == 0:   # a prompt counts once, however many choices it has
+            prompt_tokens += len(out.prompt_token_ids)
         completion_tokens += len(out.token_ids)
         lps = texts.get(i)
         finish = FINISH.get(out.finish_reason, "stop")
@@ -267,7 +272,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
         await queue.put((index, delta))
     tasks = [asyncio.ensure_future(run_one(call, i, ids, text, params, push))
              for i, (ids, text) in enumerate(call.prompts)]
-    open_choices, prompt_tokens, completion_tokens = len(tasks), 0, 0
+    open_choices, prompt_tokens, completion_tokens = len(tasks) * params.n, 0, 0
     started, offsets = set(), {}
     try:
         while open_choices:
@@ -280,7 +285,8 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
                            "param": None, "code": "engine_error"}
                     yield f"data: {json.dumps({'error': err})}\n\n"
                     continue
-                prompt_tokens += len(out.prompt_token_ids)
+                if index % params.n == 0:
+                    prompt_tokens += len(out.prompt_token_ids)
                 completion_tokens += len(out.token_ids)
                 yield call.chunk([call.choice_delta(index, "", FINISH.get(out.finish_reason, "stop"),
                                                     first=index not in started)])

@@ -72,15 +72,18 @@ class Sandbox:
         self.bm.append_slots(seq, n)
         seq.num_computed_tokens += n
         self.bm.commit(seq)
-        self.last = {"op": "append", "seq": name, "new_blocks": len(seq.block_table) - before}
+        copied = len(self.bm.take_copies())   # no K/V here: a copy-on-write is only a new block
+        self.last = {"op": "append", "seq": name, "new_blocks": len(seq.block_table) - before,
+                     "copied_blocks": copied}
 
     def fork(self, name: str, new_name: str) -> None:
-        """Share every full block of `name`; the partly filled last block is copied."""
+        """Share every block of `name`, the partly filled last one too: it is copied only
+        when one of them first appends to it (copy-on-write)."""
         parent = self._get(name)
         child = Sequence(list(parent.token_ids), PARAMS, request_id=new_name)
-        full = parent.num_tokens // self.bm.block_size
-        self._prefill(child, parent.block_table[:full])
-        self.last = {"op": "fork", "seq": new_name, "hits": full, "new_blocks": len(child.block_table) - full}
+        self.bm.fork(parent, child)
+        self.seqs[new_name] = child
+        self.last = {"op": "fork", "seq": new_name, "shared_blocks": len(child.block_table)}
 
     def free(self, name: str) -> None:
         seq = self._get(name)

@@ -15,7 +15,7 @@ from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
-from kvscope.instrumentation.watch import WatchSpec
+from kvscope.instrumentation.watch import WatchRegistry, WatchSpec
 from kvscope.llm import apply_chat_template
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.config import ServerConfig
@@ -48,8 +48,9 @@ class EngineService:
         self.clock = Clock()
         self.started_at = time.time()
         self.metrics = Metrics()
-        self.hub = Hub(self.clock, self.metrics)
-        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock)
+        watches = WatchRegistry()   # one record of who watches what, shared by the hub
+        self.hub = Hub(self.clock, self.metrics, watches)
+        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
         self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
         self.model_name = engine.model_config.name or engine.model_path.name
         self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
@@ -101,7 +102,8 @@ class EngineService:
 
     # -- requests -----------------------------------------------------------------------
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
-                     label: RequestLabel, watch: tuple[str, WatchSpec] | None = None) -> Submitted:
+                     label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
+                     pace_s: float = 0.0) -> Submitted:
         """Add a request whose events reach its owner (and followers) through the hub."""
         def add() -> Submitted:
             self.instr.labels[rid] = label
@@ -114,6 +116,8 @@ class EngineService:
                 return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
             if label.held:
                 seq.hold = seq.pause_after_token = True
+            elif pace_s:
+                self.aengine.pacing.pace(seq, pace_s)
             if watch is not None:
                 self.instr.watch(rid, watch[0], watch[1], seq)
             return Submitted(rid, seq.num_prompt_tokens)
@@ -141,6 +145,7 @@ class EngineService:
 
     async def hold(self, rid: str) -> None:
         def hold(seq):
+            self.aengine.pacing.unpace(seq)   # stepped by its owner now, not by time
             seq.hold = seq.pause_after_token = True
         await self.on_request(rid, hold)
         self.hub.set_held(rid, True)
@@ -154,8 +159,17 @@ class EngineService:
 
     async def release(self, rid: str) -> None:
         def release(seq):
+            self.aengine.pacing.unpace(seq)
             seq.hold = seq.pause_after_token = False
         await self.on_request(rid, release)
+        self.hub.set_held(rid, False)
+
+    async def pace(self, rid: str, seconds: float) -> None:
+        """Step this request at most once per `seconds`, whatever the others do."""
+        def pace(seq):
+            seq.hold = False
+            self.aengine.pacing.pace(seq, seconds)
+        await self.on_request(rid, pace)
         self.hub.set_held(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
@@ -192,6 +206,13 @@ class EngineService:
     async def reset(self) -> int:
         return await self.aengine.reset()
 
+    async def slow_motion(self, seconds: float) -> float:
+        """The minimum interval between two engine steps (0: full speed)."""
+        def apply():
+            self.aengine.pacing.set_slow_motion(seconds)
+            return self.aengine.pacing.min_step_interval_s
+        return await self.aengine.call(apply)
+
     async def set_knobs(self, knobs: dict) -> dict:
         def apply():
             try:
@@ -218,6 +239,7 @@ class EngineService:
         sched, rec = self.engine.scheduler, self.hub.recorder
         return {"type": "engine", "ts": self.clock(), "reason": reason,
                 "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
+                "slow_motion_s": self.aengine.pacing.min_step_interval_s if self.aengine else 0.0,
                 "knobs": self.engine.knobs(), "num_running": len(sched.running),
                 "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}

@@ -11,7 +11,6 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from kvscope.instrumentation.watch import WatchSpec
 from kvscope.server.config import ServerConfig
 from kvscope.server.ratelimit import TokenBucket, per_minute
 
@@ -64,7 +63,6 @@ class Viewer:
         self.config = config
         self.connected_at = time.monotonic()
         self.families: dict[str, Filter] = {}
-        self.watches: dict[str, WatchSpec] = {}
         self.active: set[str] = set()          # its own requests still in flight
         self.sandbox = None                    # created on first use
         self.pending: deque[Chunk] = deque()

@@ -21,23 +21,30 @@ export function cssVar(nameOrVar, element = document.documentElement) {
   return getComputedStyle(element).getPropertyValue(name).trim();
 }
 
-// Viridis at nine evenly spaced points (public colormap values).
-const VIRIDIS = [
-  [68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
-  [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37],
-];
+// Sequential ramps whose zero is the page background, so near-zero weights recede and the
+// few large ones stand out. Light pages: white to deep blue (ColorBrewer "Blues"); dark
+// pages: the background to yellow along viridis. Both change in lightness monotonically,
+// so they stay ordered for every colour-vision deficiency and in greyscale.
+const LIGHT_RAMP = [[255, 255, 255], [222, 235, 247], [158, 202, 225], [66, 146, 198], [8, 81, 156], [8, 48, 107]];
+const DARK_RAMP = [[21, 23, 27], [59, 58, 110], [44, 113, 142], [33, 160, 135], [124, 210, 80], [253, 231, 37]];
 
-/** Sequential colour for t in [0, 1] (0 = dark purple, 1 = yellow), as `rgb(...)`. */
+export function prefersDark() {
+  return typeof window !== 'undefined' && window.matchMedia?.('(prefers-color-scheme: dark)').matches;
+}
+
+/** Sequential colour for t in [0, 1]: 0 is the page background, 1 the strongest ink. */
 export function heatColor(t) {
-  const x = Math.min(1, Math.max(0, Number(t) || 0)) * (VIRIDIS.length - 1);
-  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  const ramp = prefersDark() ? DARK_RAMP : LIGHT_RAMP;
+  const x = Math.min(1, Math.max(0, Number(t) || 0)) * (ramp.length - 1);
+  const i = Math.min(ramp.length - 2, Math.floor(x));
   const f = x - i;
-  const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
+  const [a, b] = [ramp[i], ramp[i + 1]];
   const mix = (k) => Math.round(a[k] + (b[k] - a[k]) * f);
   return `rgb(${mix(0)}, ${mix(1)}, ${mix(2)})`;
 }
 
 /** Black or white, whichever reads better on `heatColor(t)`. */
 export function heatTextColor(t) {
-  return Number(t) > 0.55 ? '#000' : '#fff';
+  const strong = Number(t) > 0.55;
+  return strong === prefersDark() ? '#000' : '#fff';
 }

@@ -1,7 +1,9 @@
 // <kv-connection>: the header badge that says whether the page shows the live engine or
-// a recording, and, while replaying, the replay controls (play/pause, step, speed).
+// a recording, and, while replaying, the replay controls (play/pause, step, speed); while
+// the instructor has paused the engine, a banner that says so.
 
 import { getClient } from '../client.js';
+import { pausedText } from './format.js';
 
 const SPEEDS = [0.25, 0.5, 1, 2, 4];
 const REPLAY_TEXT = 'Replaying a recording — no live engine';
@@ -15,7 +17,12 @@ class KvConnection extends HTMLElement {
     this.badge.className = 'kv-badge';
     this.badge.setAttribute('role', 'status');
     this.controls = this._buildControls();
-    this.replaceChildren(this.badge, this.controls);
+    // Every learner page says when the instructor has stopped the engine, and at which step.
+    this.pausedBanner = document.createElement('span');
+    this.pausedBanner.className = 'kv-paused-banner';
+    this.pausedBanner.setAttribute('role', 'status');
+    this.pausedBanner.hidden = true;
+    this.replaceChildren(this.badge, this.pausedBanner, this.controls);
     this.client.onModeChange(() => this.update());
     this.client.addEventListener('replaystate', () => this.update());
     this.client.on('hello', () => this.update());
@@ -83,6 +90,9 @@ class KvConnection extends HTMLElement {
     if (mode === 'replay' && replay.recording) this.badge.title = `Recording: ${replay.recording}${replay.description ? ` — ${replay.description}` : ''}`;
     else this.badge.removeAttribute('title');
 
+    const paused = mode === 'live' && Boolean(this.client.engine && this.client.engine.paused);
+    this.pausedBanner.hidden = !paused;
+    if (paused) this.pausedBanner.textContent = pausedText(this.client.engine);
     this.controls.hidden = !(mode === 'replay' && replay.loaded);
     this.playButton.textContent = replay.playing ? 'Pause' : 'Play';
     this.playButton.setAttribute('aria-label', replay.playing ? 'Pause the replay' : 'Play the replay');

@@ -59,7 +59,7 @@ export function formatSI(value, digits = 1) {
 
 /**
  * Formats one value the way the authoring contract names formats:
- * 'int' (default), 'bytes', 'float', 'text'. Booleans read as yes/no.
+ * 'int' (default), 'bytes', 'float', 'text', 'seconds', 'si' (decimal prefix; the unit follows in the text). Booleans read as yes/no.
  */
 export function formatValue(value, format = 'int') {
   if (value === undefined || value === null) return '—';
@@ -73,6 +73,8 @@ export function formatValue(value, format = 'int') {
       return formatFloat(value);
     case 'seconds':
       return formatSeconds(value);
+    case 'si':
+      return formatSI(value);
     case 'int':
     default:
       if (typeof value !== 'number') return String(value);
@@ -88,4 +90,9 @@ export function getPath(object, path) {
     current = current[part];
   }
   return current;
+}
+
+/** What a page says while the instructor has paused the live engine (`engine` event). */
+export function pausedText(engine) {
+  return `Paused by the instructor · step ${formatInt(engine.step)}`;
 }

@@ -3,9 +3,12 @@
 // per layer per step (the whole prompt at prefill, one new row per decoded token). Layer
 // and head selectors (or the mean over heads), token labels, the causal mask hatched, a
 // query row lit up over the text on hover or focus, a colour scale legend.
+// Prompt rows whose keys came from the prefix cache (a prompt someone ran before) are
+// rebuilt by the instrumentation from the cached keys and recomputed queries, and marked.
+// The chosen layer and head stay chosen from one run to the next.
 // With no backend it follows the first watched request in the page's recording.
 
-import { KvWidget, heatColor, formatInt } from '../widget-base.js';
+import { KvWidget, heatColor, formatInt, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
@@ -73,14 +76,17 @@ class KvAttention extends withHandlers(KvWidget) {
         h('label', { for: this.headSel.id }, 'Head'), this.headSel),
       h('div', { class: 'kvw-row' },
         h('label', { for: this.scaleSel.id }, 'Colour scale'), this.scaleSel,
-        h('span', { class: 'kva-scale', role: 'img', 'aria-label': 'colour scale: dark purple is 0, yellow is the largest weight shown' }, '0', this.ramp, this.rampMax)),
+        h('span', { class: 'kva-scale', role: 'img', 'aria-label': 'colour scale: the page background is 0, the strongest colour is the largest weight shown' }, '0', this.ramp, this.rampMax)),
       this.errorEl, this.infoEl, this.mapEl, this.overCaption, this.overEl,
       h('p', { class: 'kvw-note' }, 'Rows are query tokens, columns the tokens they attend to. Tab to the row labels, then use ↑/↓ to move between rows.'),
     );
     this.ramp.style.background = `linear-gradient(to right, ${[0, 0.25, 0.5, 0.75, 1].map((t) => heatColor(t)).join(', ')})`;
     this.setLegend([
-      { label: 'attention weight: dark = little, bright = most (scale above)', color: heatColor(0.7) },
+      { label: 'attention weight: fades into the page near 0, strongest colour = largest (scale above)', color: heatColor(0.7) },
       { label: 'causal mask: a token cannot attend to later tokens (weight 0)', color: 'var(--kv-border)', shape: 'hatch' },
+      { label: 'row not received yet (dashed outline)', color: 'var(--kv-border)', shape: 'line' },
+      { label: 'row whose keys came from the prefix cache: recomputed from the cached keys', color: 'var(--kv-cached)' },
+      { label: 'line between the prompt rows (above) and the generated rows (below)', color: 'var(--kv-fg)', shape: 'line' },
       { label: 'selected query row', color: 'var(--kv-focus)', shape: 'line' },
     ]);
     this.handlers = clientHandlers(this, {
@@ -100,6 +106,7 @@ class KvAttention extends withHandlers(KvWidget) {
     this.rid = null;
     this.buffer = [];            // events that came before the submit's ack named the request
     this.store = new AttentionStore();
+    this.recomputed = new Set(); // positions rebuilt from prefix-cached keys
     this.labels = [];            // position -> label
     this.tokenIds = [];
     this.numPrompt = 0;
@@ -236,17 +243,21 @@ class KvAttention extends withHandlers(KvWidget) {
     this.numHeads = e.num_heads;
     e.token_ids.forEach((id, i) => { this.tokenIds[i] = id; });
     this.store.add(e);
-    if (!this.store.layers.has(this.layer)) {   // only some layers watched: show one that has data
-      this.layer = e.layer;
-      this.layerSel.value = String(e.layer);
-    }
+    if (e.recomputed) e.query_positions.forEach((p) => this.recomputed.add(p));
     this.requestRender();
   }
 
   get size() { return this.store.size; }
 
-  /** The n×n matrix of a layer and head (default: the selected ones). */
-  matrix(layer = this.layer, head = this.head) { return this.store.matrix(layer, head); }
+  /** The layer drawn: the chosen one, or while it has no data (a recording that watched
+   * only some layers) the first that has; the choice itself is kept for the next run. */
+  get shownLayer() {
+    if (this.store.layers.has(this.layer) || !this.store.layers.size) return this.layer;
+    return Math.min(...this.store.layers.keys());
+  }
+
+  /** The n×n matrix of a layer and head (default: the shown ones). */
+  matrix(layer = this.shownLayer, head = this.head) { return this.store.matrix(layer, head); }
 
   labelAt(i) {
     return this.labels[i] ?? (this.tokenIds[i] !== undefined ? idLabel(this.tokenIds[i]) : `#${i}`);
@@ -255,7 +266,7 @@ class KvAttention extends withHandlers(KvWidget) {
   render() {
     const n = this.size;
     if (!n) {
-      this.mapEl.replaceChildren(h('p', { class: 'kvw-note' }, this.rid ? 'Waiting for the first step…' : 'Press Run to send the prompt to the engine and watch its attention.'));
+      this.mapEl.replaceChildren(h('p', { class: 'kvw-note' }, this.rid ? (this.client.engine?.paused ? `${pausedText(this.client.engine)}: the first step runs when they resume.` : 'Waiting for the first step…') : 'Press Run to send the prompt to the engine and watch its attention.'));
       this.overEl.replaceChildren();
       this.overCaption.textContent = '';
       return;
@@ -268,15 +279,17 @@ class KvAttention extends withHandlers(KvWidget) {
     const labels = Array.from({ length: n }, (_, i) => this.labelAt(i));
     const headName = this.head === 'mean' ? 'mean over heads' : `head ${this.head}`;
     const width = Math.min(this.mapEl.clientWidth || this.clientWidth || 640, 900);
-    const title = `Attention weights, layer ${this.layer}, ${headName}: ${n} query rows`;
+    const layer = this.shownLayer;
+    if (this.layerSel.value !== String(layer)) this.layerSel.value = String(layer);
+    const title = `Attention weights, layer ${layer}, ${headName}: ${n} query rows`;
     let map;
     if (n > CANVAS_ROWS) {
-      const { canvas, cell } = drawHeatmapCanvas({ n, rows, active: this.active, vmax: this.vmax, width, title, rowScale: this.rowScale });
+      const { canvas, cell } = drawHeatmapCanvas({ n, rows, active: this.active, vmax: this.vmax, width, title, rowScale: this.rowScale, split: this.numPrompt });
       canvas.addEventListener('pointermove', (e) => this.setActive(Math.floor(e.offsetY / cell), false));
       map = canvas;
       this.rowEls = Array.from({ length: n }, () => canvas);
     } else {
-      const drawn = drawHeatmap({ n, rows, labels, active: this.active, vmax: this.vmax, width, title, rowScale: this.rowScale });
+      const drawn = drawHeatmap({ n, rows, labels, active: this.active, vmax: this.vmax, width, title, rowScale: this.rowScale, split: this.numPrompt, recomputed: this.recomputed });
       map = drawn.svg;
       this.rowEls = drawn.rowEls;
     }
@@ -285,8 +298,14 @@ class KvAttention extends withHandlers(KvWidget) {
     this.mapEl.replaceChildren(map);
     if (hadFocus && this.active >= 0) rowEls[this.active]?.focus();
     const decoded = Math.max(0, n - this.numPrompt);
-    this.infoEl.textContent = `${this.rid || ''} · ${formatInt(this.numPrompt)} prompt tokens (prefill rows) + ${formatInt(decoded)} decoded rows`
-      + ` · ${this.numHeads} heads per layer${this.finished ? ' · finished' : ''}`;
+    const missing = rows.filter((r) => !r).length;
+    const cached = this.recomputed.size
+      ? ` (${formatInt(this.recomputed.size)} of them from the prefix cache: the engine skipped them, so they were recomputed from the cached keys for this view)`
+      : '';
+    this.infoEl.textContent = `${this.rid || ''} · ${formatInt(this.numPrompt)} prompt rows${cached} + ${formatInt(decoded)} generated rows`
+      + `${missing ? ` · ${formatInt(missing)} rows not received yet` : ''} · ${this.numHeads} heads per layer${this.finished ? ' · finished' : ''}`;
+    this.dataset.missingRows = String(missing);
+    this.dataset.recomputedRows = String(this.recomputed.size);
     this.dataset.rows = String(n);
     this.dataset.numHeads = String(this.numHeads);
     this.drawOver(rows, labels);
@@ -320,7 +339,7 @@ class KvAttention extends withHandlers(KvWidget) {
   exportData() {
     const n = this.size;
     return {
-      request_id: this.rid, layer: this.layer, head: this.head, num_heads: this.numHeads,
+      request_id: this.rid, layer: this.shownLayer, head: this.head, recomputed_rows: [...this.recomputed].sort((x, y) => x - y), num_heads: this.numHeads,
       colour_scale: this.rowScale ? 'row' : 'map', vmax: this.vmax ?? null,
       heads_received: [...this.store.headsSeen].sort((x, y) => x - y), num_prompt_tokens: this.numPrompt,
       num_output_tokens: this.numOutput,

@@ -24,6 +24,10 @@ kv-memory .kvm-kvu { background: var(--kv-cat-2); }
 kv-memory .kvm-act { background: var(--kv-cat-6); }
 kv-memory .kvm-oth { background: var(--kv-cat-8); }
 kv-memory .kvm-gauge { background: var(--kv-cat-4); }
+kv-memory .kvw-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: .4rem 0; }
+kv-memory .kvw-table caption { text-align: left; }
+kv-memory .kvw-table th, kv-memory .kvw-table td { padding: .15rem .8rem .15rem 0; text-align: right; border-bottom: 1px solid var(--kv-border); }
+kv-memory .kvw-table th[scope=row] { text-align: left; font-weight: 400; color: var(--kv-fg-soft); }
 `;
 
 class KvMemory extends KvWidget {
@@ -40,6 +44,8 @@ class KvMemory extends KvWidget {
     this.deviceNote = h('p', { class: 'kvw-note' });
     this.runBtn = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.sendDemo() }, 'Send a prompt to make steps');
     this.stepEl = h('div', { 'aria-live': 'off' });
+    this.lastByKind = { prefill: null, decode: null };
+    this.compareEl = h('div', { class: 'kvw-scroll' });
     this.memEl = h('div', {});
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.estimator = new Estimator(this);
@@ -47,7 +53,8 @@ class KvMemory extends KvWidget {
       h('div', { class: 'kvw-row' }, h('strong', {}, 'Memory levels'), this.modeBadge),
       this.hierEl, this.deviceNote,
       h('section', { class: 'kvw-panel', 'aria-label': 'Bytes moved by the last step' },
-        h('h4', {}, 'Bytes moved by the last engine step'), h('div', { class: 'kvw-row' }, this.runBtn), this.errorEl, this.stepEl),
+        h('h4', {}, 'Bytes moved by the last engine step'), h('div', { class: 'kvw-row' }, this.runBtn), this.errorEl, this.stepEl,
+        h('h4', {}, 'A prefill step beside a decode step'), this.compareEl),
       h('section', { class: 'kvw-panel', 'aria-label': 'Where device memory goes' }, h('h4', {}, 'Where the memory goes'), this.memEl),
       this.estimator.el,
     );
@@ -78,6 +85,8 @@ class KvMemory extends KvWidget {
     } else if (event.type === 'step') {
       this.step = event;
       this.dataset.step = String(event.step);
+      // A step with any prompt tokens counts as prefill: its tokens per weight read are what differ.
+      this.lastByKind[event.seqs.some((q) => q.kind === 'prefill') ? 'prefill' : 'decode'] = event;
     } else if (event.type === 'memory') {
       this.memory = event;
     } else return;
@@ -96,6 +105,7 @@ class KvMemory extends KvWidget {
   render() {
     this.renderHierarchy();
     this.renderStep();
+    this.renderComparison();
     this.renderMemory();
   }
 
@@ -136,7 +146,7 @@ class KvMemory extends KvWidget {
     const onCpu = hello.device.type === 'cpu';
     const prefill = s.seqs.filter((q) => q.kind === 'prefill').length;
     this.stepEl.replaceChildren(
-      h('p', { class: 'kvw-note' }, `Step ${formatInt(s.step)}: ${s.seqs.length} sequence${s.seqs.length === 1 ? '' : 's'} (${prefill} prefill, ${s.seqs.length - prefill} decode), ${formatInt(s.num_batched_tokens)} tokens, model time ${formatSeconds(s.model_s)}.`),
+      h('p', { class: 'kvw-note' }, `Step ${formatInt(s.step)}: ${s.seqs.length} sequence${s.seqs.length === 1 ? '' : 's'} (${prefill} prefill, ${s.seqs.length - prefill} decode), ${formatInt(s.num_batched_tokens)} token${s.num_batched_tokens === 1 ? '' : 's'}, model time ${formatSeconds(s.model_s)}.`),
       h('div', { class: 'kvm-stack', role: 'img', 'aria-label': `Bytes moved: weights ${formatBytes(c.weight_bytes)}, KV read ${formatBytes(c.kv_read_bytes)}, KV written ${formatBytes(c.kv_write_bytes)}` },
         h('span', { class: 'kvm-w', style: `width:${(100 * c.weight_bytes) / total}%` }),
         h('span', { class: 'kvm-kr', style: `width:${(100 * c.kv_read_bytes) / total}%` }),
@@ -156,6 +166,31 @@ class KvMemory extends KvWidget {
         `${onCpu ? 'The same step on an H100' : 'On an H100'} (bfloat16, at its roofline): ${formatBytes(h100.bytes)} moved, ${formatSeconds(h100.time_s)}, ${h100.bound}-bound`
         + `${s.model_s > 0 ? ` — ${formatFloat(s.model_s / h100.time_s, 2)}× faster than this step took here.` : '.'}`),
     );
+  }
+
+  /** The latest prefill step and the latest decode-only step, side by side: about the same
+   * bytes read, very different numbers of tokens for them. */
+  renderComparison() {
+    const { prefill, decode } = this.lastByKind;
+    const peak = this.hello ? this.hello.device.peak_bandwidth_bytes_per_s : 0;
+    if (!prefill || !decode || !peak) {
+      this.compareEl.replaceChildren(h('p', { class: 'kvw-note' }, 'Needs one prefill step and one decode step: send a prompt.'));
+      return;
+    }
+    const rows = [
+      ['Step', (s) => formatInt(s.step)],
+      ['Tokens in the step', (s) => formatInt(s.num_batched_tokens)],
+      ['Bytes moved', (s) => formatBytes(s.cost.bytes)],
+      ['FLOPs per byte', (s) => formatFloat(s.cost.arithmetic_intensity, 2)],
+      ['Model time', (s) => formatSeconds(s.model_s)],
+      ['Time per token', (s) => formatSeconds(s.model_s / Math.max(1, s.num_batched_tokens))],
+      ['Share of peak bandwidth', (s) => `${((100 * s.cost.achieved_bytes_per_s) / peak).toFixed(1)}%`],
+    ];
+    this.compareEl.replaceChildren(h('table', { class: 'kvw-table', 'data-compare': 'prefill-decode' },
+      h('caption', { class: 'kvw-note' }, 'The latest step with prompt tokens and the latest decode-only step.'),
+      h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'figure'), h('th', { scope: 'col' }, 'prefill'), h('th', { scope: 'col' }, 'decode'))),
+      h('tbody', {}, ...rows.map(([label, cell]) => h('tr', {}, h('th', { scope: 'row' }, label),
+        h('td', {}, cell(prefill)), h('td', {}, cell(decode)))))));
   }
 
   renderMemory() {

@@ -11,6 +11,7 @@ import { PoolCanvas, OwnerPalette } from './lib/pool-canvas.js';
 import { SandboxPanel, SANDBOX_CSS } from './lib/sandbox-panel.js';
 import { PrefixDemo, PREFIX_CSS } from './lib/prefix-demo.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
+import { LoadMaker } from '../lib/load-maker.js';
 
 const MAX_TABLES = 24;
 
@@ -20,6 +21,7 @@ kv-pages .kvp-poolwrap { max-height: 420px; overflow: auto; border: 1px solid va
 kv-pages .kvp-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
 kv-pages .kvp-events { font-family: var(--kv-font-mono); font-size: .8rem; color: var(--kv-fg-soft); min-height: 1.3em; }
 kv-pages .kvp-tables button { font: inherit; background: none; border: 1px solid transparent; color: inherit; padding: .1rem .3rem; border-radius: 4px; cursor: pointer; text-align: left; }
+kv-pages .kvp-chip--shared { border-width: 2px; border-color: var(--kv-fg); font-weight: 600; }
 kv-pages .kvp-tables button:hover, kv-pages .kvp-tables button[aria-pressed=true] { border-color: var(--kv-focus); }
 `;
 
@@ -44,13 +46,22 @@ class KvPages extends withHandlers(KvWidget) {
     this.detailEl = h('p', { class: 'kvp-detail', id: `${this.getAttribute('aria-labelledby')}-detail`, 'aria-live': 'polite' });
     this.eventsEl = h('p', { class: 'kvp-events' });
     this.tablesEl = h('ul', { class: 'kvp-tables', 'aria-label': 'Block tables of the sequences in flight' });
+    this.load = new LoadMaker(this.client, { keep: 3, paceS: 0.2, onChange: () => this.showLoad() });
+    this.loadButton = h('button', { type: 'button', class: 'kvw-btn', 'aria-pressed': 'false', onclick: () => this.toggleLoad() },
+      'Keep 3 requests running');
+    this.loadStatus = h('span', { class: 'kvw-note', 'aria-live': 'polite' });
     this.sandbox = new SandboxPanel(this, this.palette);
     this.demo = this.getAttribute('prompt') ? new PrefixDemo(this, this.getAttribute('prompt')) : null;
-    this.handlers = clientHandlers(this, { 'request.finished': (e) => this.demo?.onFinished(e) });
+    this.handlers = clientHandlers(this, {
+      'request.finished': (e) => this.demo?.onFinished(e),
+      step: (e) => this.demo?.onStep(e),
+    });
+    this.followSteps();
     this.handlers.attach();
     this.body.append(
       ...(this.demo ? [this.demo.el] : []),
       h('div', { class: 'kvw-row' }, h('strong', {}, 'The engine’s pool'), this.modeBadge),
+      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus),
       this.figuresEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
       this.detailEl, this.eventsEl,
@@ -75,10 +86,48 @@ class KvPages extends withHandlers(KvWidget) {
       { label: 'free but cached: keeps its hash, a later prefix can reuse it', color: 'var(--kv-cached)', shape: 'hatch' },
     ]);
     this.updateMode(this.client.mode);
+    this.showLoad();
     this.sandbox.start();
   }
 
+  toggleLoad() {
+    if (this.load.active) this.load.stop();
+    else this.load.start();
+  }
+
+  /** The load control: pressed while it keeps requests running, and which ones they are. */
+  showLoad() {
+    const { active, running, error } = this.load;
+    this.loadButton.setAttribute('aria-pressed', String(active));
+    this.loadButton.textContent = active ? 'Stop my requests' : 'Keep 3 requests running';
+    this.loadButton.disabled = !this.isLive;
+    this.dataset.load = active ? 'on' : 'off';
+    if (!this.isLive) this.loadStatus.textContent = 'Needs the live engine.';
+    else if (error) this.loadStatus.textContent = this.describeError(error);
+    else if (active || running.size) {
+      this.loadStatus.textContent = `${running.size} of your requests in flight (${[...running].join(', ')}), each stepped every ${this.load.paceS} s so you can watch its blocks fill and be freed.`;
+    } else this.loadStatus.textContent = 'Your own requests fill the pool; no instructor needed.';
+  }
+
+  /** The prefix demo counts its requests' work from `step` events. */
+  followSteps() {
+    if (this.demo && !this.stopSteps) this.stopSteps = this.client.subscribe(['step']);
+  }
+
+  connectedCallback() {
+    super.connectedCallback();
+    if (this.handlers) this.followSteps();
+  }
+
+  disconnectedCallback() {
+    super.disconnectedCallback();
+    this.load?.stop();
+    this.stopSteps?.();
+    this.stopSteps = null;
+  }
+
   onModeChange(mode) {
+    this.showLoad();
     this.updateMode(mode);
     this.sandbox.start();
   }
@@ -173,9 +222,9 @@ class KvPages extends withHandlers(KvWidget) {
     this.tablesEl.replaceChildren(...shown.map(([rid, t]) => {
       const button = h('button', {
         type: 'button', 'data-seq': rid, 'aria-pressed': this.pinnedSeq === rid ? 'true' : 'false',
-        'aria-label': `${rid}: ${t.length} blocks, logical to physical ${t.map((b, i) => `${i} to ${b}`).join(', ')}. Press to keep it highlighted.`,
+        'aria-label': `${rid}: ${t.length} blocks, logical to physical ${t.map((b, i) => `${i} to ${b}${this.refOf(b) > 1 ? ' (shared)' : ''}`).join(', ')}. Press to keep it highlighted.`,
       }, h('strong', { style: `color:${this.palette.cssColour(rid)}` }, `■ ${rid}`), ` ${t.length} block${t.length === 1 ? '' : 's'}: `,
-      ...t.slice(0, 32).map((b, i) => h('span', { class: 'kvp-chip' }, `${i}→${b}`)), t.length > 32 ? ' …' : '');
+      ...t.slice(0, 32).map((b, i) => this.chip(b, i)), t.length > 32 ? ' …' : '');
       button.addEventListener('pointerenter', () => this.setHighlight(rid));
       button.addEventListener('focus', () => this.setHighlight(rid));
       button.addEventListener('blur', () => this.setHighlight(this.pinnedSeq));
@@ -186,10 +235,23 @@ class KvPages extends withHandlers(KvWidget) {
       });
       return h('li', {}, button);
     }), ...(entries.length > MAX_TABLES ? [h('li', { class: 'kvw-note' }, `… and ${entries.length - MAX_TABLES} more`)] : []),
-    ...(entries.length ? [] : [h('li', { class: 'kvw-note' }, 'No sequence holds blocks right now. Submit a prompt (in another widget, or the class’s requests) to see tables appear.')]));
+    ...(entries.length ? [] : [h('li', { class: 'kvw-note' }, 'No sequence holds blocks right now. Press “Keep 3 requests running” to see tables appear.')]));
     if (focused) this.tablesEl.querySelector(`[data-seq="${CSS.escape(focused)}"]`)?.focus();
     const owners = entries.slice(0, 6).map(([rid]) => ({ label: rid, color: this.palette.cssColour(rid) }));
     this.legendOwners(owners);
+  }
+
+  refOf(block) {
+    return this.pool.blocks[block]?.ref ?? 0;
+  }
+
+  // A table entry; a block other sequences hold too (a prefix hit, or a parallel-sampling
+  // fork before copy-on-write) is drawn bold with its ref count.
+  chip(block, index) {
+    const ref = this.refOf(block);
+    return ref > 1
+      ? h('span', { class: 'kvp-chip kvp-chip--shared', 'data-shared': String(ref), title: `shared by ${ref} sequences` }, `${index}→${block} ×${ref}`)
+      : h('span', { class: 'kvp-chip' }, `${index}→${block}`);
   }
 
   legendOwners(owners) {

@@ -9,6 +9,8 @@ kvscope marks of docs/authoring.md:
 """
 from __future__ import annotations
 
+import hashlib
+import random
 import re
 from dataclasses import dataclass, field
 from html import escape
@@ -23,7 +25,7 @@ from kvscope.server.rendering.content import Glossary, frontend_dir
 
 # A widget exists when its file does: frontend/js/widgets/kv-<name>.js defines <kv-<name>>.
 WIDGET_TAGS = frozenset(path.stem for path in (frontend_dir() / "js" / "widgets").glob("kv-*.js"))
-VALUE_FORMATS = frozenset({"int", "bytes", "float", "text"})
+VALUE_FORMATS = frozenset({"int", "bytes", "float", "text", "seconds", "si"})
 VALUE_KEYS = frozenset(
     [f"model.{k}" for k in (
         "name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -33,6 +35,8 @@ VALUE_KEYS = frozenset(
     + [f"engine.{k}" for k in (
         "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
         "max_model_len", "enable_prefix_caching", "attention_backend")]
+    # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
+    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte"]
 )
 WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
 KV_VALUE = re.compile(r"<kv-value\b([^>]*)>")
@@ -142,6 +146,15 @@ def _quiz_questions(text: str, source: str) -> list[dict]:
     return questions
 
 
+def shuffled_choices(source: str, question: str, choices: list) -> list:
+    """The choices in an order that does not give the answer away (authors list the correct
+    one first), fixed by the chapter and the question so pages and screenshots are stable."""
+    seed = int.from_bytes(hashlib.sha256(f"{source}\n{question}".encode()).digest()[:8], "big")
+    order = list(choices)
+    random.Random(seed).shuffle(order)
+    return order
+
+
 def _render_quiz(md: MarkdownIt, text: str, env: dict) -> str:
     ctx: RenderContext = env["kvscope"]
     questions = _quiz_questions(text, ctx.source)
@@ -153,7 +166,7 @@ def _render_quiz(md: MarkdownIt, text: str, env: dict) -> str:
         parts.append(f'<fieldset class="kv-quiz__question" id="{qid}">'
                      f'<legend>{n}. {inline(question["q"])}</legend>'
                      f'<ul class="kv-quiz__choices" role="list">')
-        for m, choice in enumerate(question["choices"]):
+        for m, choice in enumerate(shuffled_choices(ctx.source, str(question["q"]), question["choices"])):
             cid = f"{qid}-c{m}"
             correct = "true" if choice.get("correct") is True else "false"
             parts.append(

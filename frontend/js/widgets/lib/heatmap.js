@@ -13,10 +13,11 @@ function shorten(label, max = 9) {
 
 /**
  * rows: array (length n) of arrays (length n, zeros above the diagonal) or null for rows
- * not received; labels: n strings; active: highlighted row or -1; vmax: top of the scale.
- * Returns {svg, cell, rowEls}.
+ * not received; labels: n strings; active: highlighted row or -1; vmax: top of the scale;
+ * split: the first generated row (a line is drawn above it); recomputed: a Set of rows
+ * rebuilt from prefix-cached keys (marked beside the row). Returns {svg, cell, rowEls}.
  */
-export function drawHeatmap({ n, rows, labels, active, vmax, width, title, rowScale = false }) {
+export function drawHeatmap({ n, rows, labels, active, vmax, width, title, rowScale = false, split = 0, recomputed = new Set() }) {
   const cell = Math.max(6, Math.min(30, Math.floor((Math.max(width, 320) - LABEL_W - 12) / Math.max(n, 1))));
   const side = cell * n;
   const W = LABEL_W + side + 8;
@@ -53,6 +54,12 @@ export function drawHeatmap({ n, rows, labels, active, vmax, width, title, rowSc
         'data-row': r, 'data-col': c,
       }, svg('title', {}, `${labels[r]} → ${labels[c]}: ${w.toFixed(4)}`)));
     }
+  }
+  for (const r of recomputed) {
+    if (r < n) grid.append(svg('rect', { x: -5, y: r * cell, width: 3, height: cell, class: 'kva-recomputed' }));
+  }
+  if (split > 0 && split < n) {
+    grid.append(svg('line', { x1: -5, y1: split * cell, x2: side, y2: split * cell, class: 'kva-split' }));
   }
   if (active >= 0 && active < n) {
     grid.append(svg('rect', { x: -2, y: active * cell - 1, width: (active + 1) * cell + 3, height: cell + 2, class: 'kva-active' }));
@@ -96,7 +103,7 @@ export const CANVAS_ROWS = 96;
  * The same heatmap on a canvas, for long prompts: no per-cell labels; the canvas takes
  * focus and the widget moves the active row with the arrow keys. Returns {canvas, cell}.
  */
-export function drawHeatmapCanvas({ n, rows, active, vmax, width, title, rowScale = false }) {
+export function drawHeatmapCanvas({ n, rows, active, vmax, width, title, rowScale = false, split = 0 }) {
   const cell = Math.max(1, Math.floor(Math.max(width, 320) / n));
   const side = cell * n;
   const canvas = h('canvas', { class: 'kva-canvas', tabindex: '0', role: 'img', 'aria-label': `${title}. Arrow keys move between query rows.`, 'data-row-canvas': '' });
@@ -126,6 +133,14 @@ export function drawHeatmapCanvas({ n, rows, active, vmax, width, title, rowScal
       ctx.fillStyle = heatColor((row[c] || 0) / top);
       ctx.fillRect(c * cell, r * cell, cell, cell);
     }
+  }
+  if (split > 0 && split < n) {
+    ctx.strokeStyle = cssVar('--kv-fg') || '#000';
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    ctx.moveTo(0, split * cell);
+    ctx.lineTo(side, split * cell);
+    ctx.stroke();
   }
   if (active >= 0 && active < n) {
     ctx.strokeStyle = cssVar('--kv-focus') || '#06c';
@@ -160,6 +175,8 @@ kv-attention .kva-mask-bg { fill: var(--kv-bg-soft); }
 kv-attention .kva-mask-line { stroke: var(--kv-border); stroke-width: 2; }
 kv-attention .kva-missing { fill: none; stroke: var(--kv-border); stroke-dasharray: 2 2; }
 kv-attention .kva-frame { fill: none; stroke: var(--kv-border); }
+kv-attention .kva-split { stroke: var(--kv-fg); stroke-width: 2; }
+kv-attention .kva-recomputed { fill: var(--kv-cached); }
 kv-attention .kva-active { fill: none; stroke: var(--kv-focus); stroke-width: 3; }
 kv-attention .kva-label { fill: var(--kv-fg); font-family: var(--kv-font-mono); }
 kv-attention .kva-row { cursor: pointer; }

@@ -1,6 +1,9 @@
-// <kv-pages prompt="…">: a shared prompt (a system prompt, say) sent with one question, then
-// another. The second request's full blocks hash the same as the first's, so they hit the
-// prefix cache: ref counts rise while both run, and its time to first token falls.
+// <kv-pages prompt="…">: one click sends the shared prompt (a system prompt, say) twice, each
+// time with a different question, and holds both requests after their first token so their
+// blocks stay on screen: the second request's leading full blocks hash the same as the
+// first's, so the engine reuses them (ref count 2) and computes only the rest. What each
+// request cost is read from the engine's own `step` events: prefill tokens computed, tokens
+// found in the cache, and the prefill step's measured time.
 
 import { h } from './svg.js';
 import { formatInt, formatSeconds } from '../../widget-base.js';
@@ -12,41 +15,109 @@ export class PrefixDemo {
     this.host = host;
     this.prompt = prompt;
     this.sent = 0;
-    this.mine = new Map();   // request id -> row element
-    this.button = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.send() }, 'Send the prompt with a question');
+    this.runs = new Map();       // request id -> { question, computed, cached, prefillS, row, firstToken }
+    this.held = [];
+    this.sendButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() },
+      'Send two requests with this prompt');
+    this.finishButton = h('button', { type: 'button', class: 'kvw-btn', disabled: '', onclick: () => this.finish() },
+      'Let them finish');
     this.list = h('ul', { class: 'kvp-prefix-results', 'aria-live': 'polite' });
+    this.verdict = h('p', { class: 'kvw-note' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.el = h('section', { class: 'kvw-panel', 'aria-label': 'Shared prefix' },
       h('h4', {}, 'A shared prefix'),
-      h('p', { class: 'kvw-note' }, 'Send the prompt below with a question, then again with another. Its full blocks are hashed; the second request finds them in the cache and skips computing them.'),
+      h('p', { class: 'kvw-note' }, 'One click sends the prompt below twice, each time with a different question. Both requests are held after their first token, so their blocks stay in the pool: the second one’s leading blocks are the first one’s, with a reference count of 2.'),
       h('blockquote', { class: 'kvp-prefix' }, prompt),
-      h('div', { class: 'kvw-row' }, this.button), this.errorEl, this.list);
+      h('div', { class: 'kvw-row' }, this.sendButton, this.finishButton), this.errorEl, this.list, this.verdict);
   }
 
-  async send() {
-    this.errorEl.textContent = '';
-    const question = QUESTIONS[this.sent % QUESTIONS.length];
-    this.sent += 1;
-    try {
-      const ack = await this.host.client.command('submit', {
-        prompt: `${this.prompt}\n\nQuestion: ${question}`, params: { temperature: 0, max_tokens: 16 },
-      });
-      const row = h('li', { 'data-request': ack.request_id }, `${ack.request_id} (“${question}”): ${formatInt(ack.num_prompt_tokens)} prompt tokens, running…`);
-      this.mine.set(ack.request_id, row);
-      this.list.append(row);
-      this.host.pinnedSeq = ack.request_id;
-      this.host.setHighlight(ack.request_id);
-    } catch (error) {
-      this.errorEl.textContent = this.host.describeError(error);
+  /** Called by the host for every `step` event: count what each of our requests computed. */
+  onStep(event) {
+    for (const s of event.seqs) {
+      const run = this.runs.get(s.request_id);
+      if (!run || s.kind !== 'prefill') continue;
+      run.computed += s.num_tokens;
+      run.cached = Math.max(run.cached, s.cached_tokens);
+      run.prefillS += event.duration_s;
+      this.show(s.request_id);
+      if (s.samples && run.firstToken) run.firstToken();   // the prefill is complete
     }
   }
 
+  async run() {
+    this.errorEl.textContent = '';
+    this.sendButton.disabled = true;
+    try {
+      await this.release();
+      this.list.replaceChildren();
+      this.verdict.textContent = '';
+      const first = await this.sendHeld();
+      const second = await this.sendHeld();
+      this.host.pinnedSeq = second;
+      this.host.setHighlight(second);
+      this.finishButton.disabled = false;
+      this.explain(first, second);
+    } catch (error) {
+      this.errorEl.textContent = this.host.describeError(error);
+    } finally {
+      this.sendButton.disabled = false;
+    }
+  }
+
+  /** Submit one held request and let it run its prefill (one `next`): resolves after its first token. */
+  async sendHeld() {
+    const client = this.host.client;
+    const question = QUESTIONS[this.sent % QUESTIONS.length];
+    this.sent += 1;
+    const ack = await client.command('submit', {
+      prompt: `${this.prompt}\n\nQuestion: ${question}`, params: { temperature: 0, max_tokens: 16, ignore_eos: true }, hold: true,
+    });
+    const rid = ack.request_id;
+    const row = h('li', { 'data-request': rid }, `${rid} (“${question}”): ${formatInt(ack.num_prompt_tokens)} prompt tokens, held.`);
+    const run = { question, prompt: ack.num_prompt_tokens, computed: 0, cached: 0, prefillS: 0, row, firstToken: null };
+    const prefilled = new Promise((resolve) => { run.firstToken = resolve; });
+    this.runs.set(rid, run);
+    this.held.push(rid);
+    this.list.append(row);
+    await client.command('next', { request_id: rid });
+    await prefilled;
+    return rid;
+  }
+
+  show(rid) {
+    const run = this.runs.get(rid);
+    run.row.dataset.computed = String(run.computed);
+    run.row.dataset.cached = String(run.cached);
+    run.row.textContent = `${rid} (“${run.question}”): ${formatInt(run.prompt)} prompt tokens — `
+      + `${formatInt(run.computed)} computed, ${formatInt(run.cached)} found in the prefix cache; `
+      + `prefill step ${formatSeconds(run.prefillS)}.`;
+  }
+
+  explain(first, second) {
+    const a = this.runs.get(first);
+    const b = this.runs.get(second);
+    const faster = b.prefillS < a.prefillS;
+    this.verdict.textContent = `The second request computed ${formatInt(b.computed)} prompt tokens instead of ${formatInt(a.computed)}: `
+      + `the engine reused ${formatInt(b.cached)} tokens’ worth of blocks. `
+      + (faster
+        ? `Its prefill step was faster too (${formatSeconds(b.prefillS)} vs ${formatSeconds(a.prefillS)}).`
+        : `Its prefill step was not faster (${formatSeconds(b.prefillS)} vs ${formatSeconds(a.prefillS)}): on a tiny model on a CPU, each step’s fixed cost dwarfs the work per token, so skipping tokens saves little time. On a large model on a GPU, prefill time grows with the tokens computed, and the saving shows in the time to first token.`);
+  }
+
+  async finish() {
+    this.finishButton.disabled = true;
+    await this.release();
+  }
+
+  async release() {
+    const ids = this.held.splice(0);
+    await Promise.all(ids.map((rid) => this.host.client.command('release', { request_id: rid }).catch(() => {})));
+  }
+
   onFinished(e) {
-    const row = this.mine.get(e.request_id);
-    if (!row) return;
-    row.dataset.cached = String(e.num_cached_tokens);
-    row.textContent = `${e.request_id}: ${formatInt(e.num_prompt_tokens)} prompt tokens, ${formatInt(e.num_cached_tokens)} from the prefix cache`
-      + `${e.ttft_s !== null ? `, first token after ${formatSeconds(e.ttft_s)}` : ''} (${e.reason}).`;
+    const run = this.runs.get(e.request_id);
+    if (!run) return;
+    run.row.append(` Finished (${e.reason}): ${formatInt(e.num_cached_tokens)} tokens came from the cache.`);
     if (this.host.pinnedSeq === e.request_id) this.host.pinnedSeq = null;
   }
 }

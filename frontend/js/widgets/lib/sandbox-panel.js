@@ -46,7 +46,7 @@ export class SandboxPanel {
     this.fragEl = h('div', { class: 'kvp-frag' });
     this.el.append(
       h('h4', {}, 'Sandbox: your own block manager'),
-      h('p', { class: 'kvw-note' }, 'A real BlockManager on the server, just for you. Allocate a sequence, append to it, fork it (the fork shares its full blocks), allocate another that copies its first tokens (full blocks hit the prefix cache), free them, and watch ref counts and waste.'),
+      h('p', { class: 'kvw-note' }, 'A real BlockManager on the server, just for you. Allocate a sequence, append to it, fork it (the fork shares all its blocks; the partly filled last one is copied when either first appends to it), allocate another that copies its first tokens (full blocks hit the prefix cache), free them, and watch ref counts and waste.'),
       h('div', { class: 'kvw-row' }, field('Sequence ', this.seqIn), field('tokens ', this.tokIn), field('copy first tokens from ', this.prefixSel)),
       h('div', { class: 'kvw-row' }, ...this.buttons.slice(0, 3), field('Fork it as ', this.forkIn), this.buttons[3]),
       h('div', { class: 'kvw-row' }, field('Reset with block size ', this.bsIn), field('blocks ', this.nbIn), this.buttons[4]),

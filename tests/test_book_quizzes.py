@@ -1,0 +1,55 @@
+"""The end-of-chapter quizzes cannot be passed without reading: over all chapters the
+correct choice is shown at no favoured position, and it is not usually the longest."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from html import unescape
+
+import pytest
+
+pytest.importorskip("markdown_it")
+
+from kvscope.server.rendering import Site, make_markdown, render_markdown  # noqa: E402
+
+QUESTION = re.compile(r'<fieldset class="kv-quiz__question".*?</fieldset>', re.S)
+CHOICE = re.compile(r'<li class="kv-quiz__choice" data-correct="(true|false)">.*?<span>(.*?)</span></label>', re.S)
+TAG = re.compile(r"<[^>]+>")
+
+
+def rendered_questions() -> list[list[tuple[bool, str]]]:
+    """Every question as rendered: its choices in page order, (is correct, visible text)."""
+    site, md = Site(), make_markdown()
+    questions = []
+    for chapter in site.chapter_list():
+        html = render_markdown(md, chapter.body, site.glossary, chapter.path.name).html
+        for block in QUESTION.findall(html):
+            questions.append([(flag == "true", unescape(TAG.sub("", text)).strip())
+                              for flag, text in CHOICE.findall(block)])
+    return questions
+
+
+QUESTIONS = rendered_questions()
+
+
+def test_every_question_has_one_correct_choice():
+    assert len(QUESTIONS) >= 21 * 3
+    assert all(sum(correct for correct, _ in q) == 1 and len(q) >= 2 for q in QUESTIONS)
+
+
+def test_correct_choice_position_is_spread():
+    positions = Counter(next(i for i, (correct, _) in enumerate(q) if correct) for q in QUESTIONS)
+    worst_position, worst = positions.most_common(1)[0]
+    assert worst / len(QUESTIONS) <= 0.40, f"position {worst_position} holds {worst} of {len(QUESTIONS)}"
+    assert len(positions) >= 3
+
+
+def test_correct_choice_is_not_usually_the_longest():
+    """Ties count against the book: a correct choice as long as the longest one is 'longest'."""
+    longest = sum(1 for q in QUESTIONS
+                  if len(next(text for correct, text in q if correct)) >= max(len(text) for _, text in q))
+    assert longest <= len(QUESTIONS) / 2, f"the correct choice is the longest in {longest} of {len(QUESTIONS)}"
+
+
+def test_order_is_stable_between_renders():
+    assert rendered_questions() == QUESTIONS
