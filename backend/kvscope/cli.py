@@ -24,8 +24,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--show-stats", action="store_true", help="print a stats line after the text")
-    from kvscope.server.cli_args import add_speculative_argument
-    add_speculative_argument(p)
+    from kvscope.server.cli_args import add_decoding_arguments
+    add_decoding_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,11 +49,15 @@ def cmd_generate(args) -> int:
     from kvscope.llm import apply_chat_template
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, seed=args.seed, max_tokens=args.max_new_tokens)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=args.speculative_config)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=args.speculative_config,
+              tensor_parallel_size=args.tensor_parallel_size)
     prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}]) \
         if args.chat else args.prompt
     start = time.perf_counter()
-    out = llm.generate([prompt], params)[0]
+    try:
+        out = llm.generate([prompt], params)[0]
+    finally:
+        llm.engine.shutdown()
     elapsed = time.perf_counter() - start
     if out.finish_reason == "error":
         raise ValueError(out.error)

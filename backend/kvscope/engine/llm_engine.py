@@ -16,8 +16,10 @@ from kvscope.engine.dtype_choice import choose_dtype
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.spec_decode import SpeculativeConfig, build_speculator, spec_logprobs
+from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
@@ -46,19 +48,40 @@ class LLMEngine:
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
                              f"must be >= max_model_len ({self.max_model_len})")
+        self.workers = self._start_workers() if config.tensor_parallel_size > 1 else None
         torch.manual_seed(config.seed)
         self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
-                                 self.device, self.max_model_len, config.seed)
+                                 self.device, self.max_model_len, config.seed,
+                                 self.workers.group if self.workers else TPGroup())
         self.tokenizer = load_tokenizer(self.model_path)
         num_blocks = kv_cache_blocks(config, self.model_config, self.model, self.device, self.dtype)
+        if self.workers is not None:
+            self.workers.send_setup(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
+        self.runner.workers = self.workers
         self.observers: list[EngineObserver] = []
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
+        self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         self.speculator = build_speculator(SpeculativeConfig.from_dict(config.speculative_config), self)
+
+    def _start_workers(self) -> TPWorkers:
+        size = self.config.tensor_parallel_size
+        check_tp(size, self.model_config, self.device)
+        rank = torchrun_rank()
+        if rank:   # under torchrun, ranks > 0 serve rank 0's steps, then exit
+            worker_main(rank, size, "env://", self.config, self.dtype, self.max_model_len)
+            raise SystemExit(0)
+        self.device = rank_device(self.device, 0)
+        return TPWorkers.start(size, self.config, self.dtype, self.max_model_len, self.device)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do with one rank)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -94,7 +117,7 @@ class LLMEngine:
         seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
         seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
                      for i in range(1, params.n)]
-        error = self.scheduler.admission_error(seq)
+        error = self.failure or self.scheduler.admission_error(seq)
         for obs in self.observers:
             for s in (seq, *seq.forks):
                 obs.on_request_added(s)
@@ -177,7 +200,12 @@ class LLMEngine:
         t1 = time.perf_counter()
         for obs in self.observers:
             obs.on_scheduled(out)
-        result = self.runner.run(out, self.generators)
+        try:
+            result = self.runner.run(out, self.generators)
+        except (WorkerDied, RuntimeError) as exc:
+            if self.workers is None:
+                raise
+            return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
@@ -232,6 +260,15 @@ class LLMEngine:
                 seq.text = seq.text[:cut]
                 return (seq.text[kept:] if cut > kept else ""), True
         return delta, False
+
+    def _fail_everything(self, reason: str) -> list[Sequence]:
+        """A rank is gone: every request fails with the reason and the other ranks stop."""
+        self.workers.shutdown()
+        failed = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in failed:
+            self._finish(seq, "error", reason)
+        self.failure = reason
+        return failed
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """Finish `seq`; its choices not forked yet end with it (their prompt is its prompt)."""

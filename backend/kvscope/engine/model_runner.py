@@ -9,6 +9,7 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.cuda_graphs import DecodeGraphs
+from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
@@ -86,13 +87,15 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.graphs = None
         self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
-        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch":
+        self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
+        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch" \
+                and config.tensor_parallel_size == 1:
             self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:
-        cfg = self.model.config
-        shape = (self.num_blocks + 1, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        layer = self.attn_layers[0]    # under tensor parallelism, this rank's KV heads only
+        shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         self.k_caches, self.v_caches = [], []
         for layer in self.attn_layers:
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -193,6 +196,8 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         ids, pos, md, sample_rows, seqs = self.prepare(out)
+        if self.workers is not None:
+            self.workers.send(StepPlan(ids, pos, md, sample_rows, out.block_copies))
         result = StepResult()
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
