@@ -100,6 +100,19 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "max_num_seqs": engine.config.max_num_seqs, "max_model_len": engine.max_model_len,
             "enable_prefix_caching": bm.enable_prefix_caching,
             "attention_backend": engine.runner.attention_backend,
+            "speculative": speculative_facts(engine),
+            "tensor_parallel_size": engine.config.tensor_parallel_size,
+            "rank_weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters()),
         },
         "h100": h100_reference(),
     }
+
+
+def speculative_facts(engine) -> dict | None:
+    """The live engine's speculative_config (None when it does not speculate)."""
+    spec = engine.speculator
+    if spec is None:
+        return None
+    return {"method": spec.config.method, "num_speculative_tokens": spec.config.num_speculative_tokens,
+            "model": spec.config.model, "prompt_lookup_max": spec.config.prompt_lookup_max,
+            "prompt_lookup_min": spec.config.prompt_lookup_min}

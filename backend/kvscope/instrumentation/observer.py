@@ -18,6 +18,7 @@ from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
+from kvscope.layers.parallel import CommCounter
 from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -179,13 +180,16 @@ class Instrumentation(EngineObserver):
                  "num_drafts": len(e.spec_token_ids)} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         cfg = self.engine.config
-        return {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
+        event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
                 "num_batched_tokens": out.num_batched_tokens, "token_budget": cfg.max_num_batched_tokens,
                 "max_num_seqs": cfg.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
                 "finished": [s.request_id for s in record.finished],
                 "queues": {"waiting": record.num_waiting, "running": record.num_running},
                 "duration_s": record.total_seconds, "schedule_s": record.schedule_seconds,
                 "model_s": record.model_seconds, "cost": step_cost(self.facts, work, record.model_seconds)}
+        if cfg.tensor_parallel_size > 1:   # what rank 0 sent through all-reduces and gathers
+            event["allreduce_bytes"] = CommCounter.take()
+        return event
 
     # -- watched requests --------------------------------------------------------------
     def watch(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence | None = None) -> Watch:

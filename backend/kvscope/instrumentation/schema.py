@@ -44,9 +44,13 @@ MODEL = obj({k: v for k, v in {
     "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
+SPEC_CONFIG = obj({"method": {"enum": ["ngram", "draft_model"]}, "num_speculative_tokens": NAT,
+                   "model": NULL_STR, "prompt_lookup_max": NAT, "prompt_lookup_min": NAT})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
-              "enable_prefix_caching": BOOL, "attention_backend": STR})
+              "enable_prefix_caching": BOOL, "attention_backend": STR},
+             {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
+              "rank_weight_bytes": NAT})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
@@ -115,7 +119,7 @@ STEP = event("step", {
     "step": NAT, "seqs": arr(STEP_SEQ), "num_batched_tokens": NAT, "token_budget": NAT,
     "max_num_seqs": NAT, "preempted": arr(STR), "finished": arr(STR),
     "queues": obj({"waiting": NAT, "running": NAT}), "duration_s": NNUM, "schedule_s": NNUM,
-    "model_s": NNUM, "cost": COST})
+    "model_s": NNUM, "cost": COST}, {"allreduce_bytes": NAT})
 
 BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)})
 KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions": NAT}
