@@ -238,3 +238,31 @@ def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
     assert spec.token_ids == plain.token_ids
     assert llm.engine.speculator.total.acceptance_rate > 0.3
     assert llm.engine.speculator.total.tokens_per_pass > 1.5
+
+
+def test_stop_strings_cut_where_they_do_without_speculation():
+    """Several tokens accepted at once: the stop string still ends the output at the same
+    token and character as plain decoding (the embedded model drafting for itself)."""
+    from kvscope.bench_spec import FREE_FORM
+    params = dict(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain_llm = LLM(None, device="cpu", dtype="float32")
+    full = plain_llm.generate([FREE_FORM], SamplingParams(**params))[0]
+    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 6]
+    plain = plain_llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0]
+    draft = {"model": "kvscope-mini-draft", "num_speculative_tokens": 5}
+    llm = LLM(None, device="cpu", dtype="float32", speculative_config=draft)
+    spec = llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0]
+    assert plain.finish_reason == spec.finish_reason == "stop"
+    assert (spec.text, spec.token_ids) == (plain.text, plain.token_ids)
+    assert llm.engine.speculator.total.accepted > 0
+
+
+def test_parallel_sampling_choices_speculate_after_the_fork(models):
+    """n choices of one prompt: the parent forks after its prompt (no drafts before), then
+    every choice drafts on its own; greedy choices all equal the plain engine's output."""
+    target, _, prompts, reference = models
+    llm = engine(target, {"model": str(target), "num_speculative_tokens": 3})
+    outs = llm.generate(prompts[3:4], SamplingParams(n=3, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [reference[3]] * 3
+    assert llm.engine.speculator.total.accepted > 0
+    assert_no_leak(llm)
