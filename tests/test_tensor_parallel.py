@@ -65,3 +65,26 @@ def test_sizes_that_do_not_split_are_refused(tmp_path):
     directory = make_checkpoint("qwen3", tmp_path / "qwen3")
     with pytest.raises(ValueError, match="not divisible by tensor_parallel_size 3"):
         LLM(str(directory), device="cpu", dtype="float32", tensor_parallel_size=3)
+
+
+def test_the_same_script_runs_under_torchrun(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    ps = prompts()[:2]
+    script = tmp_path / "run.py"
+    script.write_text(
+        "from kvscope import LLM, SamplingParams\n"
+        f"llm = LLM({str(directory)!r}, device='cpu', dtype='float32', tensor_parallel_size=2, num_threads=1)\n"
+        f"outs = llm.generate({ps!r}, SamplingParams(temperature=0.0, max_tokens={MAX_NEW}, ignore_eos=True))\n"
+        "print('TOKENS', [o.token_ids for o in outs])\n"
+        "llm.engine.shutdown()\n")
+    backend = str(Path(__file__).resolve().parents[1] / "backend")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [backend, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("TOKENS")]
+    assert lines == [f"TOKENS {hf_greedy(directory, ps, MAX_NEW)}"]   # printed by rank 0 only
