@@ -223,10 +223,26 @@ def throughput(d: Driver) -> None:
         d.settle(0.5)
 
 
+RETOLD = ("Once upon a time, a little fox found a shiny stone near the river. She was kind, and she loved telling "
+          "jokes. One sunny morning, Omar and Oscar went to the river to play with her new paint box.\n\n"
+          "Once upon a time, a little fox found a shiny stone near the river. She")
+
+
+def speculation(d: Driver) -> None:
+    """Prompt-lookup drafting (k = 3): a story told twice, greedy, then a fresh one sampled."""
+    first = d.submit(prompt=RETOLD, params={**GREEDY, "max_tokens": 32})
+    d.finished(first)
+    second = d.submit(prompt="The old lighthouse keeper looked at the sea and",
+                      params={"temperature": 0.8, "seed": 1, "max_tokens": 16})
+    d.finished(second)
+
+
+# scenarios that need the server started with more options
+SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "paging": paging, "throughput": throughput,
-             "internals": internals}
+             "internals": internals, "speculation": speculation}
 
 
 def free_port() -> int:
@@ -240,18 +256,29 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "frontend" / "recordings"))
     ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
     opts = ap.parse_args()
-    import uvicorn
     import torch
+    torch.set_num_threads(1)
+    names = opts.only or list(SCENARIOS)
+    plain = [n for n in names if n not in SERVER_OPTIONS]
+    if plain:
+        record(plain, [], opts.out)
+    for name in names:
+        if name in SERVER_OPTIONS:
+            record([name], SERVER_OPTIONS[name], opts.out)
+    return 0
+
+
+def record(names: list[str], server_options: list[str], out: str) -> None:
+    import uvicorn
 
     from kvscope.server.cli_args import add_serve_arguments
     from kvscope.server.main import WS_MAX_FRAME, build_app
-    torch.set_num_threads(1)
     port = free_port()
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     args = parser.parse_args(["--port", str(port), "--instructor-token", TOKEN, "--threads", "1",
                               "--num-kv-blocks", "96", "--max-num-batched-tokens", "256",
-                              "--recordings-dir", opts.out])
+                              "--recordings-dir", out, *server_options])
     app, service = build_app(args)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False))
@@ -260,7 +287,7 @@ def main() -> int:
     while not server.started:
         time.sleep(0.05)
     try:
-        for name in opts.only or SCENARIOS:
+        for name in names:
             d = Driver(f"ws://127.0.0.1:{port}/ws")
             d.call("reset")
             d.settle(0.2)
@@ -274,7 +301,6 @@ def main() -> int:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-    return 0
 
 
 if __name__ == "__main__":

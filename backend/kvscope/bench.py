@@ -43,6 +43,10 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     par.add_argument("--input-len", type=int, default=200)
     par.add_argument("--output-len", type=int, default=64)
     par.set_defaults(run=run_parallel)
+    from kvscope.bench_spec import add_arguments as add_spec_arguments
+    add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
+    from kvscope.bench_tp import add_arguments as add_tp_arguments
+    add_tp_arguments(sub.add_parser("tp", help="tensor parallel: step time for N processes vs one"))
     try:
         from kvscope.server import loadtest
         serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")

@@ -47,7 +47,8 @@ def watched_rows(scheduled: SchedulerOutput, wanted: dict[int, tuple[set[int] | 
             found.append(WatchedRows(e.seq, row, list(range(e.start, e.start + e.num_new_tokens)),
                                      sample if e.samples else None, layers, internals))
         row += e.num_new_tokens
-        sample += e.samples
+        if e.samples:   # logits rows: one per draft and one more, and one per choice forking here
+            sample += 1 + len(e.spec_token_ids) + len(e.forks)
     return found
 
 

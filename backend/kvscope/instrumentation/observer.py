@@ -16,8 +16,10 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
+from kvscope.instrumentation.memory import memory_event
+from kvscope.instrumentation.spec import spec_events
+from kvscope.layers.parallel import CommCounter
 from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -153,6 +155,8 @@ class Instrumentation(EngineObserver):
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
         if delta:
             events.append(delta)
+        if record.result.spec:
+            events += spec_events(record, self.engine, ts)
         if self._capture is not None:
             self._capture.remove()
             self.engine.runner.force_eager = False
@@ -171,18 +175,23 @@ class Instrumentation(EngineObserver):
 
     def _step_event(self, record: StepRecord, ts: float) -> dict:
         out = record.scheduled
-        seqs = [{"request_id": e.seq.request_id, "kind": "prefill" if e.num_new_tokens > 1 else "decode",
+        seqs = [{"request_id": e.seq.request_id,
+                 "kind": "prefill" if e.num_new_tokens > 1 and not e.spec_token_ids else "decode",
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
-                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples} for e in out.entries]
+                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
+                 "num_drafts": len(e.spec_token_ids)} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         cfg = self.engine.config
-        return {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
+        event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
                 "num_batched_tokens": out.num_batched_tokens, "token_budget": cfg.max_num_batched_tokens,
                 "max_num_seqs": cfg.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
                 "finished": [s.request_id for s in record.finished],
                 "queues": {"waiting": record.num_waiting, "running": record.num_running},
                 "duration_s": record.total_seconds, "schedule_s": record.schedule_seconds,
                 "model_s": record.model_seconds, "cost": step_cost(self.facts, work, record.model_seconds)}
+        if cfg.tensor_parallel_size > 1:   # what rank 0 sent through all-reduces and gathers
+            event["allreduce_bytes"] = CommCounter.take()
+        return event
 
     # -- watched requests --------------------------------------------------------------
     def watch(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence | None = None) -> Watch:
@@ -217,7 +226,7 @@ class Instrumentation(EngineObserver):
             if e is None or w is None or not w.sampling:
                 continue
             if e.samples and seq_id in record.result.tokens:
-                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
+                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id][0],
                                              self.engine.tokenizer, ts, with_distribution=w.internals))
         return events
 

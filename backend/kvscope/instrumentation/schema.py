@@ -44,9 +44,13 @@ MODEL = obj({k: v for k, v in {
     "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
+SPEC_CONFIG = obj({"method": {"enum": ["ngram", "draft_model"]}, "num_speculative_tokens": NAT,
+                   "model": NULL_STR, "prompt_lookup_max": NAT, "prompt_lookup_min": NAT})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
-              "enable_prefix_caching": BOOL, "attention_backend": STR})
+              "enable_prefix_caching": BOOL, "attention_backend": STR},
+             {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
+              "rank_weight_bytes": NAT})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
@@ -104,7 +108,8 @@ REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
     "num_output_tokens": NAT, "num_computed_tokens": NAT, "held": BOOL, "watched": BOOL}))})
 
 STEP_SEQ = obj({"request_id": STR, "kind": {"enum": ["prefill", "decode"]}, "start": NAT,
-                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL})
+                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL},
+               {"num_drafts": NAT})
 H100_COST = obj({"dtype": STR, "bytes": NAT, "flops": NAT, "memory_time_s": NNUM,
                  "compute_time_s": NNUM, "time_s": NNUM, "bound": {"enum": ["memory", "compute"]}})
 COST = obj({"weight_bytes": NAT, "kv_read_bytes": NAT, "kv_write_bytes": NAT, "bytes": NAT,
@@ -114,7 +119,7 @@ STEP = event("step", {
     "step": NAT, "seqs": arr(STEP_SEQ), "num_batched_tokens": NAT, "token_budget": NAT,
     "max_num_seqs": NAT, "preempted": arr(STR), "finished": arr(STR),
     "queues": obj({"waiting": NAT, "running": NAT}), "duration_s": NNUM, "schedule_s": NNUM,
-    "model_s": NNUM, "cost": COST})
+    "model_s": NNUM, "cost": COST}, {"allreduce_bytes": NAT})
 
 BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)})
 KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions": NAT}
@@ -178,7 +183,14 @@ MEMORY = event("memory", {
     "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
     "block_bytes": NAT, "activations_bytes": NAT, "activations_peak_bytes": NAT,
     "process_bytes": NAT})
-SPEC = event("spec", {"step": NAT, "request_id": STR, "proposed": arr(NAT), "accepted": NAT})
+PROB01 = {"type": "number", "minimum": 0, "maximum": 1}
+SPEC = event("spec", {
+    "step": NAT, "request_id": STR, "method": {"enum": ["ngram", "draft_model"]}, "greedy": BOOL,
+    "proposed": arr(NAT), "proposed_text": arr(STR), "accepted": NAT, "token_ids": arr(NAT),
+    "token_text": arr(STR), "bonus": BOOL, "rejected_slots": NAT,
+    "checks": arr(obj({"token_id": NAT, "p": PROB01, "q": PROB01, "u": NULL_NUM, "accepted": BOOL})),
+    "running": obj({"proposed": NAT, "accepted": NAT, "acceptance_rate": PROB01, "target_passes": NAT,
+                    "tokens_per_pass": NNUM})})
 
 SANDBOX_SEQ = obj({"name": STR, "num_tokens": NAT, "block_table": arr(NAT), "cached_tokens": NAT})
 SANDBOX = event("sandbox", {
