@@ -20,10 +20,10 @@ def seq() -> Sequence:
 def test_paced_request_sits_out_until_due():
     pacing, a, b = Pacing(), seq(), seq()
     pacing.pace(a, 0.5)
-    assert pacing.gate([a, b], now=10.0) is None and not a.hold      # never stepped: due at once
+    assert pacing.gate([a, b], now=10.0) is None and not a.held      # never stepped: due at once
     pacing.stepped([a, b], [], now=10.0)
-    assert pacing.gate([a, b], now=10.2) == pytest.approx(10.5) and a.hold and not b.hold
-    assert pacing.gate([a, b], now=10.5) is None and not a.hold
+    assert pacing.gate([a, b], now=10.2) == pytest.approx(10.5) and a.held and not b.held
+    assert pacing.gate([a, b], now=10.5) is None and not a.held
     pacing.stepped([a], [a], now=10.6)                                # finished: forgotten
     assert not pacing.paced
 

@@ -4,9 +4,9 @@ Two rules, both applied by the loop that drives the engine, between steps:
 - slow motion: a minimum interval between any two engine steps (the instructor's, for the room);
 - a per-request pace: a minimum interval between two steps *of one request* (a learner's demo
   request), so a page can slow its own request down without slowing anyone else's. A paced
-  request sits out (is held) until its interval has passed; the others keep running.
+  request sits out (its allowance is 0) until its interval has passed; the others keep running.
 
-Pacing only ever sets `Sequence.hold` on requests it paces, so the scheduler needs no
+Pacing only ever sets `Sequence.allowance` on requests it paces, so the scheduler needs no
 knowledge of it."""
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ class Pacing:
         if seconds == 0:
             self.unpace(seq)
             return
-        seq.pause_after_token = False   # a paced request is stepped by time, not by `next`
+        seq.allowance = None   # a paced request is stepped by time, not by `next`
         self.paced[seq.seq_id] = RequestPace(seconds)
 
     def unpace(self, seq: Sequence) -> None:
         if self.paced.pop(seq.seq_id, None) is not None:
-            seq.hold = False
+            seq.allowance = None
 
     def wait_before_step(self, now: float) -> float:
         """Seconds the next engine step must still wait under slow motion (0: go)."""
@@ -65,8 +65,8 @@ class Pacing:
             pace = self.paced.get(seq.seq_id)
             if pace is None:
                 continue
-            seq.hold = now < pace.due
-            if seq.hold:
+            seq.allowance = 0 if now < pace.due else None
+            if seq.held:
                 earliest = pace.due if earliest is None else min(earliest, pace.due)
         return earliest
 

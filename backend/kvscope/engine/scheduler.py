@@ -58,7 +58,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return any(not s.hold for s in self.running) or any(not s.hold for s in self.waiting)
+        return any(not s.held for s in self.running) or any(not s.held for s in self.waiting)
 
     def admission_error(self, seq: Sequence) -> str | None:
         n = seq.num_prompt_tokens
@@ -101,7 +101,7 @@ class Scheduler:
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
-            if seq.hold or budget == 0:
+            if seq.held or budget == 0:
                 kept.append(seq)
                 continue
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
@@ -123,7 +123,7 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if seq.hold:
+            if seq.held:
                 continue
             hits = bm.match_prefix(seq)
             remaining = seq.num_tokens - len(hits) * bs
@@ -210,8 +210,8 @@ class Scheduler:
         if reason:
             self.finish(seq, reason)
             finished.append(seq)
-        elif seq.pause_after_token:   # its owner steps it one token at a time
-            seq.hold = True
+        elif seq.allowance is not None:   # its owner grants it tokens a few at a time
+            seq.allowance = max(0, seq.allowance - len(tokens))
 
     def _stop_reason(self, seq: Sequence) -> str | None:
         token, p = seq.token_ids[-1], seq.params

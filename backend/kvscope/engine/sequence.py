@@ -39,8 +39,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     text: str = ""                    # detokenized output so far (when streamed or stopped on strings)
-    hold: bool = False                # paused by its owner: not scheduled until released
-    pause_after_token: bool = False   # hold again after each new token (step-by-step viewing)
+    allowance: int | None = None      # tokens it may still draw before it waits (None: no limit)
     forks: list["Sequence"] = field(default_factory=list)  # choices 1..n-1, forked when the prompt is done
     spec_token_ids: list[int] = field(default_factory=list)   # drafts awaiting verification
 
@@ -68,6 +67,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def held(self) -> bool:
+        """Out of allowance: not scheduled until its owner (or its pace) grants more."""
+        return self.allowance == 0
 
     @property
     def in_prefill(self) -> bool:

@@ -115,7 +115,7 @@ class EngineService:
             if seq.is_finished:
                 return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
             if label.held:
-                seq.hold = seq.pause_after_token = True
+                seq.allowance = 0
             elif pace_s:
                 self.aengine.pacing.pace(seq, pace_s)
             if watch is not None:
@@ -146,28 +146,28 @@ class EngineService:
     async def hold(self, rid: str) -> None:
         def hold(seq):
             self.aengine.pacing.unpace(seq)   # stepped by its owner now, not by time
-            seq.hold = seq.pause_after_token = True
+            seq.allowance = 0
         await self.on_request(rid, hold)
         self.hub.set_held(rid, True)
 
     async def next_token(self, rid: str) -> None:
         def release_one(seq):
-            if not seq.hold:
+            if not seq.held:
                 raise CommandError("invalid_field", f"request {rid!r} is not held: send hold first")
-            seq.hold = False   # pause_after_token holds it again after one token
+            seq.allowance = 1
         await self.on_request(rid, release_one)
 
     async def release(self, rid: str) -> None:
         def release(seq):
             self.aengine.pacing.unpace(seq)
-            seq.hold = seq.pause_after_token = False
+            seq.allowance = None
         await self.on_request(rid, release)
         self.hub.set_held(rid, False)
 
     async def pace(self, rid: str, seconds: float) -> None:
         """Step this request at most once per `seconds`, whatever the others do."""
         def pace(seq):
-            seq.hold = False
+            seq.allowance = None
             self.aengine.pacing.pace(seq, seconds)
         await self.on_request(rid, pace)
         self.hub.set_held(rid, False)
