@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvscope.engine.sequence import Sequence
+from kvscope.paging import cdiv
 
 
 @dataclass
@@ -59,7 +60,7 @@ class BlockManager:
         return self.num_blocks - self.num_free_blocks
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return cdiv(num_tokens, self.block_size)
 
     # -- prefix cache ------------------------------------------------------------------
     def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from kvscope.layers.context import AttentionMetadata, step_metadata
+from kvscope.paging import cdiv
 
 
 class DecodeGraphs:
@@ -17,7 +18,7 @@ class DecodeGraphs:
             self.buckets.append(max_batch)
         max_b = self.buckets[-1]
         dev = runner.device
-        width = -(-runner.max_model_len // runner.block_size)
+        width = cdiv(runner.max_model_len, runner.block_size)
         self.input_ids = torch.zeros(max_b, dtype=torch.long, device=dev)
         self.positions = torch.zeros(max_b, dtype=torch.long, device=dev)
         self.slot_mapping = torch.full((max_b,), runner.scratch_slot, dtype=torch.long, device=dev)

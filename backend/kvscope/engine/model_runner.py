@@ -1,5 +1,5 @@
-"""Runs one scheduled step: flattens the batch (tokens, positions, slot mapping, block
-tables, context lengths), runs the model over it, and samples the next tokens."""
+"""Runs one scheduled step: flattens the batch (step_inputs.py), runs the model over it,
+and samples the next tokens."""
 from __future__ import annotations
 
 import os
@@ -11,15 +11,12 @@ from kvscope.config import EngineConfig
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
-from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
+from kvscope.engine.scheduler import SchedulerOutput
+from kvscope.engine.step_inputs import StepInputs, prepare_inputs
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
-from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, step_metadata
+from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
-
-
-MAX_DECODE_GROUPS = 4
-MIN_DECODE_GROUP = 8
 
 
 @dataclass
@@ -49,28 +46,8 @@ def pick_attention_backend(requested: str, device: torch.device, block_size: int
     return requested
 
 
-def _add_samplers(rows: list[int], seqs: list, entry: ScheduledSeq, row: int) -> None:
-    """The sequence draws from this row, and so do the choices that fork from it now. With k
-    drafts, the k rows before it are scored too: one per draft, this one for the bonus."""
-    k = len(entry.spec_token_ids)
-    rows += range(row - k, row + 1)
-    seqs += [entry.seq] * (k + 1)
-    for seq in entry.forks:
-        rows.append(row)
-        seqs.append(seq)
-
-
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
-    """The order of a step's sequences in the flattened batch: prefills, then decodes with
-    the shortest context first (so decode rows of similar length sit together). Observers
-    use it to find a sequence's rows and its row of logits."""
-    prefills = [e for e in entries if e.num_new_tokens > 1]
-    decodes = sorted((e for e in entries if e.num_new_tokens == 1), key=lambda e: e.start)
-    return prefills + decodes
 
 
 class ModelRunner:
@@ -112,75 +89,8 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
-    # -- inputs ------------------------------------------------------------------------
-    def _blocks_for(self, block_table: list[int], num_tokens: int) -> torch.Tensor:
-        """Block ids holding positions [0, num_tokens), as a device tensor."""
-        n = -(-num_tokens // self.block_size)
-        return torch.tensor(block_table[:n], dtype=torch.long).to(self.device)
-
-    def _slots(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
-        bs = self.block_size
-        pos = torch.arange(start, end)
-        return torch.tensor(block_table, dtype=torch.long)[pos // bs] * bs + pos % bs
-
-    def prepare(self, out: SchedulerOutput):
-        ordered = batch_order(out.entries)
-        prefills = [e for e in ordered if e.num_new_tokens > 1]
-        decodes = ordered[len(prefills):]
-        ids, positions, slots, spans, sample_rows, sample_seqs = [], [], [], [], [], []
-        row = 0
-        for e in prefills:
-            seq, n = e.seq, e.num_new_tokens
-            end = e.start + n
-            ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
-            positions += range(e.start, end)
-            slots.append(self._slots(seq.block_table, e.start, end))
-            blocks = self._blocks_for(seq.block_table, end) if e.start else None
-            spans.append(PrefillSpan(row, n, e.start, blocks))
-            row += n
-            if e.samples:
-                _add_samplers(sample_rows, sample_seqs, e, row - 1)
-        bs = self.block_size
-        decode_slots = []
-        for e in decodes:
-            seq, pos = e.seq, e.start
-            ids.append(seq.token_ids[pos])
-            positions.append(pos)
-            decode_slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            _add_samplers(sample_rows, sample_seqs, e, row)
-            row += 1
-        slots.append(torch.tensor(decode_slots, dtype=torch.long))
-        md = AttentionMetadata(slot_mapping=torch.cat(slots).to(self.device), prefills=spans,
-                               num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
-        if decodes:
-            self._decode_metadata(md, decodes)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return ids_t, pos_t, md, sample_rows, sample_seqs
-
-    def _decode_metadata(self, md: AttentionMetadata, decodes: list[ScheduledSeq]) -> None:
-        width = max(len(e.seq.block_table) for e in decodes)
-        tables = torch.tensor([e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes],
-                              dtype=torch.int32)
-        lens = torch.tensor([e.start + 1 for e in decodes], dtype=torch.int32)
-        md.block_tables, md.context_lens = tables.to(self.device), lens.to(self.device)
-        md.max_context_len = int(lens.max())
-        if self.attention_backend == "torch":
-            md.decode_groups = self._decode_groups(tables, lens)
-
-    def _decode_groups(self, tables: torch.Tensor, lens: torch.Tensor) -> list[DecodeGroup]:
-        """Up to four groups of equal size over rows sorted by context length: padding each
-        group to its own longest context wastes far less than padding the whole batch."""
-        n = len(lens)
-        size = -(-n // min(MAX_DECODE_GROUPS, -(-n // MIN_DECODE_GROUP)))
-        groups = []
-        for start in range(0, n, size):
-            rows = slice(start, min(n, start + size))
-            width = -(-int(lens[rows].max()) // self.block_size)
-            pos = torch.arange(width * self.block_size)
-            mask = (pos[None, :] < lens[rows, None]).view(rows.stop - start, 1, 1, -1)
-            groups.append(DecodeGroup(rows, tables[rows, :width].to(self.device), mask.to(self.device)))
-        return groups
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        return prepare_inputs(out, self.block_size, self.device, self.attention_backend == "torch")
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
@@ -195,9 +105,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
-        ids, pos, md, sample_rows, seqs = self.prepare(out)
+        inputs = self.prepare(out)
+        ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
-            self.workers.send(StepPlan(ids, pos, md, sample_rows, out.block_copies))
+            self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
@@ -207,7 +118,7 @@ class ModelRunner:
                 hidden = self.model(ids, pos)
         if not seqs:
             return result
-        logits = self.model.compute_logits(hidden[sample_rows]).float()
+        logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
         drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
         plain, plain_rows, row = [], [], 0
         while row < len(seqs):     # rows of a sequence with drafts go to the verifier

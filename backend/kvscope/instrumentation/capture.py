@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.engine.model_runner import batch_order
+from kvscope.engine.step_inputs import batch_order
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.torch_attention import gather_context
+from kvscope.paging import cdiv
 
 
 @dataclass
@@ -113,7 +114,7 @@ class StepCapture:
             if not w.wants(module.layer_idx):
                 continue
             context = w.positions[-1] + 1
-            blocks = torch.tensor(w.seq.block_table[:-(-context // self.block_size)],
+            blocks = torch.tensor(w.seq.block_table[:cdiv(context, self.block_size)],
                                   dtype=torch.long, device=q.device)
             keys = gather_context(module.k_cache, blocks, context)
             probs = attention_weights(q[w.rows], keys, w.positions, module.scale)
@@ -133,7 +134,7 @@ def recompute_rows(model: torch.nn.Module, runner, seq: Sequence, start: int, en
     recomputed; the keys are read from the cached blocks, as the real step would have.
     Its own K/V go to the runner's scratch slot: the shared cached blocks stay untouched."""
     n, bs, device = end - start, runner.block_size, runner.device
-    blocks = torch.tensor(seq.block_table[:-(-end // bs)], dtype=torch.long, device=device)
+    blocks = torch.tensor(seq.block_table[:cdiv(end, bs)], dtype=torch.long, device=device)
     md = AttentionMetadata(slot_mapping=torch.full((n,), runner.scratch_slot, dtype=torch.long, device=device),
                            prefills=[PrefillSpan(0, n, start, blocks if start else None)],
                            num_prefill_tokens=n)

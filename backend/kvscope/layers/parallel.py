@@ -19,6 +19,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from kvscope.paging import cdiv
+
 
 @dataclass(frozen=True)
 class TPGroup:
@@ -100,7 +102,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup):
         super().__init__()
         self.tp, self.vocab_size = tp, vocab_size
-        self.per_rank = -(-vocab_size // tp.size)
+        self.per_rank = cdiv(vocab_size, tp.size)
         self.start = tp.rank * self.per_rank
         self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden))
 
