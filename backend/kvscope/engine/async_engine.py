@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvscope.engine.knobs import reset
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.pacing import Pacing
 from kvscope.engine.sequence import Sequence
@@ -117,7 +118,7 @@ class AsyncEngine:
     async def reset(self) -> int:
         """Abort every request (their streams end with reason 'abort') and empty the KV pool."""
         def do():
-            aborted = self.engine.reset()
+            aborted = reset(self.engine)
             for seq in aborted:
                 self._close(seq)
             return len(aborted)
@@ -223,7 +224,7 @@ class AsyncEngine:
     def _fail_all(self, reason: str) -> None:
         for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
             group = [seq, *seq.forks]
-            self.engine._finish(seq, "error", reason)   # observers hear of it too
+            self.engine.finish(seq, "error", reason)   # observers hear of it too
             for choice in group:
                 self._close(choice)
 

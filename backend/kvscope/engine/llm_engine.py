@@ -13,6 +13,7 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
 from kvscope.engine.devices import kv_cache_blocks, resolve_device
 from kvscope.engine.dtype_choice import choose_dtype
+from kvscope.engine.knobs import check_chunking
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
@@ -45,9 +46,7 @@ class LLMEngine:
         self.dtype = self.dtype_choice.dtype
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
-        if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
-                             f"must be >= max_model_len ({self.max_model_len})")
+        check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         self.workers = self._start_workers() if config.tensor_parallel_size > 1 else None
         torch.manual_seed(config.seed)
         self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
@@ -122,7 +121,7 @@ class LLMEngine:
             for s in (seq, *seq.forks):
                 obs.on_request_added(s)
         if error:
-            self._finish(seq, "error", error)
+            self.finish(seq, "error", error)
         else:
             self.scheduler.add(seq)
         return seq
@@ -139,7 +138,7 @@ class LLMEngine:
         seq = self.scheduler.find(request_id)
         if seq is None:
             return False
-        self._finish(seq, "abort")
+        self.finish(seq, "abort")
         return True
 
     def has_unfinished(self) -> bool:
@@ -153,40 +152,6 @@ class LLMEngine:
         self.observers.remove(observer)
         if not self.observers:
             self.block_manager.events = None
-
-    # -- live changes (the instructor's knobs) ------------------------------------------
-    KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")
-
-    def set_knobs(self, **knobs) -> dict:
-        """Change scheduler knobs between steps; validated like the constructor's. Returns
-        the knobs now in force."""
-        unknown = set(knobs) - set(self.KNOBS)
-        if unknown:
-            raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(self.KNOBS)}")
-        merged = {**{k: getattr(self.config, k) for k in self.KNOBS}, **knobs}
-        if not merged["enable_chunked_prefill"] and merged["max_num_batched_tokens"] < self.max_model_len:
-            raise ValueError(f"without chunked prefill, max_num_batched_tokens must be >= "
-                             f"max_model_len ({self.max_model_len})")
-        candidate = EngineConfig(**{**self.config.__dict__, **merged})   # runs the checks
-        for k in self.KNOBS:
-            setattr(self.config, k, getattr(candidate, k))
-        return self.knobs()
-
-    def knobs(self) -> dict:
-        return {k: getattr(self.config, k) for k in self.KNOBS}
-
-    def reset(self) -> list[Sequence]:
-        """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
-        aborted = [s for seq in (*self.scheduler.running, *self.scheduler.waiting) for s in (seq, *seq.forks)]
-        for seq in aborted:
-            self._finish(seq, "abort")
-        bm = self.block_manager
-        self.block_manager = BlockManager(bm.num_blocks, bm.block_size, bm.enable_prefix_caching)
-        self.block_manager.events = [] if self.observers else None
-        self.scheduler.block_manager = self.block_manager
-        for obs in self.observers:
-            obs.on_reset()
-        return aborted
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
@@ -266,11 +231,11 @@ class LLMEngine:
         self.workers.shutdown()
         failed = list(self.scheduler.running) + list(self.scheduler.waiting)
         for seq in failed:
-            self._finish(seq, "error", reason)
+            self.finish(seq, "error", reason)
         self.failure = reason
         return failed
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """Finish `seq`; its choices not forked yet end with it (their prompt is its prompt)."""
         orphans, seq.forks = seq.forks, []
         for s in (seq, *orphans):

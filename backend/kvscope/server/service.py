@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from kvscope.engine.async_engine import AsyncEngine, StreamDelta
+from kvscope.engine.knobs import current_knobs, set_knobs
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
@@ -216,7 +217,7 @@ class EngineService:
     async def set_knobs(self, knobs: dict) -> dict:
         def apply():
             try:
-                return self.engine.set_knobs(**knobs)
+                return set_knobs(self.engine, **knobs)
             except ValueError as exc:
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
@@ -240,7 +241,7 @@ class EngineService:
         return {"type": "engine", "ts": self.clock(), "reason": reason,
                 "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
                 "slow_motion_s": self.aengine.pacing.min_step_interval_s if self.aengine else 0.0,
-                "knobs": self.engine.knobs(), "num_running": len(sched.running),
+                "knobs": current_knobs(self.engine.config), "num_running": len(sched.running),
                 "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
 
