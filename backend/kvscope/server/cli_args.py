@@ -37,6 +37,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learner-max-tokens", type=int, default=256)
     p.add_argument("--learner-max-prompt-tokens", type=int, default=512)
     p.add_argument("--learner-submits-per-minute", type=float, default=20)
+    p.add_argument("--learner-max-prompt-chars", type=int, default=8000,
+                   help="characters in a learner's prompt, checked before tokenizing")
     p.add_argument("--rest-requests-per-minute", type=float, default=120,
-                   help="REST/OpenAI calls per minute per address without the token (0: unlimited)")
+                   help="REST/OpenAI prompts per minute per caller (learner id or address) without the token, "
+                        "/api and /v1 together (0: unlimited)")
+    p.add_argument("--limit-loopback", action="store_true",
+                   help="rate-limit REST/OpenAI callers on this machine too (default: loopback is not limited)")
+    p.add_argument("--max-body-bytes", type=int, default=256 * 1024, help="largest REST/OpenAI request body")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

@@ -3,12 +3,13 @@ viewer) and the validated message, replies through the hub, and raises CommandEr
 refuse; the caller turns that into an `error` event carrying the message's ref."""
 from __future__ import annotations
 
-import secrets
+import math
 from dataclasses import dataclass
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
 from kvscope.instrumentation.watch import WatchSpec
+from kvscope.server.policy import is_token, one_prompt_form
 from kvscope.server.sandbox import Sandbox
 from kvscope.server.service import EngineService
 from kvscope.server.validation import CommandError, sampling_params
@@ -67,10 +68,8 @@ async def snapshot(s: Session, msg: dict) -> None:
 
 
 async def tokenize(s: Session, msg: dict) -> None:
-    limit = s.service.config.limits.max_prompt_chars
-    if len(msg["text"]) > limit and not s.viewer.is_instructor:
-        raise CommandError("prompt_too_long", f"text has {len(msg['text'])} characters; the limit is {limit}")
-    s.reply(msg, s.service.tokenize(msg["text"], msg.get("chat", False)))
+    s.service.policy.check_prompt_text(msg["text"], s.viewer.is_instructor, "text")
+    s.reply(msg, await s.service.off_loop(s.service.tokenize, msg["text"], msg.get("chat", False)))
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -93,34 +92,27 @@ def watch_spec(s: Session, raw: dict) -> WatchSpec:
                      raw.get("sampling", True))
 
 
-def check_submit_limits(s: Session, ids: list[int], prompt: str | None) -> None:
+def check_submit_allowance(s: Session) -> None:
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
-    if prompt is not None and len(prompt) > limits.max_prompt_chars:
-        raise CommandError("prompt_too_long",
-                           f"the prompt has {len(prompt)} characters; learners may submit at most {limits.max_prompt_chars}")
-    if len(ids) > limits.max_prompt_tokens:
-        raise CommandError("prompt_too_long",
-                           f"the prompt has {len(ids)} tokens; learners may submit at most {limits.max_prompt_tokens}")
     if len(s.viewer.active) >= limits.max_active_requests:
         raise CommandError("too_many_requests",
                            f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests}")
     if not s.viewer.submits.take():
-        raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute; "
-                                           f"try again in {s.viewer.submits.retry_after():.0f} s")
+        raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute "
+                                           f"(kvscope serve --learner-submits-per-minute); "
+                                           f"try again in {max(1, math.ceil(s.viewer.submits.retry_after()))} s")
 
 
 async def submit(s: Session, msg: dict) -> None:
-    forms = [k for k in ("prompt", "messages", "prompt_token_ids") if k in msg]
-    if len(forms) != 1:
-        raise CommandError("invalid_field", "give exactly one of prompt, messages or prompt_token_ids")
+    one_prompt_form(msg)
     service, viewer = s.service, s.viewer
-    ids, text = service.prompt_ids(msg.get("prompt"), msg.get("messages"), msg.get("prompt_token_ids"))
+    ids, text = await service.checked_prompt(msg, viewer.is_instructor)
     cap = None if viewer.is_instructor else service.config.limits.max_tokens
     params = sampling_params(msg.get("params"), cap)
     spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
-    check_submit_limits(s, ids, text)   # last: a refused message costs no submit allowance
+    check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
     done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None,
@@ -186,7 +178,7 @@ async def sandbox(s: Session, msg: dict) -> None:
 
 
 async def auth(s: Session, msg: dict) -> None:
-    if not secrets.compare_digest(msg["token"].encode(), s.service.config.instructor_token.encode()):
+    if not is_token(msg["token"], s.service.config):
         raise CommandError("forbidden", "wrong instructor token")
     s.viewer.role = "instructor"
     s.ack(msg, role="instructor")

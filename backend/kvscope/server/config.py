@@ -28,7 +28,9 @@ class ServerConfig:
     port: int = 8000
     instructor_token: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     limits: Limits = field(default_factory=Limits)
-    rest_requests_per_minute: float = 120   # per client address, without the instructor token
+    rest_requests_per_minute: float = 120   # per caller (learner id or address), /api and /v1 together
+    limit_loopback: bool = False            # loopback REST callers (a local script) are not rate-limited
+    max_body_bytes: int = 256 * 1024        # REST and OpenAI request bodies
     max_pending_events: int = 512           # a viewer's queued display events before coalescing
     max_pending_essential: int = 20000      # a viewer this far behind on its own events is closed
     min_frame_interval: float = 0.1         # display-only frames at most 10/s per viewer

@@ -31,8 +31,10 @@ def server_config_from_args(args) -> ServerConfig:
     config = ServerConfig(
         host=args.host, port=args.port,
         limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
+                      max_prompt_chars=args.learner_max_prompt_chars,
                       submits_per_minute=args.learner_submits_per_minute),
-        rest_requests_per_minute=args.rest_requests_per_minute, recordings_dir=Path(args.recordings_dir),
+        rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
+        max_body_bytes=args.max_body_bytes, recordings_dir=Path(args.recordings_dir),
         frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
         extra_origins=tuple(args.allow_origin), max_watched_requests=args.max_watched_requests)
     if args.instructor_token:

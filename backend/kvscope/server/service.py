@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from kvscope.sampling_params import SamplingParams
 from kvscope.server.config import ServerConfig
 from kvscope.server.hub import Hub
 from kvscope.server.metrics import Metrics
+from kvscope.server.policy import Policy, message_texts
 from kvscope.server.validation import CommandError
 
 SYNTHETIC_PROMPTS = [
@@ -48,6 +50,9 @@ class EngineService:
         self.clock = Clock()
         self.started_at = time.time()
         self.metrics = Metrics()
+        self.policy = Policy(config)
+        # tokenizing a long prompt takes a while: one worker thread, never the event loop
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
         watches = WatchRegistry()   # one record of who watches what, shared by the hub
         self.hub = Hub(self.clock, self.metrics, watches)
         self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
@@ -67,6 +72,7 @@ class EngineService:
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     def new_request_id(self) -> str:
         return f"r{next(self._ids)}"
@@ -94,6 +100,24 @@ class EngineService:
         if not prompt:
             raise CommandError("invalid_field", "give one of prompt, messages or prompt_token_ids")
         return self._tokenizer().encode(prompt, add_special_tokens=False), prompt
+
+    async def checked_prompt(self, body: dict, instructor: bool) -> tuple[list[int], str | None]:
+        """(token ids, text) of the one prompt form in `body`, within the policy's limits:
+        characters are checked before the tokenizer runs, and it runs off the event loop."""
+        if "prompt" in body:
+            self.policy.check_prompt_text(body["prompt"], instructor)
+        for text in message_texts(body.get("messages") or []):
+            self.policy.check_prompt_text(text, instructor, "a message")
+        ids, text = await self.off_loop(self.prompt_ids, body.get("prompt"), body.get("messages"),
+                                        body.get("prompt_token_ids"))
+        if text is not None:
+            self.policy.check_prompt_text(text, instructor)
+        self.policy.check_prompt_tokens(ids, instructor)
+        return ids, text
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the tokenizer thread, so the event loop keeps serving everyone."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:

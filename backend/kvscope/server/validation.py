@@ -28,8 +28,9 @@ def parse_frame(text: str | bytes, max_bytes: int) -> dict:
         raise CommandError("frame_too_large", f"a message may be at most {max_bytes} bytes; this one is {size}")
     try:
         msg = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CommandError("invalid_json", f"not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:   # ValueError covers bad JSON and bad UTF-8
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise CommandError("invalid_json", f"not valid JSON: {detail}") from None
     if not isinstance(msg, dict):
         raise CommandError("not_an_object", f"a message must be a JSON object, got {type(msg).__name__}")
     return msg
@@ -60,7 +61,9 @@ def describe(error) -> str:
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
     """Client sampling params (already schema-checked) to SamplingParams, within limits."""
+    from kvscope.server.policy import check_sampling_numbers
     raw = dict(raw or {})
+    check_sampling_numbers(raw, "params.")
     max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))
     if max_tokens_limit is not None and max_tokens > max_tokens_limit:
         raise CommandError("invalid_field", f"params.max_tokens: {max_tokens} is over the limit of {max_tokens_limit}")

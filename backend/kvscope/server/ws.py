@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
 from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
 from kvscope.server.commands import HANDLERS, Session
+from kvscope.server.policy import is_token
 from kvscope.server.service import EngineService
 from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
 from kvscope.server.viewer import Filter, Viewer
@@ -38,9 +38,7 @@ def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str
 
 
 def role_for(token: str | None, service: EngineService) -> str:
-    if token and secrets.compare_digest(token.encode(), service.config.instructor_token.encode()):
-        return "instructor"
-    return "learner"
+    return "instructor" if is_token(token, service.config) else "learner"
 
 
 async def serve_websocket(ws: WebSocket, service: EngineService) -> None:

@@ -1,0 +1,149 @@
+"""One regression test per defect of issue 11 (a hostile probe of the live server); each of
+these failed on the code before the server policy module."""
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from server_harness import TOKEN, Client, LiveServer
+
+JSON = {"Content-Type": "application/json"}
+
+
+def configure(config):
+    config.limit_loopback = True            # the tests call from loopback, as a classroom's NAT would look
+    config.rest_requests_per_minute = 600   # a burst of 150: room for every test but the rate-limit one
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = LiveServer(configure=configure)
+    yield s
+    s.stop()
+
+
+def post(server, path: str, body, token: str | None = None, **kw) -> httpx.Response:
+    headers = {**JSON, **({"Authorization": f"Bearer {token}"} if token else {}), **kw.pop("headers", {})}
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{server.http}{path}", content=content, headers=headers, timeout=60, **kw)
+
+
+def assert_openai_400(response: httpx.Response, mentions: str) -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert mentions in error["message"], error
+
+
+def assert_healthy(server) -> None:
+    health = httpx.get(f"{server.http}/healthz", timeout=10).json()
+    assert health["status"] == "ok", health
+
+
+# -- defect 1: an unbounded top_k crashed every running request --------------------------
+def test_huge_top_k_is_refused_at_the_edge_and_others_keep_running(server):
+    server.wait_idle()
+    c = Client(server.ws, token=TOKEN)
+    try:
+        rid = c.ok("submit", prompt="The fox", params={"max_tokens": 40, "ignore_eos": True})["request_id"]
+        for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 2, "top_k": 2**64}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_k": 2**40})):
+            assert_openai_400(post(server, path, body), "top_k")
+        done = c.until(lambda e: e["type"] == "request.finished" and e["request_id"] == rid, since=0)
+        assert done["reason"] == "length" and done["num_output_tokens"] == 40
+    finally:
+        c.close()
+    assert_healthy(server)
+
+
+# -- defect 5: a huge seed gave a plain-text 500, or a stream that never ended -----------
+@pytest.mark.parametrize("stream", [False, True])
+def test_huge_seed_is_a_400_streaming_or_not(server, stream):
+    response = post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2, "seed": 2**64, "stream": stream})
+    assert_openai_400(response, "seed")
+    assert_healthy(server)
+
+
+# -- defect 6: a lone surrogate in a prompt was a bare 500 / an "internal" error ---------
+SURROGATE_BODIES = [
+    ("/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 2}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'),
+    ("/api/tokenize", '{"text": "\\ud800"}'),
+    ("/api/generate", '{"prompt": "\\udfff", "params": {"max_tokens": 2}, "stream": false}'),
+]
+
+
+@pytest.mark.parametrize("path,body", SURROGATE_BODIES)
+def test_a_lone_surrogate_is_a_clear_400(server, path, body):
+    response = post(server, path, body)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"] if path.startswith("/v1") else response.json()["message"]
+    assert "surrogate" in message
+
+
+def test_a_lone_surrogate_on_the_websocket_is_a_clear_error(server):
+    c = Client(server.ws)
+    try:
+        for kind, field in (("tokenize", "text"), ("submit", "prompt")):
+            c.send('{"type": "%s", "ref": "s", "%s": "\\ud800"}' % (kind, field))
+            reply = c.until(lambda e: e.get("ref") == "s")
+            assert reply["type"] == "error" and reply["code"] == "invalid_field" and "surrogate" in reply["message"]
+    finally:
+        c.close()
+
+
+# -- defect 3: a 10 MB prompt was tokenized on the event loop before any length check -----
+def test_a_huge_body_is_refused_unread_and_prompts_are_tokenized_off_the_loop(server):
+    big = {"prompt": "ab " * 3_500_000, "max_tokens": 1}      # ~10 MB
+    for path in ("/v1/completions", "/api/generate"):
+        response = post(server, path, big, token=TOKEN)
+        assert response.status_code == 413 and "--max-body-bytes" in response.text
+    threads = []
+    service = server.service
+    original = service.prompt_ids
+
+    def recording(*args):
+        threads.append(threading.current_thread().name)
+        return original(*args)
+    service.prompt_ids = recording
+    try:
+        response = post(server, "/v1/completions", {"prompt": "the cat " * 9000, "max_tokens": 1})
+        assert_openai_400(response, "characters")
+        assert threads == []                                   # refused on characters: never tokenized
+        response = post(server, "/v1/completions", {"prompt": "the cat", "max_tokens": 1})
+        assert response.status_code == 200
+    finally:
+        del service.prompt_ids
+    assert threads and all(name.startswith("kvscope-tokenize") for name in threads)
+
+
+# -- /v1 took a JSON body sent as text/plain (a cross-site form can send that) ------------
+def test_json_as_text_plain_is_refused(server):
+    for path in ("/v1/completions", "/api/generate", "/api/tokenize"):
+        response = post(server, path, {"prompt": "x", "text": "x"}, headers={"Content-Type": "text/plain"})
+        assert response.status_code == 415, (path, response.text)
+
+
+# -- defect 9: two buckets, a list of prompts counted once, no Retry-After ----------------
+def test_one_rest_bucket_counts_every_prompt_and_says_when_to_retry(server):
+    server.service.config.rest_requests_per_minute = 16        # a burst of 4
+    server.service.policy.rest_buckets.clear()
+    try:
+        learner = {"X-Kvscope-Learner": "defect-9"}
+        assert post(server, "/api/tokenize", {"text": "a"}, headers=learner).status_code == 200
+        listed = post(server, "/v1/completions", {"prompt": ["a", "b", "c"], "max_tokens": 1}, headers=learner)
+        assert listed.status_code == 200                       # 1 + 3 = the whole burst of 4
+        refused = post(server, "/v1/completions", {"prompt": "a", "max_tokens": 1}, headers=learner)
+        assert refused.status_code == 429
+        assert int(refused.headers["Retry-After"]) >= 1
+        message = refused.json()["error"]["message"]
+        assert "--rest-requests-per-minute" in message and "retry in 0 s" not in message
+        other = post(server, "/api/tokenize", {"text": "a"}, headers={"X-Kvscope-Learner": "someone-else"})
+        assert other.status_code == 200                        # per learner, not per address
+        assert post(server, "/api/tokenize", {"text": "a"}, token=TOKEN, headers=learner).status_code == 200
+    finally:
+        server.service.config.rest_requests_per_minute = 600
+        server.service.policy.rest_buckets.clear()
