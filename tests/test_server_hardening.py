@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -147,3 +148,52 @@ def test_one_rest_bucket_counts_every_prompt_and_says_when_to_retry(server):
     finally:
         server.service.config.rest_requests_per_minute = 600
         server.service.policy.rest_buckets.clear()
+
+
+# -- defect 7: frames that failed to parse skipped the rate limit; deep nesting was "internal"
+def test_unparsable_frames_count_against_the_rate_limit_and_deep_nesting_is_refused(server):
+    c = Client(server.ws)
+    try:
+        deep = '{"type": "ping", "x": ' + "[" * 30_000 + "]" * 30_000 + "}"
+        c.send(deep)
+        reply = c.until(lambda e: e["type"] == "error")
+        assert reply["code"] == "invalid_json" and "nested too deeply" in reply["message"]
+        for _ in range(400):
+            c.send("{not json")
+        errors = [e for e in c.drain(2.0) if e["type"] == "error"]
+        codes = [e["code"] for e in errors]
+        assert "internal" not in codes
+        assert codes.count("invalid_json") <= 100 + 50 * 3      # the burst, and 50 a second after it
+        assert codes.count("rate_limited") >= 400 - codes.count("invalid_json") - 5
+        assert c.call("ping", timeout=10)["type"] in ("ack", "error")   # the socket still answers
+    finally:
+        c.close()
+
+
+# -- defect 2: a viewer that never reads grew server memory without limit ------------------
+def test_a_viewer_that_never_reads_is_closed_when_its_backlog_outgrows_its_bytes(server):
+    from test_server_robustness import stalled_viewer
+    config = server.service.config
+    saved = config.max_pending_bytes
+    config.max_pending_bytes = 256 * 1024
+    before = set(server.service.hub.viewers)
+    sock = stalled_viewer(server.port, "kv")
+    try:
+        text = json.dumps({"type": "tokenize", "text": "é€𝄞" * 2500}).encode()
+        frame = b"\x81\xfe" + len(text).to_bytes(2, "big") if len(text) < 65536 else None
+        mask = b"\x00\x00\x00\x00"
+        masked = bytes([frame[0], frame[1] | 0x80]) + frame[2:] + mask + text   # client frames are masked
+        for _ in range(60):
+            sock.sendall(masked)
+        deadline = time.monotonic() + 20
+        new = lambda: set(server.service.hub.viewers) - before   # noqa: E731
+        while time.monotonic() < deadline and not new():
+            time.sleep(0.05)
+        while time.monotonic() < deadline and new():
+            time.sleep(0.1)
+        assert not new(), "the non-reading viewer was never closed"
+        assert max((v.pending_bytes for v in server.service.hub.viewers.values()), default=0) <= config.max_pending_bytes
+    finally:
+        config.max_pending_bytes = saved
+        sock.close()
+    assert_healthy(server)

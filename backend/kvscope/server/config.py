@@ -32,7 +32,8 @@ class ServerConfig:
     limit_loopback: bool = False            # loopback REST callers (a local script) are not rate-limited
     max_body_bytes: int = 256 * 1024        # REST and OpenAI request bodies
     max_pending_events: int = 512           # a viewer's queued display events before coalescing
-    max_pending_essential: int = 20000      # a viewer this far behind on its own events is closed
+    max_pending_bytes: int = 8 << 20        # a viewer this far behind on its own events is closed (1013)
+    max_frame_out_bytes: int = 1 << 20      # one outgoing frame joins queued events up to about this size
     min_frame_interval: float = 0.1         # display-only frames at most 10/s per viewer
     max_watched_requests: int = 8
     recordings_dir: Path = Path("recordings")

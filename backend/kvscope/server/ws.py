@@ -59,6 +59,7 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
     for event in hub.snapshots(families):
         hub.send(viewer, dict(event))
     pump = asyncio.create_task(pump_frames(ws, viewer, service))
+    viewer.on_overflow = lambda: asyncio.get_running_loop().create_task(evict(ws, pump))
     try:
         await read_commands(ws, session)
     finally:
@@ -76,11 +77,14 @@ async def handle(session: Session, data: str | bytes) -> None:
     viewer, limits = session.viewer, session.service.config.limits
     msg: dict = {}
     try:
-        msg = parse_frame(data, limits.max_frame_bytes)
-        if not viewer.is_instructor and not viewer.messages.take():
+        if not viewer.is_instructor and not viewer.messages.take():   # every frame counts, parsed or not
             raise CommandError("rate_limited", f"at most {limits.messages_per_second:g} messages a second; "
                                                f"this one was not processed")
-        kind = validate_command(msg)
+        msg = parse_frame(data, limits.max_frame_bytes)
+        try:
+            kind = validate_command(msg)
+        except RecursionError:
+            raise CommandError("invalid_json", "the message is nested too deeply") from None
         if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
             raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
                                             f"token (?token=… or an auth message)")
@@ -88,8 +92,8 @@ async def handle(session: Session, data: str | bytes) -> None:
     except CommandError as exc:
         send_error(session, msg, exc.code, exc.message, exc.request_id)
     except Exception as exc:   # a bug must not cost the viewer its connection
-        log.exception("command failed: %r", msg.get("type"))
-        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}: {exc}")
+        log.exception("command failed: %r", str(msg.get("type"))[:40])
+        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}")
 
 
 def send_error(session: Session, msg: dict, code: str, message: str, request_id: str | None = None) -> None:
@@ -101,6 +105,23 @@ def send_error(session: Session, msg: dict, code: str, message: str, request_id:
     session.hub.send(session.viewer, event)
 
 
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
+    """Close a viewer whose queue outgrew its byte budget (code 1013). A peer that does not
+    read may never take the close frame either: then the connection is cut."""
+    pump.cancel()
+    try:
+        await asyncio.wait_for(ws.close(code=1013, reason="too far behind: it did not read its events"),
+                               CLOSE_TIMEOUT_S)
+    except (asyncio.TimeoutError, RuntimeError, ConnectionError, WebSocketDisconnect):
+        pass
+    transport = getattr(getattr(ws._send, "__self__", None), "transport", None)   # uvicorn's protocol
+    if transport is not None and not transport.is_closing():
+        transport.abort()
+
+
 async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> None:
     """Write queued frames. Display-only frames are paced, so a busy engine costs each
     viewer a bounded number of sends per second."""
@@ -110,8 +131,7 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
             await viewer.wake.wait()
             viewer.wake.clear()
             if viewer.overflowed:
-                await ws.close(code=1013, reason="too far behind on its own events")
-                return
+                return   # evict() closes it
             frame, essential = viewer.take_frame(service.hub.snapshot_text)
             if frame is None:
                 continue
