@@ -197,3 +197,75 @@ def test_a_viewer_that_never_reads_is_closed_when_its_backlog_outgrows_its_bytes
         config.max_pending_bytes = saved
         sock.close()
     assert_healthy(server)
+
+
+# -- defect 10: DNS rebinding passed the Origin check; /ws/replay checked no Origin --------
+def test_a_foreign_host_is_refused_over_http_and_websocket(server):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+    evil = f"rebind.example:{server.port}"
+    response = httpx.get(f"{server.http}/healthz", headers={"Host": evil})
+    assert response.status_code == 421 and "--allow-host" in response.text
+    with pytest.raises(InvalidStatus):
+        connect(server.ws, additional_headers={"Host": evil}, origin=f"http://{evil}", open_timeout=10)
+    assert httpx.get(f"{server.http}/healthz", headers={"Host": f"localhost:{server.port}"}).status_code == 200
+
+
+def test_allowed_hosts_are_loopback_ip_literals_host_and_allow_host():
+    from kvscope.server.security import allowed_hosts, host_allowed
+    allowed = allowed_hosts("0.0.0.0", ("class.example.org",))
+    for ok in ("localhost:8000", "127.0.0.1", "[::1]:8000", "192.168.1.20:8000", "CLASS.example.org:80"):
+        assert host_allowed(ok, allowed), ok
+    for bad in ("rebind.example:8000", "localhost.rebind.example", "", "[::1"):
+        assert not host_allowed(bad, allowed), bad
+    assert host_allowed("kvscope.lan:8000", allowed_hosts("kvscope.lan"))
+
+
+def test_replay_socket_checks_origin_and_speed(server):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+    with pytest.raises(InvalidStatus):   # refused at the handshake
+        connect(f"ws://127.0.0.1:{server.port}/ws/replay/default", origin="http://evil.example", open_timeout=10)
+    for speed in ("abc", "nan", "inf"):   # defect 12: crashed the handler, no close code
+        with connect(f"ws://127.0.0.1:{server.port}/ws/replay/default?speed={speed}", open_timeout=10) as ws:
+            reply = json.loads(ws.recv(timeout=10))
+            assert reply["type"] == "error" and "speed" in reply["message"]
+            with pytest.raises(Exception):
+                ws.recv(timeout=10)
+            assert ws.close_code == 1008
+
+
+# -- defect 11: the instructor token was written to the access log ------------------------
+def test_the_instructor_token_never_reaches_the_access_log(server):
+    import logging
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+    handler = Keep()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.access", "uvicorn.error")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.INFO)
+        lg.addHandler(handler)
+    try:
+        httpx.get(f"{server.http}/console?token={TOKEN}&x=1")
+        Client(server.ws, token=TOKEN).close()
+        time.sleep(0.3)
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+    logged = "\n".join(records)
+    assert "/console?token=[hidden]" in logged and "token=[hidden]" in logged.split("/console")[0] + logged
+    assert TOKEN not in logged
+
+
+# -- no CSP, no nosniff, no framing rule --------------------------------------------------
+def test_pages_send_security_headers(server):
+    for path in ("/", "/healthz", "/static/js/client.js"):
+        headers = httpx.get(f"{server.http}{path}").headers
+        csp = headers["content-security-policy"]
+        assert "unsafe-eval" not in csp and "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
+        assert headers["x-content-type-options"] == "nosniff"

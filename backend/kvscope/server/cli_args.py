@@ -32,6 +32,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend-dir", default=None, help="static front end (default: frontend/ in the checkout)")
     p.add_argument("--allow-origin", action="append", default=[],
                    help="an extra WebSocket Origin to accept (repeatable), e.g. https://class.example.org")
+    p.add_argument("--allow-host", action="append", default=[],
+                   help="a Host name the server answers to (repeatable), e.g. class.example.org; loopback names, "
+                        "IP addresses and --host always work (the check stops DNS rebinding)")
     p.add_argument("--max-watched-requests", type=int, default=8,
                    help="requests whose attention is captured at once (each costs engine time)")
     p.add_argument("--learner-max-tokens", type=int, default=256)

@@ -39,3 +39,4 @@ class ServerConfig:
     recordings_dir: Path = Path("recordings")
     frontend_dir: Path | None = None
     extra_origins: tuple[str, ...] = ()
+    extra_hosts: tuple[str, ...] = ()       # Host names besides loopback, IP addresses and --host

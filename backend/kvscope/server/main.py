@@ -36,7 +36,8 @@ def server_config_from_args(args) -> ServerConfig:
         rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
         max_body_bytes=args.max_body_bytes, recordings_dir=Path(args.recordings_dir),
         frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
-        extra_origins=tuple(args.allow_origin), max_watched_requests=args.max_watched_requests)
+        extra_origins=tuple(args.allow_origin), extra_hosts=tuple(args.allow_host),
+        max_watched_requests=args.max_watched_requests)
     if args.instructor_token:
         config.instructor_token = args.instructor_token
     return config

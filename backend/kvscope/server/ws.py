@@ -6,35 +6,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
 from kvscope.server.commands import HANDLERS, Session
 from kvscope.server.policy import is_token
+from kvscope.server.security import origin_allowed
 from kvscope.server.service import EngineService
 from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
 from kvscope.server.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _viewer_ids = itertools.count(1)
-
-
-def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
-    """Same host:port as the page's server, any localhost port, or an explicitly allowed
-    origin. Non-browser clients send no Origin and are allowed."""
-    if origin is None:
-        return True
-    if origin in extra:
-        return True
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return False
-    if parts.hostname in LOCAL_HOSTS:
-        return True
-    return host_header is not None and parts.netloc.lower() == host_header.lower()
 
 
 def role_for(token: str | None, service: EngineService) -> str:
@@ -117,7 +101,7 @@ async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
                                CLOSE_TIMEOUT_S)
     except (asyncio.TimeoutError, RuntimeError, ConnectionError, WebSocketDisconnect):
         pass
-    transport = getattr(getattr(ws._send, "__self__", None), "transport", None)   # uvicorn's protocol
+    transport = ws.scope.get("kvscope.transport")
     if transport is not None and not transport.is_closing():
         transport.abort()
 
