@@ -269,3 +269,45 @@ def test_pages_send_security_headers(server):
         csp = headers["content-security-policy"]
         assert "unsafe-eval" not in csp and "frame-ancestors 'none'" in csp and "script-src 'self'" in csp
         assert headers["x-content-type-options"] == "nosniff"
+
+
+# -- defect 4: held requests filled the engine forever ------------------------------------
+def test_learners_get_a_share_below_capacity_and_held_requests_time_out(server):
+    server.wait_idle()
+    limits = server.service.config.limits
+    saved = (limits.max_learner_requests, limits.hold_timeout_s)
+    limits.max_learner_requests, limits.hold_timeout_s = 2, 0.5
+    learners = [Client(server.ws) for _ in range(3)]
+    instructor = Client(server.ws, token=TOKEN)
+    try:
+        held = [c.ok("submit", prompt="Hold me", hold=True, params={"max_tokens": 8})["request_id"]
+                for c in learners[:2]]
+        refused = learners[2].call("submit", prompt="Me too", params={"max_tokens": 2})
+        assert refused["code"] == "too_many_requests" and "--max-learner-requests" in refused["message"]
+        rid = instructor.ok("submit", prompt="The instructor", params={"max_tokens": 4})["request_id"]
+        instructor.until(lambda e: e["type"] == "request.finished" and e["request_id"] == rid, since=0)
+        for c, hid in zip(learners, held):   # nobody steps them: cancelled after the timeout
+            done = c.until(lambda e: e["type"] == "request.finished" and e["request_id"] == hid, 15, since=0)
+            assert done["reason"] == "abort"
+        assert learners[2].call("submit", prompt="Now me", params={"max_tokens": 2})["type"] == "ack"
+    finally:
+        limits.max_learner_requests, limits.hold_timeout_s = saved
+        for c in (*learners, instructor):
+            c.close()
+
+
+# -- defect 8: learners watched other learners' requests, of any size ----------------------
+def test_learners_watch_only_their_own_short_requests(server):
+    server.wait_idle()
+    a, b = Client(server.ws), Client(server.ws)
+    try:
+        rid = a.ok("submit", prompt="A fox", hold=True, params={"max_tokens": 4})["request_id"]
+        other = b.call("watch", request_id=rid)
+        assert other["type"] == "error" and other["code"] == "forbidden"
+        long = b.call("submit", prompt="the cat " * 200, watch={}, params={"max_tokens": 2})
+        assert long["type"] == "error" and "--max-watched-prompt-tokens" in long["message"]
+        assert a.call("watch", request_id=rid)["type"] == "ack"
+        a.ok("cancel", request_id=rid)
+    finally:
+        a.close()
+        b.close()

@@ -40,6 +40,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learner-max-tokens", type=int, default=256)
     p.add_argument("--learner-max-prompt-tokens", type=int, default=512)
     p.add_argument("--learner-submits-per-minute", type=float, default=20)
+    p.add_argument("--learner-max-active-requests", type=int, default=4, help="requests in flight per learner")
+    p.add_argument("--max-learner-requests", type=int, default=None,
+                   help="requests in flight across all learners together (default: half of --max-num-seqs), "
+                        "so learners never fill the engine")
+    p.add_argument("--hold-timeout", type=float, default=300,
+                   help="seconds a learner's held request may sit untouched before it is cancelled")
+    p.add_argument("--learner-messages-per-second", type=float, default=50,
+                   help="WebSocket messages a second per learner connection")
+    p.add_argument("--max-watched-prompt-tokens", type=int, default=256,
+                   help="longest prompt whose attention a learner may watch (attention grows with its square)")
+    p.add_argument("--max-pending-bytes", type=int, default=8 << 20,
+                   help="bytes queued for one viewer before it is closed (1013) as not reading")
     p.add_argument("--learner-max-prompt-chars", type=int, default=8000,
                    help="characters in a learner's prompt, checked before tokenizing")
     p.add_argument("--rest-requests-per-minute", type=float, default=120,

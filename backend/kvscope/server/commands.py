@@ -37,7 +37,7 @@ class Session:
         v = self.viewer
         return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
                 "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
-                "limits": self.service.config.limits.as_dict()}
+                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share}}
 
     def own(self, rid: str) -> None:
         """Learners may only steer their own requests."""
@@ -73,7 +73,21 @@ async def tokenize(s: Session, msg: dict) -> None:
 
 
 # -- requests ------------------------------------------------------------------------------
-def watch_spec(s: Session, raw: dict) -> WatchSpec:
+def check_learner_watch(s: Session, num_prompt_tokens: int) -> None:
+    """A watch's output grows with the prompt's square and costs everyone engine time."""
+    limits = s.service.config.limits
+    if num_prompt_tokens > limits.max_watched_prompt_tokens:
+        raise CommandError("invalid_field", f"watch: the prompt has {num_prompt_tokens} tokens; learners may watch "
+                                            f"prompts of at most {limits.max_watched_prompt_tokens} "
+                                            f"(kvscope serve --max-watched-prompt-tokens)")
+    mine = sum(1 for rid in s.viewer.active if s.hub.watches.spec(rid, s.viewer.id) is not None)
+    if mine >= limits.max_watches:
+        raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
+
+
+def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
+    if not s.viewer.is_instructor:
+        check_learner_watch(s, num_prompt_tokens)
     facts = s.service.instr.facts
     layers = raw.get("layers")
     heads = raw.get("heads")
@@ -98,7 +112,12 @@ def check_submit_allowance(s: Session) -> None:
     limits = s.service.config.limits
     if len(s.viewer.active) >= limits.max_active_requests:
         raise CommandError("too_many_requests",
-                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests}")
+                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests} "
+                           f"(kvscope serve --learner-max-active-requests)")
+    share = s.service.learner_share
+    if s.service.learner_requests() >= share:
+        raise CommandError("too_many_requests", f"learners together have {share} requests in flight, their share of "
+                                                f"the engine (kvscope serve --max-learner-requests); try again soon")
     if not s.viewer.submits.take():
         raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute "
                                            f"(kvscope serve --learner-submits-per-minute); "
@@ -111,7 +130,7 @@ async def submit(s: Session, msg: dict) -> None:
     ids, text = await service.checked_prompt(msg, viewer.is_instructor)
     cap = None if viewer.is_instructor else service.config.limits.max_tokens
     params = sampling_params(msg.get("params"), cap)
-    spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
+    spec = watch_spec(s, msg["watch"], len(ids)) if "watch" in msg else None
     check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
@@ -119,6 +138,8 @@ async def submit(s: Session, msg: dict) -> None:
                                 msg.get("pace_s", 0.0))
     if done.error:
         raise CommandError("engine", done.error, request_id=rid)
+    if label.held:
+        service.touch_hold(rid, True)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
 
 
@@ -131,7 +152,9 @@ async def cancel(s: Session, msg: dict) -> None:
 
 async def watch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg))
+    s.own(rid)   # learners watch only their own requests
+    prompt_tokens = s.hub.requests.get(rid, {}).get("num_prompt_tokens", 0)
+    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg, prompt_tokens))
     s.ack(msg, request_id=rid)
 
 

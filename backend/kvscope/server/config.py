@@ -15,7 +15,11 @@ class Limits:
     submits_per_minute: float = 20
     messages_per_second: float = 50
     max_frame_bytes: int = 64 * 1024
-    max_active_requests: int = 4
+    max_active_requests: int = 4            # in flight per learner
+    max_learner_requests: int | None = None # in flight across all learners (default: half of --max-num-seqs)
+    hold_timeout_s: float = 300             # a learner's held request untouched this long is cancelled
+    max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
+    max_watches: int = 2                    # requests one learner may watch at once
     max_watched_layers_x_heads: int = 4096
 
     def as_dict(self) -> dict:
