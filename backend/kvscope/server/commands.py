@@ -12,7 +12,7 @@ from kvscope.instrumentation.watch import WatchSpec
 from kvscope.server.policy import is_token, one_prompt_form
 from kvscope.server.sandbox import Sandbox
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, sampling_params
+from kvscope.server.validation import CommandError, message_ref, sampling_params
 from kvscope.server.viewer import Filter, Viewer
 
 
@@ -27,7 +27,7 @@ class Session:
 
     def reply(self, msg: dict, event: dict) -> None:
         if "ref" in msg:
-            event["ref"] = msg["ref"]
+            event["ref"] = message_ref(msg)
         self.hub.send(self.viewer, event)
 
     def ack(self, msg: dict, **fields) -> None:

@@ -17,9 +17,9 @@ from kvscope.instrumentation.observer import RequestLabel
 from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.policy import MAX_N, check_sampling_numbers
-from kvscope.server.rest import STATUS, printable, read_json, rest_caller, until_disconnect
+from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError
+from kvscope.server.validation import CommandError, printable
 
 NUM = {"type": ["number", "null"]}
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}

@@ -13,7 +13,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
 from kvscope.server.hub import dumps
-from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
+from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
+                                      validate_command)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -29,7 +30,8 @@ def find_recording(folders: list[Path], name: str) -> Path | None:
 
 
 def error_event(code: str, message: str, ref=None, cmd=None) -> str:
-    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": message, "cmd": cmd})
+    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": printable(message),
+                  "cmd": printable(cmd) if isinstance(cmd, str) else None})
 
 
 def speed_from_query(raw: str | None) -> float | None:

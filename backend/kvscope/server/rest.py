@@ -16,7 +16,7 @@ from kvscope.instrumentation.schema import COMMANDS, obj
 from kvscope.server.hub import dumps
 from kvscope.server.policy import one_prompt_form
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, describe, sampling_params
+from kvscope.server.validation import CommandError, describe, printable, sampling_params, strict_json
 
 _submit = COMMANDS["submit"]["properties"]
 GENERATE = Draft202012Validator(obj({}, {k: _submit[k] for k in ("prompt", "messages", "prompt_token_ids", "params")}
@@ -25,11 +25,6 @@ TOKENIZE = Draft202012Validator(obj({"text": {"type": "string"}}, {"chat": {"typ
 STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prompt_too_long": 400,
           "unknown_request": 404, "engine": 400, "invalid_field": 400, "invalid_json": 400,
           "unsupported_media_type": 415, "body_too_large": 413}
-
-
-def printable(text: str) -> str:
-    """Text safe to encode as UTF-8 (a client's lone surrogate, echoed back, must not fail the reply)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(exc: CommandError) -> JSONResponse:
@@ -63,7 +58,7 @@ async def read_json(request: Request, max_bytes: int):
             raise too_large
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        return strict_json(b"".join(chunks))
     except (ValueError, RecursionError):
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
 

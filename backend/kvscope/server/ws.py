@@ -14,7 +14,8 @@ from kvscope.server.commands import HANDLERS, Session
 from kvscope.server.policy import is_token
 from kvscope.server.security import origin_allowed
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
+from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
+                                      validate_command)
 from kvscope.server.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
@@ -83,7 +84,7 @@ async def handle(session: Session, data: str | bytes) -> None:
 def send_error(session: Session, msg: dict, code: str, message: str, request_id: str | None = None) -> None:
     kind = msg.get("type")
     event = {"type": "error", "ts": session.service.clock(), "ref": message_ref(msg), "code": code,
-             "message": message, "cmd": kind if isinstance(kind, str) and len(kind) <= 40 else None}
+             "message": printable(message), "cmd": printable(kind) if isinstance(kind, str) and len(kind) <= 40 else None}
     if request_id is not None:
         event["request_id"] = request_id
     session.hub.send(session.viewer, event)
