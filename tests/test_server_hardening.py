@@ -311,3 +311,24 @@ def test_learners_watch_only_their_own_short_requests(server):
     finally:
         a.close()
         b.close()
+
+
+# -- defect 4 (the spin): an engine whose slots are all held stepped ~1 M times for nothing ----
+def test_an_engine_with_nothing_admissible_sleeps():
+    s = LiveServer("--max-num-seqs", "2")
+    try:
+        c = Client(s.ws, token=TOKEN)
+        rids = [c.ok("submit", prompt=f"Story {i}", params={"max_tokens": 200, "ignore_eos": True})["request_id"]
+                for i in range(2)]
+        for rid in rids:   # both slots held: the next request waits with nothing to run
+            c.ok("hold", request_id=rid)
+        c.ok("submit", prompt="Waiting", params={"max_tokens": 2})
+        time.sleep(0.5)
+        scheduler = s.engine.scheduler
+        assert len(scheduler.running) == 2 and len(scheduler.waiting) == 1 and scheduler.has_work
+        before = scheduler.num_steps
+        time.sleep(1.0)
+        assert scheduler.num_steps - before < 100, f"{scheduler.num_steps - before} empty steps in 1 s"
+        c.close()
+    finally:
+        s.stop()
