@@ -332,3 +332,25 @@ def test_an_engine_with_nothing_admissible_sleeps():
         c.close()
     finally:
         s.stop()
+
+
+# -- a classroom behind one address: the limits follow the learner, not the address --------
+def test_a_learners_tabs_share_one_submit_allowance_and_others_have_their_own(server):
+    server.wait_idle()
+    limits = server.service.config.limits
+    saved = limits.submits_per_minute
+    limits.submits_per_minute = 8   # a burst of 2
+    server.service.policy.submit_buckets.clear()
+    tabs = [Client(server.ws + "?learner=tabs-of-one") for _ in range(2)]
+    other = Client(server.ws + "?learner=someone-else")
+    try:
+        for tab in tabs:
+            rid = tab.ok("submit", prompt="Hi", params={"max_tokens": 1})["request_id"]
+            tab.until(lambda e: e["type"] == "request.finished" and e["request_id"] == rid, since=0)
+        refused = tabs[0].call("submit", prompt="Hi", params={"max_tokens": 1})
+        assert refused["code"] == "rate_limited" and "--learner-submits-per-minute" in refused["message"]
+        assert other.call("submit", prompt="Hi", params={"max_tokens": 1})["type"] == "ack"
+    finally:
+        limits.submits_per_minute = saved
+        for c in (*tabs, other):
+            c.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 import secrets
 
 from kvscope.server.config import ServerConfig
@@ -17,7 +18,8 @@ MAX_TOP_K = 1 << 20                  # far above any vocabulary, far below what 
 MAX_N = 16                           # parallel samples per prompt: each choice is a sequence in the batch
 MAX_SEED = 2**63 - 1 - MAX_N         # choice i seeds with seed + i; torch takes a signed 64-bit integer
 MAX_TEMPERATURE = 100.0
-MAX_CALLERS = 10_000                 # remembered REST buckets; the oldest are forgotten first
+MAX_CALLERS = 10_000                 # remembered buckets; the oldest are forgotten first
+LEARNER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def is_token(given: str | None, config: ServerConfig) -> bool:
@@ -82,10 +84,30 @@ def check_sampling_numbers(raw: dict, prefix: str = "") -> None:
             check_number(prefix + name, raw[name], low, high)
 
 
+def learner_id(raw: str | None) -> str | None:
+    """The browser's learner id (client.js keeps a random one in localStorage), if well-formed."""
+    return raw if raw is not None and LEARNER_ID.match(raw) else None
+
+
+def bucket_for(buckets: dict[str, TokenBucket], key: str, make) -> TokenBucket:
+    bucket = buckets.get(key)
+    if bucket is None:
+        if len(buckets) >= MAX_CALLERS:
+            buckets.pop(next(iter(buckets)))
+        bucket = buckets[key] = make()
+    return bucket
+
+
 class Policy:
     def __init__(self, config: ServerConfig):
         self.config = config
         self.rest_buckets: dict[str, TokenBucket] = {}
+        self.submit_buckets: dict[str, TokenBucket] = {}   # per learner id, shared by its tabs
+
+    def learner_submits(self, learner: str | None) -> TokenBucket:
+        """A WebSocket learner's submit allowance: per learner id when the page sends one."""
+        make = lambda: per_minute(self.limits.submits_per_minute)   # noqa: E731
+        return make() if learner is None else bucket_for(self.submit_buckets, learner, make)
 
     @property
     def limits(self):
@@ -113,6 +135,7 @@ class Policy:
             return True, None
         if is_loopback(client_host) and not self.config.limit_loopback:
             return False, None
+        learner = learner_id(learner)
         return False, f"learner:{learner}" if learner else f"addr:{client_host}"
 
     def admit_rest(self, key: str | None, cost: int = 1) -> None:
@@ -120,11 +143,7 @@ class Policy:
         rate = self.config.rest_requests_per_minute
         if key is None or rate <= 0:
             return
-        bucket = self.rest_buckets.get(key)
-        if bucket is None:
-            if len(self.rest_buckets) >= MAX_CALLERS:
-                self.rest_buckets.pop(next(iter(self.rest_buckets)))
-            bucket = self.rest_buckets[key] = per_minute(rate)
+        bucket = bucket_for(self.rest_buckets, key, lambda: per_minute(rate))
         if not bucket.take(cost):
             wait = max(1, math.ceil(bucket.retry_after(cost))) if cost <= bucket.burst else None
             when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"

@@ -36,7 +36,7 @@ def rest_caller(service: EngineService, request: Request) -> tuple[bool, str | N
     """(instructor?, rate bucket key): a learner id (?learner= or X-Kvscope-Learner) or the address."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
-    return service.policy.rest_caller(request.headers, host, learner[:64] if learner else None)
+    return service.policy.rest_caller(request.headers, host, learner)
 
 
 async def read_json(request: Request, max_bytes: int):

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
 from kvscope.server.commands import HANDLERS, Session
-from kvscope.server.policy import is_token
+from kvscope.server.policy import is_token, learner_id
 from kvscope.server.security import origin_allowed
 from kvscope.server.service import EngineService
 from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
@@ -33,6 +33,7 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
         return
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
     viewer = Viewer(f"c{next(_viewer_ids)}", peer, service.config, role_for(ws.query_params.get("token"), service))
+    viewer.submits = service.policy.learner_submits(learner_id(ws.query_params.get("learner")))
     session = Session(service, viewer)
     hub = service.hub
     hub.add(viewer)
