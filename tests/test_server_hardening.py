@@ -354,3 +354,25 @@ def test_a_learners_tabs_share_one_submit_allowance_and_others_have_their_own(se
         limits.submits_per_minute = saved
         for c in (*tabs, other):
             c.close()
+
+
+# -- defect 8 (the stall): a watch's attention JSON was built on the event loop --------------
+def test_attention_json_is_built_on_the_engine_thread(server, monkeypatch):
+    import kvscope.server.hub as hub_module
+    threads: set[str] = set()
+    real = hub_module.dumps
+
+    def recording(event):
+        if event.get("type") == "attention":
+            threads.add(threading.current_thread().name)
+        return real(event)
+    monkeypatch.setattr(hub_module, "dumps", recording)
+    server.wait_idle()
+    c = Client(server.ws, token=TOKEN)
+    try:
+        rid = c.ok("submit", prompt="The little fox ran " * 20, watch={}, params={"max_tokens": 4})["request_id"]
+        c.until(lambda e: e["type"] == "request.finished" and e["request_id"] == rid, since=0)
+        assert c.events_of("attention", rid)
+    finally:
+        c.close()
+    assert threads == {"kvscope-engine"}, threads

@@ -21,6 +21,9 @@ from kvscope.server.stream_state import StreamState
 from kvscope.server.viewer import Chunk, Viewer
 
 
+HEAVY_FAMILIES = ("attention", "internals")
+
+
 def family(event_type: str) -> str:
     return event_type.split(".", 1)[0]
 
@@ -36,6 +39,7 @@ class Hub:
         self.tap = RecordingTap()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: list[dict] = []
+        self._serialised: dict[int, tuple[float, str]] = {}   # id(event) -> (its ts, its JSON)
         self._lock = threading.Lock()
         self._scheduled = False
         self._last_ts = 0.0
@@ -49,8 +53,12 @@ class Hub:
         if self.loop is None:     # before the server runs (start-up snapshot): apply directly
             self.dispatch(events)
             return
+        # a watched request's attention can be megabytes of JSON: serialise it here, on the
+        # engine thread, so the event loop (and /healthz, and every viewer) never waits on it
+        heavy = {id(e): (e.get("ts"), dumps(e)) for e in events if family(e["type"]) in HEAVY_FAMILIES}
         with self._lock:
             self._inbox.extend(events)
+            self._serialised.update(heavy)
             if self._scheduled:
                 return
             self._scheduled = True
@@ -67,7 +75,7 @@ class Hub:
             return
         for e in events:
             self._stamp(e)
-        texts = [dumps(e) for e in events]
+        texts = [self._text_of(e) for e in events]
         by_family: dict[str, list[int]] = defaultdict(list)
         personal: dict[str, list[tuple[int, bool]]] = defaultdict(list)
         finished = []
@@ -104,6 +112,12 @@ class Hub:
                     self._offer(v, shared[v.signature])
         for rid in finished:
             self._forget(rid)
+
+    def _text_of(self, e: dict) -> str:
+        """Its JSON: the engine thread's, unless stamping moved its `ts` since."""
+        with self._lock:
+            done = self._serialised.pop(id(e), None)
+        return done[1] if done is not None and done[0] == e["ts"] else dumps(e)
 
     def _shared_chunk(self, families, events, texts, by_family) -> Chunk | None:
         idx = sorted(i for f in families for i in by_family.get(f, ()))
