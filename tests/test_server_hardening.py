@@ -376,3 +376,18 @@ def test_attention_json_is_built_on_the_engine_thread(server, monkeypatch):
     finally:
         c.close()
     assert threads == {"kvscope-engine"}, threads
+
+
+def test_a_class_wide_rest_cap_holds_whatever_learner_ids_are_sent(server):
+    config, policy = server.service.config, server.service.policy
+    saved = config.rest_class_requests_per_minute
+    config.rest_class_requests_per_minute, policy.class_bucket = 16, None   # a burst of 4
+    try:
+        codes = [post(server, "/api/tokenize", {"text": "a"}, headers={"X-Kvscope-Learner": f"id-{i}"}).status_code
+                 for i in range(5)]
+        assert codes == [200, 200, 200, 200, 429], codes
+        refused = post(server, "/api/tokenize", {"text": "a"}, headers={"X-Kvscope-Learner": "fresh"})
+        assert "--rest-class-requests-per-minute" in refused.json()["message"] and refused.headers["Retry-After"]
+        assert post(server, "/api/tokenize", {"text": "a"}, token=TOKEN).status_code == 200   # not the instructor
+    finally:
+        config.rest_class_requests_per_minute, policy.class_bucket = saved, None

@@ -57,6 +57,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rest-requests-per-minute", type=float, default=120,
                    help="REST/OpenAI prompts per minute per caller (learner id or address) without the token, "
                         "/api and /v1 together (0: unlimited)")
+    p.add_argument("--rest-class-requests-per-minute", type=float, default=1200,
+                   help="REST/OpenAI prompts per minute from all limited callers together (0: unlimited)")
     p.add_argument("--limit-loopback", action="store_true",
                    help="rate-limit REST/OpenAI callers on this machine too (default: loopback is not limited)")
     p.add_argument("--max-body-bytes", type=int, default=256 * 1024, help="largest REST/OpenAI request body")

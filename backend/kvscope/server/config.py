@@ -33,6 +33,7 @@ class ServerConfig:
     instructor_token: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     limits: Limits = field(default_factory=Limits)
     rest_requests_per_minute: float = 120   # per caller (learner id or address), /api and /v1 together
+    rest_class_requests_per_minute: float = 1200   # all limited REST callers together
     limit_loopback: bool = False            # loopback REST callers (a local script) are not rate-limited
     max_body_bytes: int = 256 * 1024        # REST and OpenAI request bodies
     max_pending_events: int = 512           # a viewer's queued display events before coalescing

@@ -38,6 +38,7 @@ def server_config_from_args(args) -> ServerConfig:
                       max_watched_prompt_tokens=args.max_watched_prompt_tokens,
                       submits_per_minute=args.learner_submits_per_minute),
         rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
+        rest_class_requests_per_minute=args.rest_class_requests_per_minute,
         max_body_bytes=args.max_body_bytes, max_pending_bytes=args.max_pending_bytes,
         recordings_dir=Path(args.recordings_dir),
         frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,

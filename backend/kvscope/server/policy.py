@@ -103,6 +103,7 @@ class Policy:
         self.config = config
         self.rest_buckets: dict[str, TokenBucket] = {}
         self.submit_buckets: dict[str, TokenBucket] = {}   # per learner id, shared by its tabs
+        self.class_bucket: TokenBucket | None = None
 
     def learner_submits(self, learner: str | None) -> TokenBucket:
         """A WebSocket learner's submit allowance: per learner id when the page sends one."""
@@ -140,8 +141,11 @@ class Policy:
 
     def admit_rest(self, key: str | None, cost: int = 1) -> None:
         """One bucket per caller for /api and /v1 together; a call with k prompts costs k."""
+        if key is None:
+            return
+        self._admit_class(cost)
         rate = self.config.rest_requests_per_minute
-        if key is None or rate <= 0:
+        if rate <= 0:
             return
         bucket = bucket_for(self.rest_buckets, key, lambda: per_minute(rate))
         if not bucket.take(cost):
@@ -149,6 +153,19 @@ class Policy:
             when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"
             raise RateLimited(f"at most {rate:g} prompts a minute (bursts of {bucket.burst:g}) per caller without "
                               f"the instructor token (kvscope serve --rest-requests-per-minute); {when}", wait)
+
+
+    def _admit_class(self, cost: int) -> None:
+        """All limited REST callers together: learner ids are the browser's choice, this is not."""
+        rate = self.config.rest_class_requests_per_minute
+        if rate <= 0:
+            return
+        if self.class_bucket is None:
+            self.class_bucket = per_minute(rate)
+        if not self.class_bucket.take(cost):
+            wait = max(1, math.ceil(self.class_bucket.retry_after(cost)))
+            raise RateLimited(f"the class together may send {rate:g} REST/OpenAI prompts a minute "
+                              f"(kvscope serve --rest-class-requests-per-minute); retry in {wait} s", wait)
 
 
 class RateLimited(CommandError):
