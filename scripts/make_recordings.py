@@ -1,6 +1,11 @@
-"""Record the short sessions committed in frontend/recordings/ (replayed by the pages when
-no backend runs, and used by the tests as fixtures): a real server with the embedded
-model, driven over its own WebSocket with the instructor's record_start/record_stop.
+"""Record the sessions committed in frontend/recordings/ (replayed by the pages when no
+backend runs, and used by the tests as fixtures): a real server with the embedded model,
+driven over its own WebSocket with the instructor's record_start/record_stop.
+
+The serving scenarios (batching, paging, chunked prefill) pause the engine and advance it
+with the instructor's single step, so requests join at chosen steps and every recording is
+the same each time it is made (seeded sampling, ignore_eos); replay is paced by steps, so
+tens of steps make an episode a learner can follow.
 
     python scripts/make_recordings.py [--out frontend/recordings] [--only NAME ...]
 """
@@ -56,6 +61,19 @@ class Driver:
             raise RuntimeError(f"{kind}: {reply['message']}")
         return reply
 
+    def steps(self, n: int | None = None) -> int:
+        """Single-step the paused engine n times (None: until no request can advance)."""
+        done = 0
+        while n is None or done < n:
+            if self.call("step")["step"] is None:
+                break
+            done += 1
+        return done
+
+    def inject(self, max_tokens: list[int], prompt_tokens: int) -> list[str]:
+        return [self.call("inject", n=1, max_tokens=m, prompt_tokens=prompt_tokens)["request_ids"][0]
+                for m in max_tokens]
+
     def submit(self, **fields) -> str:
         return self.call("submit", **fields)["request_id"]
 
@@ -104,41 +122,73 @@ def step_by_step(d: Driver) -> None:
 
 
 def batching(d: Driver) -> None:
-    """Requests arriving while others run, with room for four at a time."""
+    """Continuous batching with room for four: three requests, two more join mid-flight
+    (one waits for a place), two more later; they leave at different steps."""
     d.call("set_knobs", max_num_seqs=4)
-    rids = []
-    for i in range(6):
-        rids += d.call("inject", n=1, max_tokens=8 + 4 * i, prompt_tokens=6 + 3 * i)["request_ids"]
-        d.settle(0.05)
-    d.finished(*rids)
+    d.call("pause")
+    d.inject([10, 24, 16], prompt_tokens=12)
+    d.steps(5)
+    d.inject([12, 20], prompt_tokens=20)
+    d.steps(8)
+    d.inject([14, 8], prompt_tokens=8)
+    d.steps()
+    d.call("resume")
     d.call("set_knobs", max_num_seqs=64)
 
 
 def prefix_cache(d: Driver) -> None:
-    """Two chats that share a system prompt: the second reuses the first one's blocks."""
-    first = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a crab."}],
-                     params={**GREEDY, "max_tokens": 8})
-    d.finished(first)
-    second = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A story about a seal."}],
-                      params={**GREEDY, "max_tokens": 8})
-    d.finished(second)
+    """Two chats that share a system prompt, as chapter 16's demo sends them: the first is
+    prefilled and held, the second reuses its full blocks (ref count 2) and computes only the
+    rest; then both finish and the shared blocks stay cached."""
+    held = []
+    for animal in ("crab", "seal"):
+        rid = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"A story about a {animal}."}],
+                       params={**GREEDY, "max_tokens": 8}, hold=True)
+        d.call("next", request_id=rid)
+        d.until(lambda e, rid=rid: e["type"] == "request.token" and e["request_id"] == rid)
+        d.settle(0.3)
+        held.append(rid)
+    for rid in held:
+        d.call("release", request_id=rid)
+    d.finished(*held)
+
+
+LONG_PROMPT = " ".join(["The little fox ran along the river to find the shiny stone."] * 8)
+
+
+def long_prompt_amid_decodes(d: Driver) -> None:
+    d.call("pause")
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": 24}) for p in ("The robot woke up", "Tom looked out")]
+    d.steps(4)
+    d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 4})
+    d.steps()
+    d.call("resume")
+    d.finished(*runners)
 
 
 def chunked_prefill(d: Driver) -> None:
     """A long prompt arrives amid decodes and is cut into chunks of 16 tokens."""
     d.call("set_knobs", prefill_chunk_size=16, max_num_batched_tokens=24)
-    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": 24}) for p in ("The robot woke up", "Tom looked out")]
-    d.settle(0.1)
-    long = d.submit(prompt=" ".join(["The little fox ran along the river to find the shiny stone."] * 8),
-                    params={**GREEDY, "max_tokens": 4})
-    d.finished(*runners, long)
+    long_prompt_amid_decodes(d)
     d.call("set_knobs", prefill_chunk_size=None, max_num_batched_tokens=256)
 
 
+def chunked_prefill_off(d: Driver) -> None:
+    """The same arrivals without chunked prefill: the whole prompt in one step, decodes stall."""
+    d.call("set_knobs", enable_chunked_prefill=False, max_num_batched_tokens=1024)
+    long_prompt_amid_decodes(d)
+    d.call("set_knobs", enable_chunked_prefill=True, max_num_batched_tokens=256)
+
+
 def paging(d: Driver) -> None:
-    """The page allocator: a live request's blocks, then the sandbox poked by hand."""
-    rid = d.submit(prompt="A tiny dragon who was afraid of fire asked the wise owl", params={**GREEDY, "max_tokens": 10})
-    d.finished(rid)
+    """The page allocator: the pool fills as requests of different lengths arrive and grow,
+    then drains block by block as they finish; then the sandbox poked by hand."""
+    d.call("pause")
+    d.inject([40, 64, 24], prompt_tokens=100)
+    d.steps(6)
+    d.inject([48, 32, 56], prompt_tokens=140)
+    d.steps()
+    d.call("resume")
     d.call("sandbox", op="reset", num_blocks=16, block_size=4, max_model_len=32)
     d.call("sandbox", op="allocate", seq="A", tokens=10)
     d.call("sandbox", op="fork", seq="A", new_seq="B")
@@ -147,8 +197,52 @@ def paging(d: Driver) -> None:
     d.call("sandbox", op="free", seq="A")
 
 
+def internals(d: Driver) -> None:
+    """One prompt watched whole: attention, every draw with its raw logits, and the model's
+    internals (embeddings, RoPE, residual stream, MLP, logit lens) for chapters 3 and 5-10."""
+    text = "The little cat sat on the mat"
+    d.call("tokenize", text=text)
+    rid = d.submit(prompt=text, params={**GREEDY, "max_tokens": 4}, watch={"internals": True})
+    d.finished(rid)
+
+
+def throughput(d: Driver) -> None:
+    """Chapter 20's points: the same 6 requests run with 1, 2 and 4 in flight, in real time
+    (no stepping), so each run's throughput, TTFT and inter-token latency are measured ones."""
+    for concurrency in (1, 2, 4):
+        queue = list(range(6))
+        running: list[str] = []
+        while queue or running:
+            while queue and len(running) < concurrency:
+                i = queue.pop(0)
+                running.append(d.submit(prompt=f"Story {i}: once upon a time, a little fox", pace_s=0,
+                                        params={"temperature": 0.8, "seed": i, "max_tokens": 16, "ignore_eos": True}))
+            done = d.until(lambda e: e["type"] == "request.finished" and e["request_id"] in running)
+            running.remove(done["request_id"])
+            d.seen.remove(done)   # `until` looks through what was seen: each finish counts once
+        d.settle(0.5)
+
+
+RETOLD = ("Once upon a time, a little fox found a shiny stone near the river. She was kind, and she loved telling "
+          "jokes. One sunny morning, Omar and Oscar went to the river to play with her new paint box.\n\n"
+          "Once upon a time, a little fox found a shiny stone near the river. She")
+
+
+def speculation(d: Driver) -> None:
+    """Prompt-lookup drafting (k = 3): a story told twice, greedy, then a fresh one sampled."""
+    first = d.submit(prompt=RETOLD, params={**GREEDY, "max_tokens": 32})
+    d.finished(first)
+    second = d.submit(prompt="The old lighthouse keeper looked at the sea and",
+                      params={"temperature": 0.8, "seed": 1, "max_tokens": 16})
+    d.finished(second)
+
+
+# scenarios that need the server started with more options
+SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
-             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill, "paging": paging}
+             "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
+             "chunked-prefill-off": chunked_prefill_off, "paging": paging, "throughput": throughput,
+             "internals": internals, "speculation": speculation}
 
 
 def free_port() -> int:
@@ -162,18 +256,29 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "frontend" / "recordings"))
     ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS))
     opts = ap.parse_args()
-    import uvicorn
     import torch
+    torch.set_num_threads(1)
+    names = opts.only or list(SCENARIOS)
+    plain = [n for n in names if n not in SERVER_OPTIONS]
+    if plain:
+        record(plain, [], opts.out)
+    for name in names:
+        if name in SERVER_OPTIONS:
+            record([name], SERVER_OPTIONS[name], opts.out)
+    return 0
+
+
+def record(names: list[str], server_options: list[str], out: str) -> None:
+    import uvicorn
 
     from kvscope.server.cli_args import add_serve_arguments
     from kvscope.server.main import WS_MAX_FRAME, build_app
-    torch.set_num_threads(1)
     port = free_port()
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
     args = parser.parse_args(["--port", str(port), "--instructor-token", TOKEN, "--threads", "1",
                               "--num-kv-blocks", "96", "--max-num-batched-tokens", "256",
-                              "--recordings-dir", opts.out])
+                              "--recordings-dir", out, *server_options])
     app, service = build_app(args)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False))
@@ -182,7 +287,7 @@ def main() -> int:
     while not server.started:
         time.sleep(0.05)
     try:
-        for name in opts.only or SCENARIOS:
+        for name in names:
             d = Driver(f"ws://127.0.0.1:{port}/ws")
             d.call("reset")
             d.settle(0.2)
@@ -196,7 +301,6 @@ def main() -> int:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-    return 0
 
 
 if __name__ == "__main__":

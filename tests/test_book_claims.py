@@ -15,7 +15,7 @@ from kvscope.server.rendering import Site  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Site()
 CHAPTERS = {c.number: c.body for c in SITE.chapter_list()}
-VALUE = re.compile(r'<kv-value key="([^"]+)"(?: format="([^"]+)")?></kv-value>([A-Za-z/]*)')
+VALUE = re.compile(r'<kv-value key="([^"]+)"(?: format="([^"]+)")?(?: unit="([^"]+)")?></kv-value>')
 
 
 def sentences(text: str) -> list[str]:
@@ -85,3 +85,38 @@ def test_no_chapter_credits_the_engine_with_a_missing_feature():
     offending = [(n, s) for n, body in CHAPTERS.items() for s in sentences(body)
                  if OWN_ENGINE.search(s) and any(claim.search(s) for claim in missing)]
     assert not offending, offending
+
+
+def test_chapter_9_checkpoint_tour_matches_the_embedded_model():
+    """Every file and tensor name the chapter shows exists in backend/kvscope/assets/kvscope-mini."""
+    import json
+    import struct
+    folder = ROOT / "backend/kvscope/assets/kvscope-mini"
+    body = CHAPTERS[9]
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert f"`{name}`" in body and (folder / name).is_file(), name
+    with open(folder / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    shown = re.search(r"`(model\.layers\.[\w.]+)`", body).group(1)
+    assert shown in header
+    config = json.loads((folder / "config.json").read_text())
+    assert f"({config['num_hidden_layers']} in kvscope-mini)" in body
+
+
+@pytest.mark.parametrize("number, term", [(9, "checkpoint"), (9, "exponent and mantissa"), (13, "thread"),
+                                          (14, "padding"), (19, "ring all-reduce"), (20, "utilisation"),
+                                          (21, "Server-Sent Events"), (21, "data parallelism"),
+                                          (21, "quantization"), (21, "KV offloading")])
+def test_term_is_defined_where_first_used(number, term):
+    """The chapter marks the term (so its definition is one hover away) and the glossary points back to it."""
+    entry = SITE.glossary.lookup(term)
+    assert entry is not None and entry.chapter == number
+    marks = re.findall(r"\[\[(?:[^\]|]+\|)?([^\]]+)\]\]", CHAPTERS[number])
+    assert any(SITE.glossary.lookup(mark) is entry for mark in marks)
+
+
+def test_pairing_convention_is_an_aside():
+    body = CHAPTERS[6]
+    aside = re.search(r'<aside class="kv-aside".*?</aside>', body, re.S)
+    assert aside and "i + head dimension ÷ 2" in aside.group(0)
+    assert body.count("i + head dimension ÷ 2") == 1

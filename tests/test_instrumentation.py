@@ -10,7 +10,6 @@ import torch
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation import Instrumentation, WatchSpec, attach_for_bench
 from kvscope.instrumentation.cost import attention_pairs, step_cost
-from kvscope.instrumentation.recording import Replayer
 from kvscope.instrumentation.tokens import tokens_event
 from kvscope.sampling_params import SamplingParams
 from server_harness import check_event, model_path
@@ -219,21 +218,3 @@ def test_tokens_event_spans_tile_the_bytes(engine):
     partial = [t for t in e["tokens"] if not t["complete"]]
     assert all("\\x" in t["text"] for t in partial)
     assert e["ids"] == engine.tokenize(text)
-
-
-def test_replayer_timing_pause_step_speed():
-    events = [{"type": "hello", "ts": 0.0}, {"type": "step", "ts": 1.0}, {"type": "kv", "ts": 1.5},
-              {"type": "step", "ts": 2.0}, {"type": "step", "ts": 4.0}]
-    r = Replayer(events, speed=2.0)
-    assert [e["type"] for e in r.due(100.0)] == ["hello"]
-    assert r.wait_time() == pytest.approx(0.5)
-    assert [e["ts"] for e in r.due(100.5)] == [1.0]
-    assert [e["ts"] for e in r.due(101.0)] == [1.5, 2.0]
-    r.pause()
-    assert r.due(200.0) == [] and r.wait_time() is None
-    assert [e["ts"] for e in r.step()] == [4.0] and r.done
-    r2 = Replayer(events, playing=False)
-    assert [e["type"] for e in r2.step()] == ["hello", "step"]
-    r2.play(10.0)
-    r2.set_speed(10.0, 10.0)
-    assert [e["ts"] for e in r2.due(10.15)] == [1.5, 2.0]

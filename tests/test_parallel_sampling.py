@@ -105,3 +105,15 @@ def test_abort_before_prefill_ends_every_choice(checkpoint):
     assert engine.abort(parent.request_id)
     assert all(c.finish_reason == "abort" for c in (parent, *children))
     assert not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+
+
+def test_choices_survive_preemption_unchanged(checkpoint):
+    """A pool too small for four growing choices: some are preempted and recomputed, and
+    each still equals its separate request (recomputing draws no extra random numbers)."""
+    tight = make_llm(checkpoint, num_kv_blocks=12)
+    together = tight.generate([PROMPT], params(n=4, max_tokens=14))
+    assert sum(o.num_preemptions for o in together) > 0
+    alone = make_llm(checkpoint)
+    separate = [alone.generate([PROMPT], params(seed=7 + i, max_tokens=14))[0] for i in range(4)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in separate]
+    tight.engine.block_manager.check_invariants([])

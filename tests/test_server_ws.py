@@ -16,7 +16,8 @@ HELLO_FIELDS = {
               "dtype_bytes", "dtype_reason", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings"},
     "device": {"type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops"},
     "engine": {"block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
-               "max_model_len", "enable_prefix_caching", "attention_backend"},
+               "max_model_len", "enable_prefix_caching", "attention_backend", "speculative",
+               "tensor_parallel_size", "rank_weight_bytes"},
 }
 
 

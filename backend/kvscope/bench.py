@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from kvscope import cpu_ceilings
+from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
 
 
@@ -31,8 +33,20 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     _common(lat)
     lat.add_argument("--input-len", type=int, default=None)
     lat.add_argument("--output-len", type=int, default=128)
-    lat.add_argument("--repeats", type=int, default=3)
+    lat.add_argument("--repeats", type=int, default=3, help="alternate the two engines N times; report medians")
+    lat.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                     help="cpu: this process's CPU time, steadier than wall time on a shared machine")
     lat.set_defaults(run=run_latency)
+    par = sub.add_parser("parallel", help="one request with n choices vs n separate requests: prefill and KV blocks")
+    _common(par)
+    par.add_argument("--n", type=int, default=4)
+    par.add_argument("--input-len", type=int, default=200)
+    par.add_argument("--output-len", type=int, default=64)
+    par.set_defaults(run=run_parallel)
+    from kvscope.bench_spec import add_arguments as add_spec_arguments
+    add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
+    from kvscope.bench_tp import add_arguments as add_tp_arguments
+    add_tp_arguments(sub.add_parser("tp", help="tensor parallel: step time for N processes vs one"))
     try:
         from kvscope.server import loadtest
         serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")
@@ -194,6 +208,12 @@ def run_throughput(args) -> int:
     roof, spec = roofline_tokens_per_s(engine, prompts, outputs, args.max_num_seqs)
     print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
           f"({spec.bandwidth_source}, {spec.name}); kvscope reaches {100 * ours_rate / roof:.1f}%")
+    facts = model_facts(engine)
+    kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * facts.kv_bytes_per_token
+    computed = sum(len(p) for p in prompts) + sum(outputs)
+    for line in cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
+                                    2 * facts.read_weight_bytes / facts.dtype_bytes * computed):
+        print(line)
     return 0
 
 
@@ -205,56 +225,94 @@ def run_latency(args) -> int:
     prompt, n = prompts[0], args.output_len
     print(f"batch 1: prompt {len(prompt)} tokens, {n} output tokens; model {engine.model_config.name}, "
           f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}")
-    ttfts, tpots = [], []
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    ttfts, tpots, hf_ttfts, hf_tpots = [], [], [], []
     run_kvscope(engine, [prompt[:8]], [4])   # warm-up
-    for r in range(args.repeats):
+    model = None if args.no_hf else hf_model_like(engine)
+    for r in range(args.repeats):   # alternated, so both see the same machine load
         vocab = engine.model_config.vocab_size
         fresh = [(t + r + 1) % vocab for t in prompt]   # a new prompt each time: no prefix-cache hits
-        ttft, tpot = _kvscope_latency(engine, fresh, n)
+        ttft, tpot = _kvscope_latency(engine, fresh, n, clock)
         ttfts.append(ttft)
         tpots.append(tpot)
+        if model is not None:
+            ttft, tpot = _hf_latency(model, prompt, n, engine.device, clock)
+            hf_ttfts.append(ttft)
+            hf_tpots.append(tpot)
     print(f"kvscope: TTFT {1e3 * statistics.median(ttfts):.2f} ms, "
           f"time per output token {1e3 * statistics.median(tpots):.3f} ms "
-          f"({1 / statistics.median(tpots):,.0f} tok/s)")
-    if not args.no_hf:
-        model = hf_model_like(engine)
-        ttft, tpot = _hf_latency(model, prompt, n, engine.device, args.repeats)
+          f"({1 / statistics.median(tpots):,.0f} tok/s, {args.clock} clock, median of {args.repeats})")
+    if model is not None:
+        ttft, tpot = statistics.median(hf_ttfts), statistics.median(hf_tpots)
         print(f"transformers generate: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
               f"({1 / tpot:,.0f} tok/s)")
         print(f"decode speed-up: {tpot / statistics.median(tpots):.2f}x")
+    facts = model_facts(engine)
+    per_token = facts.read_weight_bytes + (len(prompt) + n / 2) * facts.kv_bytes_per_token
+    for line in cpu_ceilings.report(engine, statistics.median(tpots), per_token,
+                                    2 * facts.read_weight_bytes / facts.dtype_bytes):
+        print(line)
     return 0
 
 
-def _kvscope_latency(engine, prompt, n):
+def _kvscope_latency(engine, prompt, n, clock):
     seq = engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     _sync(engine.device)
-    start = time.perf_counter()
+    start = clock()
     first = None
     while engine.has_unfinished():
         engine.step()
         if first is None and seq.num_output_tokens:
             _sync(engine.device)
-            first = time.perf_counter()
+            first = clock()
     _sync(engine.device)
-    end = time.perf_counter()
+    end = clock()
     return first - start, (end - first) / max(1, n - 1)
 
 
 @torch.inference_mode()
-def _hf_latency(model, prompt, n, device, repeats):
+def _hf_latency(model, prompt, n, device, clock):
+    """One measurement: generate 1 token (TTFT), then n; the difference is the decode time."""
     ids = torch.tensor([prompt], device=device)
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0, eos_token_id=None)
     model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)   # warm-up
-    ttfts, totals = [], []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        _sync(device)
-        ttfts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        _sync(device)
-        totals.append(time.perf_counter() - t)
-    ttft, total = statistics.median(ttfts), statistics.median(totals)
-    return ttft, (total - ttft) / max(1, n - 1)
+    _sync(device)
+    t = clock()
+    model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+    _sync(device)
+    ttft = clock() - t
+    t = clock()
+    model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+    _sync(device)
+    return ttft, (clock() - t - ttft) / max(1, n - 1)
+
+
+def run_parallel(args) -> int:
+    """The same n samples of one prompt, on a fresh engine each time (prefix caching off, so
+    only the fork shares): as one request with n choices, and as n separate requests."""
+    from kvscope.engine.observer import EngineObserver
+
+    class PromptTokens(EngineObserver):
+        computed = 0
+
+        def on_step(self, record):
+            for e in record.scheduled.entries:
+                self.computed += max(0, min(e.start + e.num_new_tokens, e.seq.num_prompt_tokens) - e.start)
+
+    print(f"{args.n} samples of a {args.input_len}-token prompt, {args.output_len} tokens each (EOS ignored)")
+    together = SamplingParams(temperature=1.0, seed=args.seed, max_tokens=args.output_len, ignore_eos=True, n=args.n)
+    for label, params in ((f"one request, n={args.n}", [together]),
+                          (f"{args.n} separate requests", [together.for_choice(i) for i in range(args.n)])):
+        engine = _engine(args, enable_prefix_caching=False, max_num_seqs=max(8, args.n))
+        counter = PromptTokens()
+        engine.add_observer(counter)
+        prompt = make_workload(1, (args.input_len,) * 2, (1, 1), engine.model_config.vocab_size, args.seed)[0][0]
+        for p in params:
+            engine.add_request(prompt, p)
+        peak, start = 0, time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+            peak = max(peak, engine.block_manager.num_used_blocks)
+        print(f"{label}: {counter.computed} prompt tokens computed, peak {peak} KV blocks held, "
+              f"{engine.block_manager.num_copies} copy-on-write copies, {time.perf_counter() - start:.2f} s")
+    return 0

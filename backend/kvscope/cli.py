@@ -1,4 +1,4 @@
-"""Command line: `kvscope generate`, `kvscope serve`, `kvscope bench`."""
+"""Command line: `kvscope generate`, `kvscope serve`, `kvscope bench`, `kvscope export-site`."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,8 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--show-stats", action="store_true", help="print a stats line after the text")
+    from kvscope.server.cli_args import add_decoding_arguments
+    add_decoding_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_serve_arguments(serve)
     except ImportError:
         serve.set_defaults(server_missing=True)
+    export = sub.add_parser("export-site", help="write the whole book as static files (any static host, or file://)")
+    export.add_argument("directory", help="folder to write the site into (created if missing)")
     bench = sub.add_parser("bench", help="benchmarks that print figures")
     from kvscope.bench import add_bench_subcommands
     add_bench_subcommands(bench)
@@ -47,11 +51,15 @@ def cmd_generate(args) -> int:
     from kvscope.llm import apply_chat_template
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, seed=args.seed, max_tokens=args.max_new_tokens)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=args.speculative_config,
+              tensor_parallel_size=args.tensor_parallel_size)
     prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}]) \
         if args.chat else args.prompt
     start = time.perf_counter()
-    out = llm.generate([prompt], params)[0]
+    try:
+        out = llm.generate([prompt], params)[0]
+    finally:
+        llm.engine.shutdown()
     elapsed = time.perf_counter() - start
     if out.finish_reason == "error":
         raise ValueError(out.error)
@@ -62,6 +70,10 @@ def cmd_generate(args) -> int:
         print(f"prompt_tokens={len(out.prompt_token_ids)} generated_tokens={len(out.token_ids)} "
               f"elapsed_seconds={elapsed:.3f} tokens_per_second={rate:.1f} "
               f"device={engine.device} dtype={engine.dtype_choice.name} dtype_reason={shlex.quote(engine.dtype_choice.reason)}")
+        if engine.speculator is not None:
+            s = engine.speculator.total
+            print(f"spec_proposed={s.proposed} spec_accepted={s.accepted} acceptance_rate={s.acceptance_rate:.3f} "
+                  f"tokens_per_target_pass={s.tokens_per_pass:.2f}")
     return 0
 
 
@@ -72,11 +84,21 @@ def cmd_serve(args) -> int:
     return serve(args) or 0
 
 
+def cmd_export_site(args) -> int:
+    from pathlib import Path
+
+    from kvscope.server.rendering import export_static_site
+    out = export_static_site(Path(args.directory))
+    print(f"kvscope: wrote the book to {out}; open {out / 'index.html'} or serve the folder with any static host")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from kvscope.models.config import ModelConfigError
     from kvscope.models.loader import ModelLoadError
-    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": lambda a: a.run(a)}
+    handlers = {"generate": cmd_generate, "serve": cmd_serve, "export-site": cmd_export_site,
+                "bench": lambda a: a.run(a)}
     try:
         return handlers[args.command](args)
     except (ModelLoadError, ModelConfigError, ValueError) as exc:

@@ -24,6 +24,8 @@ class EngineConfig:
     attention_backend: str = "auto"   # auto | torch | triton | flash_attn
     enforce_eager: bool = False       # no CUDA graphs
     num_threads: int | None = None    # CPU intra-op threads
+    speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
+    tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)
 
     def __post_init__(self):
         if self.block_size < 1 or self.block_size > 256:

@@ -5,6 +5,7 @@ import os
 from importlib import resources
 
 DEFAULT_MODEL_NAME = "kvscope-mini"
+DEFAULT_DRAFT_NAME = "kvscope-mini-draft"   # a smaller model with kvscope-mini's tokenizer
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -29,3 +30,12 @@ def default_model_path() -> str:
             f"`python -m kvscope.training.train --out backend/kvscope/assets/{DEFAULT_MODEL_NAME}`, "
             f"or pass --model with a Hugging Face checkpoint.")
     return path
+
+
+def default_draft_path() -> str | None:
+    """Directory of the shipped draft model for speculative decoding, or None if absent.
+    `speculative_config={"model": "kvscope-mini-draft", ...}` names it."""
+    folder = resources.files("kvscope") / "assets" / DEFAULT_DRAFT_NAME
+    path = os.fspath(folder) if isinstance(folder, os.PathLike) else None
+    ok = path is not None and all(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "model.safetensors"))
+    return path if ok else None

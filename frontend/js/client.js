@@ -9,7 +9,7 @@
 //   client.hello / .session / .engine / .memory        // latest state (null until known)
 //   client.mode                                        // 'connecting' | 'live' | 'replay'
 //   client.onModeChange((mode) => ...)                 // returns unsubscribe
-//   client.replay.play() / pause() / step() / setSpeed(2)   // only does something in replay
+//   client.replay.play() / pause() / step() / setSpeed(2) / seek(n)   // only in replay; paced by engine steps
 //   client.stats                                       // counters: events, renders, rates
 //
 // Without a backend (the socket cannot connect, or the page comes from a static file
@@ -64,6 +64,8 @@ class RateMeter {
 
 /** The page's recording (`<body data-recording="name">`), or null when it has none. */
 function defaultRecordingUrl() {
+  // An exported page is handed its recording as a data: URL (static_modules.py), readable from file://.
+  if (document.body && document.body.dataset.recordingUrl) return document.body.dataset.recordingUrl;
   const name = document.body ? document.body.dataset.recording : 'default';
   if (!name) return null;
   return new URL(`../recordings/${encodeURIComponent(name)}.jsonl`, import.meta.url).href;
@@ -98,7 +100,8 @@ export class EventClient extends EventTarget {
     this.socketUrl = socketUrl || defaultSocketUrl();
     this.recordingUrl = recordingUrl === undefined ? defaultRecordingUrl() : recordingUrl;
     this._recordingText = null;
-    this.liveEnabled = live && location.protocol !== 'file:';
+    // An exported book (`data-live="off"`) or a file has no engine to connect to: replay at once.
+    this.liveEnabled = live && location.protocol !== 'file:' && document.body?.dataset.live !== 'off';
     this.mode = 'connecting';
     this.hello = null;
     this.session = null;
@@ -282,6 +285,7 @@ export class EventClient extends EventTarget {
       this._emitReplayState();
     };
     socket.onmessage = (event) => this._receive(event.data);
+    socket.addEventListener('progress', () => this._emitReplayState());
     socket.onclose = (event) => {
       if (this._replaySocket !== socket) return;
       if (socket.loadError) {
@@ -448,6 +452,7 @@ export class EventClient extends EventTarget {
       pause: act((s) => s.pause()),
       step: act((s) => s.step()),
       setSpeed(speed) { act((s) => { s.speed = speed; })(); },
+      seek(stepIndex) { act((s) => s.seek(stepIndex))(); },
       get state() {
         const s = socket();
         return {
@@ -455,6 +460,9 @@ export class EventClient extends EventTarget {
           loaded: Boolean(s && s.readyState === 1),
           playing: Boolean(s && s.playing),
           speed: s ? s.speed : 1,
+          stepsPerSecond: s ? s.stepsPerSecond : 0,
+          stepIndex: s ? s.stepIndex : 0,
+          stepCount: s ? s.stepCount : 0,
           position: s ? s.position : 0,
           length: s ? s.length : 0,
           recording: s && s.header ? s.header.name : null,

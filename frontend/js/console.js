@@ -4,6 +4,9 @@ import { getClient } from './client.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_LOG = 200;
+const THROUGHPUT_WINDOW_S = 5;
+const PROJECTOR_WIDGETS = ['kv-batch-timeline', 'kv-pages'];
+const recentSteps = [];   // [ts, tokens sampled] of the last few seconds' steps
 
 function log(text, kind = 'info') {
   const item = document.createElement('li');
@@ -26,12 +29,40 @@ function showEngine(e) {
     + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
   $('s-viewers').textContent = String(e.num_viewers);
   $('s-slow').textContent = e.slow_motion_s ? `${e.slow_motion_s} s between steps` : 'off';
+  $('p-state').textContent = `${e.paused ? 'paused' : 'running'}${e.slow_motion_s ? `, ${e.slow_motion_s} s/step` : ''}`;
+  $('p-running').textContent = String(e.num_running);
+  $('p-waiting').textContent = String(e.num_waiting);
   $('s-recording').textContent = e.recording ? `${e.recording.name} (${e.recording.events} events)` : 'off';
   if (document.activeElement?.closest('#knobs') == null) {
     $('k-budget').value = k.max_num_batched_tokens;
     $('k-seqs').value = k.max_num_seqs;
     $('k-chunk').value = k.prefill_chunk_size ?? '';
     $('k-chunked').checked = k.enable_chunked_prefill;
+  }
+}
+
+/** The projector's big figures: queue lengths, and output tokens a second over the last few seconds. */
+function showProjectorStep(e) {
+  recentSteps.push([e.ts, e.seqs.filter((s) => s.samples).length]);
+  while (recentSteps.length && recentSteps[0][0] < e.ts - THROUGHPUT_WINDOW_S) recentSteps.shift();
+  const tokens = recentSteps.reduce((a, [, n]) => a + n, 0);
+  $('p-step').textContent = String(e.step);
+  $('p-running').textContent = String(e.queues.running);
+  $('p-waiting').textContent = String(e.queues.waiting);
+  $('p-throughput').textContent = (tokens / THROUGHPUT_WINDOW_S).toFixed(1);
+}
+
+function toggleProjector() {
+  const on = !document.body.classList.contains('projector');
+  document.body.classList.toggle('projector', on);
+  $('projector').hidden = !on;
+  $('projector-toggle').setAttribute('aria-pressed', String(on));
+  $('projector-toggle').textContent = on ? 'Back to the full console' : 'Show the projector view';
+  if (on && !$('projector-widgets').children.length) {
+    for (const tag of PROJECTOR_WIDGETS) {
+      import(`./widgets/${tag}.js`).then(() => $('projector-widgets').append(document.createElement(tag)))
+        .catch((error) => log(`${tag}: ${error.message}`, 'error'));
+    }
   }
 }
 
@@ -74,6 +105,8 @@ function connect(token) {
   });
   client.on('engine', showEngine);
   client.on('step', showStep);
+  client.on('step', showProjectorStep);
+  $('projector-toggle').onclick = toggleProjector;
   client.subscribe(['step']);
   client.onModeChange((mode) => { if (mode !== 'live') $('role').textContent = `Not live (${mode}).`; });
 

@@ -5,10 +5,13 @@
 import { getClient } from './client.js';
 import { formatInt, formatValue, getPath } from './lib/format.js';
 
-// Figures a chapter derives from `hello` instead of restating them: chapter 13's two divisions.
+// Figures a chapter derives from `hello` instead of restating them.
 const DERIVED = {
   'derived.min_decode_step_s': (hello) => hello.model.weight_bytes / hello.device.peak_bandwidth_bytes_per_s,
   'derived.ridge_flops_per_byte': (hello) => hello.device.peak_flops / hello.device.peak_bandwidth_bytes_per_s,
+  // Chapter 21's quantization arithmetic: one byte per weight, and half a byte.
+  'derived.weight_bytes_int8': (hello) => hello.model.num_params,
+  'derived.weight_bytes_int4': (hello) => hello.model.num_params / 2,
 };
 
 function lookup(hello, key) {
@@ -32,7 +35,8 @@ class KvValue extends HTMLElement {
     const format = this.getAttribute('format') || 'int';
     const value = lookup(hello, key);
     const known = value !== undefined && value !== null;
-    this.textContent = known ? formatValue(value, format) : '—';
+    // `unit` joins the number ("19.8 GB/s" reads as one figure, not "19.8 G" + "B/s").
+    this.textContent = known ? formatValue(value, format) + (this.getAttribute('unit') || '') : '—';
     this.dataset.state = known ? 'known' : 'unknown';
     this.dataset.value = known ? String(value) : '';
     const exact = known && format === 'bytes' ? ` (${formatInt(value)} bytes)` : '';

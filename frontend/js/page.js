@@ -10,13 +10,12 @@ import './lib/connection.js';
 performance.mark('kv:page-start');
 getClient();
 
-// A widget's code is frontend/js/widgets/<tag>.js; the chapter template preloads the ones
-// its page uses, so those links are the page's list of widgets.
-const widgetTags = new Set([...document.querySelectorAll('link[rel="modulepreload"][href*="widgets/kv-"]')]
-  .map((link) => new URL(link.href).pathname.split('/').pop().replace(/\.js$/, '')));
+// A widget's code is frontend/js/widgets/<tag>.js. The renderer marks every widget it
+// places with class kv-widget (an exported page has no preload links to go by).
+const widgetTags = new Set([...document.querySelectorAll('.kv-widget')]
+  .map((element) => element.localName).filter((tag) => tag.startsWith('kv-')));
 
 for (const tag of widgetTags) {
-  if (!document.querySelector(tag)) continue;
   import(`./widgets/${tag}.js`).catch((error) => {
     console.warn(`kvscope: the ${tag} widget could not be loaded: ${error.message}`);
     for (const element of document.querySelectorAll(tag)) {

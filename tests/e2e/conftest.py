@@ -80,7 +80,8 @@ def chromium_path() -> str:
     return str(CHROMIUM)
 
 
-def start_server(workdir: Path, extra_env: dict | None = None) -> tuple[str, subprocess.Popen]:
+def start_server(workdir: Path, extra_env: dict | None = None,
+                 extra_args: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
     """`kvscope serve` on a free port with the embedded model; returns (url, process)."""
     for module in ("kvscope.server.main", "kvscope.server.pages", "fastapi", "uvicorn"):
         if importlib.util.find_spec(module) is None:
@@ -93,7 +94,7 @@ def start_server(workdir: Path, extra_env: dict | None = None) -> tuple[str, sub
         process = subprocess.Popen(
             [sys.executable, "-m", "kvscope.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
              "--instructor-token", INSTRUCTOR_TOKEN, "--recordings-dir", str(workdir / "recordings"),
-             "--log-level", "warning"],
+             "--log-level", "warning", *extra_args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -116,12 +117,12 @@ def stop_server(process: subprocess.Popen) -> None:
 
 @pytest.fixture
 def own_server(chromium_path):
-    """own_server(workdir, env) → (url, stop): a server for one test, stopped at its end
-    if the test has not stopped it."""
+    """own_server(workdir, env, args) → (url, stop): a server for one test (with extra
+    `kvscope serve` arguments if given), stopped at its end if the test has not stopped it."""
     processes = []
 
-    def start(workdir: Path, extra_env: dict | None = None):
-        url, process = start_server(workdir, extra_env)
+    def start(workdir: Path, extra_env: dict | None = None, extra_args: tuple[str, ...] = ()):
+        url, process = start_server(workdir, extra_env, extra_args)
         processes.append(process)
         return url, lambda: stop_server(process)
 

@@ -51,3 +51,24 @@ def test_console_without_the_token_is_refused(page, live_server):
     page.wait_for_function("() => document.querySelector('#log li.error') !== null")
     assert "pause" in page.locator("#log li.error").first.text_content()
     assert health(live_server)["paused"] is False
+
+
+def test_projector_view_shows_pool_timeline_queues_and_big_controls(page, live_server, instructor_token, instructor,
+                                                                    screenshot, assert_clean):
+    wait_idle(live_server)
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    page.goto(f"{live_server}/console?token={instructor_token}")
+    page.wait_for_function("() => document.getElementById('role').textContent.includes('instructor')")
+    page.get_by_role("button", name="Show the projector view").click()
+    page.wait_for_selector("kv-batch-timeline[data-painted]", state="attached")
+    page.wait_for_selector("kv-pages[data-painted]", state="attached")
+    assert page.locator("#inject").is_hidden() and page.locator("#pause").is_visible()
+    assert page.locator("#pause").bounding_box()["height"] >= 45            # big controls
+    instructor({"type": "inject", "n": 4, "max_tokens": 24, "prompt_tokens": 40}, until="inject")
+    page.wait_for_function("() => Number(document.querySelector('kv-batch-timeline').dataset.steps || 0) >= 10")
+    page.wait_for_function("() => Number(document.getElementById('p-throughput').textContent) > 0")
+    screenshot(page, "console-projector")
+    wait_idle(live_server)
+    page.get_by_role("button", name="Back to the full console").click()
+    assert page.locator("#inject").is_visible()
+    assert_clean(page)

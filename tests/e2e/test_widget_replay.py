@@ -128,3 +128,60 @@ def test_attention_replays_the_watched_request(new_page, static_site, screenshot
             assert all(w == 0 for w in matrix[q][q + 1:])
     screenshot(widget, "widget-attention-replay")
     assert_clean_apart_from_the_socket(page)
+
+
+def test_inside_the_model_widgets_replay_the_internals_recording(new_page, static_site, screenshot):
+    """Chapters 3, 5-10: each inside-the-model widget draws the recorded watched request."""
+    cases = [("03-embeddings", "kv-embeddings", "el => el.exportData().tokens.length > 0"),
+             ("05-multi-head-attention", "kv-heads", "el => el.exportData().rows > 0"),
+             ("06-positional-encoding", "kv-rope", "el => el.exportData().inv_freq.length > 0"),
+             ("07-mlp", "kv-mlp", "el => el.exportData().mlp !== null"),
+             ("08-transformer-block", "kv-residual", "el => el.exportData().stream.length > 0"),
+             ("09-full-model", "kv-logit-lens", "el => el.exportData().positions.length > 0"),
+             ("10-sampling", "kv-sampling", "el => el.exportData().sum !== null")]
+    for chapter, tag, ready in cases:
+        page, widget = open_replay(new_page, static_site, f"/chapters/{chapter}/", tag)
+        page.wait_for_function(ready, arg=widget.element_handle(), timeout=20000)
+        assert widget.locator(".kvw-btn--primary").is_disabled()          # Run needs the live engine
+        screenshot(widget, f"{tag[3:]}-replay")
+        assert_clean_apart_from_the_socket(page)
+        page.close()
+
+
+def step_counts(events: list[dict]) -> list[int]:
+    """`step` events sent after each step group (the rule of kvscope.instrumentation.recording)."""
+    from kvscope.instrumentation.recording import step_group_ends
+    return [sum(1 for e in events[:end] if e["type"] == "step") for end in step_group_ends(events)]
+
+
+def test_replay_advances_by_steps_and_the_scrubber_goes_back(new_page, static_site, screenshot):
+    page, widget = open_replay(new_page, static_site, "/chapters/14-continuous-batching/", "kv-batch-timeline")
+    events = recording(static_site, page)
+    hello = next(i for i, e in enumerate(events) if e["type"] == "hello")
+    counts = step_counts(events[hello + 1:])
+    state = lambda: page.evaluate("() => kvscope.client.replay.state")   # noqa: E731
+    page.evaluate("() => { kvscope.client.replay.seek(0); }")
+    assert state()["stepIndex"] == 0 and state()["stepCount"] == len(counts) >= 20
+    handle = widget.element_handle()
+    for n in (1, 2, 3):                                   # one engine step per press of Step
+        page.locator("kv-connection").get_by_role("button", name="Step", exact=False).click()
+        assert state()["stepIndex"] == n
+        page.wait_for_function("([el, k]) => Number(el.dataset.steps || 0) === k", arg=[handle, counts[n - 1]])
+    scrubber = page.locator(".kv-replay-scrubber")
+    move = "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', {bubbles: true})); }"
+    far = len(counts) - 2
+    scrubber.evaluate(move, far)                          # forwards
+    assert state()["stepIndex"] == far
+    page.wait_for_function("([el, k]) => Number(el.dataset.steps) === Math.min(k, 60)", arg=[handle, counts[far - 1]])
+    assert page.locator(".kv-replay-counter").text_content() == f"step {far} / {len(counts)}"
+    scrubber.evaluate(move, 5)                            # and back
+    assert state()["stepIndex"] == 5
+    page.wait_for_function("([el, k]) => Number(el.dataset.steps) === k", arg=[handle, counts[4]])
+    screenshot(page.locator("kv-connection"), "replay-controls")
+    page.select_option("#kv-replay-speed", label="16")   # paced by steps: 16 a second
+    page.evaluate("() => kvscope.client.replay.play()")
+    page.wait_for_timeout(1000)
+    page.evaluate("() => kvscope.client.replay.pause()")
+    advanced = state()["stepIndex"] - 5
+    assert 8 <= advanced <= 20, advanced
+    assert_clean_apart_from_the_socket(page)

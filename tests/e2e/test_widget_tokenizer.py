@@ -111,6 +111,13 @@ def test_tokenizer_by_keyboard_alone(page, live_server, screenshot, assert_clean
     page.keyboard.press("Home")
     assert widget.get_attribute("data-active") == "0"
     assert "bytes 0–" in widget.locator(".kvt-detail").inner_text()
+    details = []
+    for _ in range(3):    # the hover detail shows text, never the byte alphabet (Ġ = space)
+        page.keyboard.press("ArrowRight")
+        details.append(widget.locator(".kvt-detail").inner_text())
+    assert not [d for d in details if "Ġ" in d or "Ā" in d] and "“␣cat”" in details[0]
+    page.keyboard.press("Home")
+    assert "2,048 pieces" in widget.inner_text()     # and why the vocabulary is that small
     # The focus ring is visible on the focused token.
     outline = page.evaluate("() => getComputedStyle(document.activeElement).outlineStyle")
     assert outline != "none"

@@ -179,18 +179,28 @@ class BlockManager:
                 block.hash, block.token_ids = h, tuple(seq.token_ids[i * bs:(i + 1) * bs])
                 self.hash_to_block[h] = block.block_id
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back blocks past the computed tokens: those allocated for drafts that the
+        target rejected (their slots hold K/V of tokens that never joined the sequence)."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop(), seq.seq_id)
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; the tail goes into the free list first, so a
         shared prefix outlives the unique suffix when blocks are later evicted."""
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
-                self.free_ids[block_id] = None
-                self._record("free", block_id, seq.seq_id)
+            self._release(block_id, seq.seq_id)
         seq.block_table = []
         seq.num_computed_tokens = 0
+
+    def _release(self, block_id: int, owner: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        assert block.ref_count >= 0, f"block {block_id} freed twice"
+        if block.ref_count == 0:
+            self.free_ids[block_id] = None
+            self._record("free", block_id, owner)
 
     def _record(self, kind: str, block_id: int, detail) -> None:
         if self.events is not None:

@@ -16,7 +16,10 @@ from kvscope.engine.dtype_choice import choose_dtype
 from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
+from kvscope.engine.spec_decode import SpeculativeConfig, build_speculator, spec_logprobs
+from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
@@ -45,18 +48,40 @@ class LLMEngine:
         if not config.enable_chunked_prefill and config.max_num_batched_tokens < self.max_model_len:
             raise ValueError(f"without chunked prefill, max_num_batched_tokens ({config.max_num_batched_tokens}) "
                              f"must be >= max_model_len ({self.max_model_len})")
+        self.workers = self._start_workers() if config.tensor_parallel_size > 1 else None
         torch.manual_seed(config.seed)
         self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
-                                 self.device, self.max_model_len, config.seed)
+                                 self.device, self.max_model_len, config.seed,
+                                 self.workers.group if self.workers else TPGroup())
         self.tokenizer = load_tokenizer(self.model_path)
         num_blocks = kv_cache_blocks(config, self.model_config, self.model, self.device, self.dtype)
+        if self.workers is not None:
+            self.workers.send_setup(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
+        self.runner.workers = self.workers
         self.observers: list[EngineObserver] = []
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
+        self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
+        self.speculator = build_speculator(SpeculativeConfig.from_dict(config.speculative_config), self)
+
+    def _start_workers(self) -> TPWorkers:
+        size = self.config.tensor_parallel_size
+        check_tp(size, self.model_config, self.device)
+        rank = torchrun_rank()
+        if rank:   # under torchrun, ranks > 0 serve rank 0's steps, then exit
+            worker_main(rank, size, "env://", self.config, self.dtype, self.max_model_len)
+            raise SystemExit(0)
+        self.device = rank_device(self.device, 0)
+        return TPWorkers.start(size, self.config, self.dtype, self.max_model_len, self.device)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do with one rank)."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -92,7 +117,7 @@ class LLMEngine:
         seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
         seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
                      for i in range(1, params.n)]
-        error = self.scheduler.admission_error(seq)
+        error = self.failure or self.scheduler.admission_error(seq)
         for obs in self.observers:
             for s in (seq, *seq.forks):
                 obs.on_request_added(s)
@@ -167,59 +192,83 @@ class LLMEngine:
     def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
         """Schedule, run the model, append tokens. Returns (new tokens, finished sequences)."""
         t0 = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.is_empty:
             return [], []
         t1 = time.perf_counter()
         for obs in self.observers:
             obs.on_scheduled(out)
-        result = self.runner.run(out, self.generators)
+        try:
+            result = self.runner.run(out, self.generators)
+        except (WorkerDied, RuntimeError) as exc:
+            if self.workers is None:
+                raise
+            return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
+        if result.spec_logits:
+            self._verify_drafts(out, result)
         t2 = time.perf_counter()
-        finished = self.scheduler.postprocess(out, result.tokens)
-        deltas = self._emit_tokens(out, result, finished)
+        deltas: list[TokenDelta] = []
+        finished = self.scheduler.postprocess(
+            out, result.tokens, lambda seq, i, final: self._on_token(seq, i, final, result, deltas))
         for seq in finished:
             self._cleanup(seq)
         if self.observers:
             self._publish_step(out, result, finished, t0, t1, t2)
         return deltas, finished
 
-    def _emit_tokens(self, out, result, finished) -> list[TokenDelta]:
-        deltas = []
+    def _verify_drafts(self, out, result) -> None:
+        """Accept or reject each sequence's drafts against the target's scores."""
         for entry in out.entries:
-            if not entry.samples:
+            seq = entry.seq
+            logits = result.spec_logits.get(seq.seq_id)
+            if logits is None:
                 continue
-            forked = [c for c in entry.forks if c.num_output_tokens]   # not aborted before the fork
-            for seq in (entry.seq, *forked):
-                if seq.seq_id not in result.tokens:
-                    continue
-                if seq.seq_id in result.logprobs:
-                    seq.logprobs.append(result.logprobs[seq.seq_id])
-                text = self._detokenize(seq, finished)
-                deltas.append(TokenDelta(seq, result.tokens[seq.seq_id], text))
-                for obs in self.observers:
-                    obs.on_token(seq, result.tokens[seq.seq_id], text)
-        return deltas
+            verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
+                                             self.generators.get(seq.seq_id, self.runner.sampler.generator))
+            result.spec[seq.seq_id] = verdict
+            self.speculator.record(seq, verdict, len(verdict.token_ids))
+            result.tokens[seq.seq_id] = verdict.token_ids
+            if seq.params.logprobs is not None:
+                result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
 
-    def _detokenize(self, seq: Sequence, finished: list[Sequence]) -> str:
+    def _on_token(self, seq: Sequence, index: int, final: bool, result, deltas: list[TokenDelta]) -> bool:
+        """One appended token: its logprobs, text and stop strings. True when a stop string
+        ends the sequence here."""
+        if seq.seq_id in result.logprobs:
+            seq.logprobs.append(result.logprobs[seq.seq_id][index])
+        text, stopped = self._detokenize(seq, final)
+        token = seq.token_ids[-1]
+        deltas.append(TokenDelta(seq, token, text))
+        for obs in self.observers:
+            obs.on_token(seq, token, text)
+        return stopped
+
+    def _detokenize(self, seq: Sequence, final: bool) -> tuple[str, bool]:
         detok = self.detokenizers.get(seq.seq_id)
         if detok is None:
-            return ""
+            return "", False
         delta = detok.step(seq)
-        if seq.is_finished:
-            delta += detok.flush(seq) if not delta else ""
+        if final and not delta:
+            delta = detok.flush(seq)
         seq.text += delta
         if seq.params.stop:
             cut = find_stop(seq.text, len(delta), seq.params.stop)
             if cut is not None:
                 kept = len(seq.text) - len(delta)
-                delta = seq.text[kept:cut] if cut > kept else ""
                 seq.text = seq.text[:cut]
-                if not seq.is_finished:
-                    self.scheduler.finish(seq, "stop")
-                    finished.append(seq)
-                else:
-                    seq.finish_reason = "stop"
-        return delta
+                return (seq.text[kept:] if cut > kept else ""), True
+        return delta, False
+
+    def _fail_everything(self, reason: str) -> list[Sequence]:
+        """A rank is gone: every request fails with the reason and the other ranks stop."""
+        self.workers.shutdown()
+        failed = list(self.scheduler.running) + list(self.scheduler.waiting)
+        for seq in failed:
+            self._finish(seq, "error", reason)
+        self.failure = reason
+        return failed
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """Finish `seq`; its choices not forked yet end with it (their prompt is its prompt)."""
@@ -234,6 +283,8 @@ class LLMEngine:
             seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
         self.detokenizers.pop(seq.seq_id, None)
+        if self.speculator is not None:
+            self.speculator.release(seq)
         for obs in self.observers:
             obs.on_request_finished(seq)
 

@@ -9,6 +9,7 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.cuda_graphs import DecodeGraphs
+from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
@@ -23,8 +24,10 @@ MIN_DECODE_GROUP = 8
 
 @dataclass
 class StepResult:
-    tokens: dict[int, int] = field(default_factory=dict)            # seq_id -> sampled token
-    logprobs: dict[int, dict] = field(default_factory=dict)         # seq_id -> {logprob, top}
+    tokens: dict[int, list[int]] = field(default_factory=dict)      # seq_id -> tokens drawn
+    logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
+    spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
+    spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
     used_cuda_graph: bool = False
 
 
@@ -47,8 +50,12 @@ def pick_attention_backend(requested: str, device: torch.device, block_size: int
 
 
 def _add_samplers(rows: list[int], seqs: list, entry: ScheduledSeq, row: int) -> None:
-    """The sequence draws from this row, and so do the choices that fork from it now."""
-    for seq in (entry.seq, *entry.forks):
+    """The sequence draws from this row, and so do the choices that fork from it now. With k
+    drafts, the k rows before it are scored too: one per draft, this one for the bonus."""
+    k = len(entry.spec_token_ids)
+    rows += range(row - k, row + 1)
+    seqs += [entry.seq] * (k + 1)
+    for seq in entry.forks:
         rows.append(row)
         seqs.append(seq)
 
@@ -80,13 +87,15 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.graphs = None
         self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
-        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch":
+        self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
+        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch" \
+                and config.tensor_parallel_size == 1:
             self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:
-        cfg = self.model.config
-        shape = (self.num_blocks + 1, self.block_size, cfg.num_kv_heads, cfg.head_dim)
+        layer = self.attn_layers[0]    # under tensor parallelism, this rank's KV heads only
+        shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         self.k_caches, self.v_caches = [], []
         for layer in self.attn_layers:
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -123,7 +132,7 @@ class ModelRunner:
         for e in prefills:
             seq, n = e.seq, e.num_new_tokens
             end = e.start + n
-            ids += seq.token_ids[e.start:end]
+            ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
             positions += range(e.start, end)
             slots.append(self._slots(seq.block_table, e.start, end))
             blocks = self._blocks_for(seq.block_table, end) if e.start else None
@@ -187,6 +196,8 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         ids, pos, md, sample_rows, seqs = self.prepare(out)
+        if self.workers is not None:
+            self.workers.send(StepPlan(ids, pos, md, sample_rows, out.block_copies))
         result = StepResult()
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
@@ -197,21 +208,32 @@ class ModelRunner:
         if not seqs:
             return result
         logits = self.model.compute_logits(hidden[sample_rows]).float()
-        batch = SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
-        tokens = self.sampler(logits, batch)
-        self._collect(result, seqs, logits, tokens)
+        drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
+        plain, plain_rows, row = [], [], 0
+        while row < len(seqs):     # rows of a sequence with drafts go to the verifier
+            seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
+            if k:
+                result.spec_logits[seq.seq_id] = logits[row:row + k + 1]
+            else:
+                plain.append(seq)
+                plain_rows.append(row)
+            row += k + 1
+        if plain:
+            logits = logits[plain_rows]
+            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
+            self._collect(result, plain, logits, self.sampler(logits, batch))
         return result
 
     def _collect(self, result, seqs, logits, tokens) -> None:
         token_list = tokens.tolist()
-        result.tokens = {s.seq_id: t for s, t in zip(seqs, token_list)}
+        result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
         n_max = max((s.params.logprobs or 0 for s in seqs), default=0)
         wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wants:
             chosen, top = top_logprobs(logits[wants], tokens[wants], n_max)
             for j, i in enumerate(wants):
                 n = seqs[i].params.logprobs
-                result.logprobs[seqs[i].seq_id] = {
+                result.logprobs[seqs[i].seq_id] = [{
                     "logprob": float(chosen[j]),
                     "top": list(zip(top.indices[j, :n].tolist(), top.values[j, :n].tolist())) if n else [],
-                }
+                }]

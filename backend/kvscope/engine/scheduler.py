@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence, SequenceStatus
+
+OnToken = Callable[[Sequence, int, bool], bool]
 
 
 @dataclass
@@ -23,6 +26,7 @@ class ScheduledSeq:
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
     forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
+    spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
 
 
 @dataclass
@@ -82,9 +86,12 @@ class Scheduler:
         return out
 
     @staticmethod
-    def _entry(seq: Sequence, n: int) -> ScheduledSeq:
-        samples = seq.num_computed_tokens + n == seq.num_tokens
-        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples, list(seq.forks) if samples else [])
+    def _entry(seq: Sequence, n: int, drafts: list[int] = ()) -> ScheduledSeq:
+        """n counts the known tokens computed, then as many drafts as fit."""
+        known = seq.num_tokens - seq.num_computed_tokens
+        samples = n >= known
+        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples, list(seq.forks) if samples else [],
+                            list(drafts[:max(0, n - known)]))
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
@@ -97,13 +104,14 @@ class Scheduler:
             if seq.hold or budget == 0:
                 kept.append(seq)
                 continue
-            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget)
+            drafts, seq.spec_token_ids = seq.spec_token_ids, []
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
             while not bm.can_append(seq, n) and queue:
                 self._preempt(queue.pop(), out)
             if not bm.can_append(seq, n):
                 self._preempt(seq, out)
                 continue
-            out.entries.append(self._entry(seq, n))
+            out.entries.append(self._entry(seq, n, drafts))
             bm.append_slots(seq, n)
             budget -= n
             kept.append(seq)
@@ -147,20 +155,29 @@ class Scheduler:
         out.preempted.append(seq)
 
     # -- after the model ran -----------------------------------------------------------
-    def postprocess(self, out: SchedulerOutput, sampled: dict[int, int]) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]],
+                    on_token: OnToken | None = None) -> list[Sequence]:
         """Advance computed counts, append sampled tokens, finish what hit a stop condition.
-        `sampled` maps seq_id to the drawn token. Returns the sequences finished now."""
+        `sampled` maps seq_id to the tokens drawn (several when drafts were accepted); they
+        are appended one by one and stop conditions checked after each, so a stop or
+        max_tokens falls where it would without speculation. `on_token(seq, index, final)`
+        sees each appended token and returns True when a stop string ended the sequence.
+        Returns the sequences finished now."""
         finished = []
         for entry in out.entries:
             seq = entry.seq
             if seq.is_finished:      # aborted while the step ran
                 continue
-            seq.num_computed_tokens += entry.num_new_tokens
+            if not entry.samples:
+                seq.num_computed_tokens += entry.num_new_tokens
+                self.block_manager.commit(seq)
+                continue
+            # the known tokens' K/V are in; the drafts' count only once accepted (below)
+            seq.num_computed_tokens += entry.num_new_tokens - len(entry.spec_token_ids)
             self.block_manager.commit(seq)
-            if entry.samples:
-                forked = self._fork(seq, entry.forks)
-                for s in (seq, *forked):
-                    self._append(s, sampled[s.seq_id], finished)
+            forked = self._fork(seq, entry.forks)
+            for s in (seq, *forked):
+                self._append(s, sampled[s.seq_id], on_token, finished)
         return finished
 
     def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
@@ -173,9 +190,23 @@ class Scheduler:
         parent.forks = [c for c in parent.forks if c not in forks]
         return forked
 
-    def _append(self, seq: Sequence, token_id: int, finished: list[Sequence]) -> None:
-        seq.append_token(token_id)
-        reason = self._stop_reason(seq)
+    def _append(self, seq: Sequence, tokens: list[int], on_token: OnToken | None,
+                finished: list[Sequence]) -> None:
+        """Append the drawn tokens one by one, checking the stop conditions after each. The
+        K/V of accepted drafts count as computed; slots written for rejected ones go back."""
+        computed = seq.num_computed_tokens + len(tokens) - 1
+        reason = None
+        for i, token in enumerate(tokens):
+            seq.append_token(token)
+            reason = self._stop_reason(seq)
+            if on_token is not None and on_token(seq, i, reason is not None):
+                reason = "stop"
+            if reason:
+                break
+        seq.num_computed_tokens = min(computed, seq.num_tokens - 1)
+        if len(tokens) > 1:
+            self.block_manager.commit(seq)
+        self.block_manager.trim(seq)
         if reason:
             self.finish(seq, reason)
             finished.append(seq)

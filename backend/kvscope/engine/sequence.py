@@ -42,6 +42,7 @@ class Sequence:
     hold: bool = False                # paused by its owner: not scheduled until released
     pause_after_token: bool = False   # hold again after each new token (step-by-step viewing)
     forks: list["Sequence"] = field(default_factory=list)  # choices 1..n-1, forked when the prompt is done
+    spec_token_ids: list[int] = field(default_factory=list)   # drafts awaiting verification
 
     def __post_init__(self):
         if not self.request_id:

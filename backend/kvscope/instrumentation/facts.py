@@ -50,14 +50,30 @@ class ModelFacts:
 def model_facts(engine) -> ModelFacts:
     cfg, model = engine.model_config, engine.model
     dtype_bytes = torch.empty(0, dtype=engine.dtype).element_size()
-    unique = {id(p): p.numel() for p in model.parameters()}
-    layer_params = sum(p.numel() for name, p in model.model.layers.named_parameters() if p.dim() == 2)
+    whole = whole_numels(model)   # under tensor parallelism, the whole model, not this rank's slice
+    layer_params = sum(whole[id(p)] for p in model.model.layers.parameters() if p.dim() == 2)
     return ModelFacts(
-        num_params=sum(unique.values()), dtype_bytes=dtype_bytes,
-        layer_matmul_params=layer_params, lm_head_params=model.lm_head.weight.numel(),
+        num_params=sum(whole.values()), dtype_bytes=dtype_bytes,
+        layer_matmul_params=layer_params, lm_head_params=whole[id(model.lm_head.weight)],
         num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size, kv_bytes_per_token=cfg.kv_elements_per_token * dtype_bytes)
+
+
+def whole_numels(model) -> dict[int, int]:
+    """id(parameter) -> its element count in the whole model (a tied matrix counted once):
+    a tensor-parallel layer holds 1/N of its matrix on each rank."""
+    from kvscope.layers.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    whole = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if isinstance(module, VocabParallelEmbedding):
+                whole[id(p)] = module.vocab_size * p.shape[1]
+            elif isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
+                whole[id(p)] = p.numel() * module.tp.size
+            else:
+                whole[id(p)] = p.numel()
+    return whole
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -100,6 +116,19 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "max_num_seqs": engine.config.max_num_seqs, "max_model_len": engine.max_model_len,
             "enable_prefix_caching": bm.enable_prefix_caching,
             "attention_backend": engine.runner.attention_backend,
+            "speculative": speculative_facts(engine),
+            "tensor_parallel_size": engine.config.tensor_parallel_size,
+            "rank_weight_bytes": sum({id(p): p.numel() * p.element_size() for p in engine.model.parameters()}.values()),
         },
         "h100": h100_reference(),
     }
+
+
+def speculative_facts(engine) -> dict | None:
+    """The live engine's speculative_config (None when it does not speculate)."""
+    spec = engine.speculator
+    if spec is None:
+        return None
+    return {"method": spec.config.method, "num_speculative_tokens": spec.config.num_speculative_tokens,
+            "model": spec.config.model, "prompt_lookup_max": spec.config.prompt_lookup_max,
+            "prompt_lookup_min": spec.config.prompt_lookup_min}

@@ -14,9 +14,12 @@ from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
+from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
+from kvscope.instrumentation.memory import memory_event
+from kvscope.instrumentation.spec import spec_events
+from kvscope.layers.parallel import CommCounter
 from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -60,6 +63,7 @@ class Instrumentation(EngineObserver):
         self._prune_watches = watches is None
         self._capture: StepCapture | None = None    # this step's hooks, while a watched request runs
         self._recomputed: list[StepCapture] = []    # this step's side passes over prefix-cached rows
+        self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
         self.watch_first = False                    # benchmarks: watch the next request added
         self._pending: list[dict] = []              # this step's events so far
         self._last_memory = float("-inf")
@@ -121,12 +125,12 @@ class Instrumentation(EngineObserver):
         if not self.watches:
             return
         watches = self.watches.by_seq_id()
-        rows = watched_rows(scheduled, {seq_id: w.layers() for seq_id, w in watches.items()})
+        rows = watched_rows(scheduled, {seq_id: (w.layers(), w.internals) for seq_id, w in watches.items()})
         for r in rows:   # rows the prefix cache spared: rebuilt first, so every prompt row shows
             w = watches[r.seq.seq_id]
             if r.positions[0] > w.covered:
                 self._recomputed.append(recompute_rows(self.engine.model, self.engine.runner, r.seq,
-                                                       w.covered, r.positions[0], r.layers))
+                                                       w.covered, r.positions[0], r.layers, r.internals))
             w.covered = max(w.covered, r.positions[-1] + 1)
         if rows:
             self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
@@ -151,6 +155,8 @@ class Instrumentation(EngineObserver):
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
         if delta:
             events.append(delta)
+        if record.result.spec:
+            events += spec_events(record, self.engine, ts)
         if self._capture is not None:
             self._capture.remove()
             self.engine.runner.force_eager = False
@@ -169,18 +175,23 @@ class Instrumentation(EngineObserver):
 
     def _step_event(self, record: StepRecord, ts: float) -> dict:
         out = record.scheduled
-        seqs = [{"request_id": e.seq.request_id, "kind": "prefill" if e.num_new_tokens > 1 else "decode",
+        seqs = [{"request_id": e.seq.request_id,
+                 "kind": "prefill" if e.num_new_tokens > 1 and not e.spec_token_ids else "decode",
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
-                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples} for e in out.entries]
+                 "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
+                 "num_drafts": len(e.spec_token_ids)} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         cfg = self.engine.config
-        return {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
+        event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
                 "num_batched_tokens": out.num_batched_tokens, "token_budget": cfg.max_num_batched_tokens,
                 "max_num_seqs": cfg.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
                 "finished": [s.request_id for s in record.finished],
                 "queues": {"waiting": record.num_waiting, "running": record.num_running},
                 "duration_s": record.total_seconds, "schedule_s": record.schedule_seconds,
                 "model_s": record.model_seconds, "cost": step_cost(self.facts, work, record.model_seconds)}
+        if cfg.tensor_parallel_size > 1:   # what rank 0 sent through all-reduces and gathers
+            event["allreduce_bytes"] = CommCounter.take()
+        return event
 
     # -- watched requests --------------------------------------------------------------
     def watch(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence | None = None) -> Watch:
@@ -207,14 +218,16 @@ class Instrumentation(EngineObserver):
         events = []
         for side in self._recomputed:
             events += self._attention_events(side, watches, step, ts, recomputed=True)
+            events += self._internals_events(side, step, ts)
         events += self._attention_events(capture, watches, step, ts, recomputed=False)
+        events += self._internals_events(capture, step, ts)
         for seq_id, logits in capture.logits.items():
             e, w = entries.get(seq_id), watches.get(seq_id)
             if e is None or w is None or not w.sampling:
                 continue
             if e.samples and seq_id in record.result.tokens:
-                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id],
-                                             self.engine.tokenizer, ts))
+                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id][0],
+                                             self.engine.tokenizer, ts, with_distribution=w.internals))
         return events
 
     def _attention_events(self, capture: StepCapture, watches: dict[int, Watch], step: int, ts: float,
@@ -227,4 +240,27 @@ class Instrumentation(EngineObserver):
                 continue
             events.append(attention_event(r.seq, step, layer, probs, r.positions, w.heads(probs.shape[0]),
                                           self.facts.num_kv_heads, ts, recomputed))
+        return events
+
+    def _internals_events(self, capture: StepCapture, step: int, ts: float) -> list[dict]:
+        events = []
+        model, tokenizer = self.engine.model, self.engine.tokenizer
+        for r in capture.watched:
+            if not r.internals:
+                continue
+            sid = r.seq.seq_id
+            layers = [{what: capture.tensors[(sid, i, what)]
+                       for what in ("input", "attention", "mlp", "output", "gate", "up")}
+                      for i in range(len(model.model.layers))]
+            if self._embedding_facts is None:
+                used = len(tokenizer) if tokenizer is not None else None
+                self._embedding_facts = internals.EmbeddingFacts.of(model.model.embed_tokens.weight, used)
+            if r.positions[0] == 0:
+                events.append(internals.rope_event(r.seq, step, self.engine.model_config, ts))
+            events += [
+                internals.embeddings_event(r.seq, step, r.positions, layers[0]["input"], self._embedding_facts,
+                                           tokenizer, ts),
+                internals.residual_event(r.seq, step, r.positions, layers, model, ts),
+                internals.mlp_event(r.seq, step, r.positions, layers, ts),
+                internals.logit_lens_event(r.seq, step, r.positions, layers, model, tokenizer, ts)]
         return events

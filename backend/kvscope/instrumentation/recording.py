@@ -1,6 +1,6 @@
 """Recordings: a session's events as JSONL (a header line, then one event per line, as
-sent), and a replayer that plays them back with the original gaps scaled by a speed
-factor, and can pause and step to the next engine step."""
+sent), and a replayer that plays them back at a steady rate of engine steps (scaled by a
+speed factor), and can pause and step to the next engine step."""
 from __future__ import annotations
 
 import json
@@ -63,68 +63,91 @@ def read_recording(path: Path) -> tuple[dict, list[dict]]:
     return head, [json.loads(ln) for ln in lines[1:]]
 
 
+# Replay is paced by engine steps, not by the wall-clock gaps of the recorded run (a CPU run's
+# steps take milliseconds, its idle stretches seconds): a recording is cut into step groups,
+# and a replay plays `BASE_STEPS_PER_S × speed` groups a second. frontend/js/lib/replay-socket.js
+# applies the same rule in the browser.
+BASE_STEPS_PER_S = 4.0
+# What the engine publishes with a step, after the `step` event itself (docs/events.md).
+AFTER_STEP = frozenset({"kv", "attention", "sampling", "memory", "spec"})
+
+
+def step_group_ends(events: list[dict]) -> list[int]:
+    """The index after the last event of each step group: everything up to a `step` event,
+    that event, and what the engine published with it. The events after the last step are a
+    group of their own."""
+    ends, i, n = [], 0, len(events)
+    while i < n:
+        if events[i].get("type") == "step":
+            i += 1
+            while i < n and events[i].get("type") in AFTER_STEP:
+                i += 1
+            ends.append(i)
+        else:
+            i += 1
+    if not ends or ends[-1] < n:
+        ends.append(n)
+    return ends
+
+
 @dataclass
 class Replayer:
     """Which events are due, given play/pause/step and a speed. The caller supplies time
-    (seconds, monotonic) so the same logic serves asyncio, threads and tests."""
+    (seconds, monotonic) so the same logic serves asyncio, threads and tests. One step group
+    is due every 1 / (BASE_STEPS_PER_S × speed) seconds while playing."""
     events: list[dict]
     speed: float = 1.0
     playing: bool = True
-    position: int = 0
-    _media_t: float = 0.0          # recording time reached (ts of the stream)
-    _wall_t: float | None = None   # wall time when _media_t was reached
-    _step_budget: int = field(default=0)
+    position: int = 0              # index of the next event to send
+    _next_due: float | None = None # wall time the next group is due (None: at once)
+    _ends: list[int] = field(default_factory=list)
 
     def __post_init__(self):
-        self._media_t = self.events[0].get("ts", 0.0) if self.events else 0.0
+        self._ends = step_group_ends(self.events)
 
     @property
     def done(self) -> bool:
         return self.position >= len(self.events)
 
+    @property
+    def interval(self) -> float:
+        return 1.0 / (BASE_STEPS_PER_S * self.speed)
+
     def play(self, now: float) -> None:
-        self.playing, self._wall_t = True, now
+        self.playing, self._next_due = True, now
 
     def pause(self) -> None:
-        self.playing, self._wall_t = False, None
+        self.playing, self._next_due = False, None
 
     def set_speed(self, speed: float, now: float) -> None:
-        self._advance_clock(now)
         self.speed = speed
+        if self.playing and self._next_due is not None:
+            self._next_due = min(self._next_due, now + self.interval)
 
-    def step(self) -> list[dict]:
-        """Paused: everything up to and including the next `step` event."""
-        out = []
-        while not self.done:
-            ev = self.events[self.position]
-            self.position += 1
-            out.append(ev)
-            self._media_t = ev.get("ts", self._media_t)
-            if ev.get("type") == "step":
-                break
+    def _group(self) -> list[dict]:
+        end = next(e for e in self._ends if e > self.position)
+        out = self.events[self.position:end]
+        self.position = end
         return out
 
-    def _advance_clock(self, now: float) -> None:
-        if self.playing and self._wall_t is not None:
-            self._media_t += (now - self._wall_t) * self.speed
-        self._wall_t = now if self.playing else None
+    def step(self) -> list[dict]:
+        """Paused: the next step group (up to its `step` event and what came with it)."""
+        return [] if self.done else self._group()
 
     def due(self, now: float) -> list[dict]:
-        """Playing: the events whose time has come."""
+        """Playing: the step groups whose turn has come."""
         if not self.playing:
             return []
-        if self._wall_t is None:
-            self._wall_t = now
-        self._advance_clock(now)
+        if self._next_due is None:
+            self._next_due = now
         out = []
-        while not self.done and self.events[self.position].get("ts", 0.0) <= self._media_t:
-            out.append(self.events[self.position])
-            self.position += 1
+        while not self.done and self._next_due <= now:
+            out += self._group()
+            self._next_due += self.interval
         return out
 
     def wait_time(self) -> float | None:
-        """Seconds of wall time until the next event is due (None: paused or done)."""
+        """Seconds of wall time until the next group is due (None: paused or done)."""
         if self.done or not self.playing:
             return None
-        gap = self.events[self.position].get("ts", 0.0) - self._media_t
-        return max(0.0, gap / self.speed)
+        return 0.0 if self._next_due is None else max(0.0, self._next_due - time.monotonic())

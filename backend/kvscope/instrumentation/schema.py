@@ -44,9 +44,13 @@ MODEL = obj({k: v for k, v in {
     "tie_word_embeddings": BOOL}.items()}, {"dtype_reason": STR})
 DEVICE = obj({"type": {"enum": ["cpu", "cuda"]}, "name": STR, "total_memory_bytes": NAT,
               "peak_bandwidth_bytes_per_s": NNUM, "peak_flops": NNUM})
+SPEC_CONFIG = obj({"method": {"enum": ["ngram", "draft_model"]}, "num_speculative_tokens": NAT,
+                   "model": NULL_STR, "prompt_lookup_max": NAT, "prompt_lookup_min": NAT})
 ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
-              "enable_prefix_caching": BOOL, "attention_backend": STR})
+              "enable_prefix_caching": BOOL, "attention_backend": STR},
+             {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
+              "rank_weight_bytes": NAT})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
@@ -54,9 +58,9 @@ HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": S
                         "started_at": STR, "model": MODEL, "device": DEVICE, "engine": ENGINE,
                         "h100": H100})
 
-FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling",
+FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling", "internals",
             "memory", "spec", "sandbox", "viewers", "ack", "error"]
-SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "memory", "spec"]
+SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "internals", "memory", "spec"]
 FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
                   "layer": {"oneOf": [NAT, arr(NAT, maxItems=256)]},
                   "head": {"oneOf": [NAT, arr(NAT, maxItems=256)]}})
@@ -106,7 +110,8 @@ REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
     "num_output_tokens": NAT, "num_computed_tokens": NAT, "held": BOOL, "watched": BOOL}))})
 
 STEP_SEQ = obj({"request_id": STR, "kind": {"enum": ["prefill", "decode"]}, "start": NAT,
-                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL})
+                "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL},
+               {"num_drafts": NAT})
 H100_COST = obj({"dtype": STR, "bytes": NAT, "flops": NAT, "memory_time_s": NNUM,
                  "compute_time_s": NNUM, "time_s": NNUM, "bound": {"enum": ["memory", "compute"]}})
 COST = obj({"weight_bytes": NAT, "kv_read_bytes": NAT, "kv_write_bytes": NAT, "bytes": NAT,
@@ -116,7 +121,7 @@ STEP = event("step", {
     "step": NAT, "seqs": arr(STEP_SEQ), "num_batched_tokens": NAT, "token_budget": NAT,
     "max_num_seqs": NAT, "preempted": arr(STR), "finished": arr(STR),
     "queues": obj({"waiting": NAT, "running": NAT}), "duration_s": NNUM, "schedule_s": NNUM,
-    "model_s": NNUM, "cost": COST})
+    "model_s": NNUM, "cost": COST}, {"allreduce_bytes": NAT})
 
 BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)})
 KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions": NAT}
@@ -145,13 +150,49 @@ SAMPLING = event("sampling", {
                        "applied": BOOL, "kept": NAT, "candidates": arr(CANDIDATE)})),
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
-    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})})
+    "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},
+    {"distribution": obj({"complete": BOOL, "logits": arr(NUM)}, {"ids": arr(NAT)})})
+# internals of a watched request (see kvscope/instrumentation/internals.py)
+def internals_event(kind: str, fields: dict) -> dict:
+    return event(f"internals.{kind}", {"request_id": STR, "step": NAT, "positions": arr(NAT), **fields})
+
+
+FLOATS = arr(NUM)
+NEAR = obj({"id": NAT, "text": STR, "cosine": NUM})
+INTERNALS_EMBEDDINGS = internals_event("embeddings", {
+    "token_ids": arr(NAT), "texts": arr(STR), "hidden_size": NAT, "rows": arr(FLOATS), "norms": FLOATS,
+    "neighbours": arr(arr(NEAR)), "pca": arr(arr(NUM, minItems=2, maxItems=2))})
+INTERNALS_EMBEDDINGS["properties"]["vocab"] = obj({"ids": arr(NAT), "texts": arr(STR),
+                                                   "points": arr(arr(NUM, minItems=2, maxItems=2)),
+                                                   "explained": FLOATS})
+INTERNALS_ROPE = internals_event("rope", {"rope_theta": NUM, "head_dim": NAT, "rope_type": STR,
+                                          "inv_freq": FLOATS})
+INTERNALS_RESIDUAL = internals_event("residual", {
+    "layers": arr(obj({"layer": NAT, "input_norm": FLOATS, "attention_norm": FLOATS,
+                       "after_attention_norm": FLOATS, "mlp_norm": FLOATS, "output_norm": FLOATS})),
+    "rmsnorm": obj({"position": NAT, "layer": NAT, "eps": NUM, "rms": NUM, "input": FLOATS,
+                    "weight": FLOATS, "output": FLOATS})})
+HISTOGRAM = obj({"edges": FLOATS, "counts": arr(arr(NAT))})
+INTERNALS_MLP = internals_event("mlp", {"intermediate_size": NAT, "layers": arr(obj({
+    "layer": NAT, "gate": HISTOGRAM, "activation": HISTOGRAM, "up": HISTOGRAM, "product": HISTOGRAM,
+    "active_share": FLOATS, "top": arr(arr(obj({"neuron": NAT, "gate": NUM, "up": NUM, "product": NUM}))),
+    "down_norm": FLOATS, "stream_norm": FLOATS}))})
+INTERNALS_LENS = internals_event("logit_lens", {"layers": arr(obj({
+    "layer": NAT, "top": arr(arr(obj({"id": NAT, "text": STR, "prob": PROB})))}))})
+
 MEMORY = event("memory", {
     "device_total_bytes": NAT, "device_free_bytes": NAT, "weights_bytes": NAT,
     "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
     "block_bytes": NAT, "activations_bytes": NAT, "activations_peak_bytes": NAT,
     "process_bytes": NAT})
-SPEC = event("spec", {"step": NAT, "request_id": STR, "proposed": arr(NAT), "accepted": NAT})
+PROB01 = {"type": "number", "minimum": 0, "maximum": 1}
+SPEC = event("spec", {
+    "step": NAT, "request_id": STR, "method": {"enum": ["ngram", "draft_model"]}, "greedy": BOOL,
+    "proposed": arr(NAT), "proposed_text": arr(STR), "accepted": NAT, "token_ids": arr(NAT),
+    "token_text": arr(STR), "bonus": BOOL, "rejected_slots": NAT,
+    "checks": arr(obj({"token_id": NAT, "p": PROB01, "q": PROB01, "u": NULL_NUM, "accepted": BOOL})),
+    "running": obj({"proposed": NAT, "accepted": NAT, "acceptance_rate": PROB01, "target_passes": NAT,
+                    "tokens_per_pass": NNUM})})
 
 SANDBOX_SEQ = obj({"name": STR, "num_tokens": NAT, "block_table": arr(NAT), "cached_tokens": NAT})
 SANDBOX = event("sandbox", {
@@ -178,6 +219,8 @@ EVENTS = {
     "request.added": REQUEST_ADDED, "request.token": REQUEST_TOKEN,
     "request.finished": REQUEST_FINISHED, "request.snapshot": REQUEST_SNAPSHOT, "step": STEP,
     "kv_snapshot": KV_SNAPSHOT, "kv_delta": KV_DELTA, "attention": ATTENTION, "sampling": SAMPLING,
+    "internals.embeddings": INTERNALS_EMBEDDINGS, "internals.rope": INTERNALS_ROPE,
+    "internals.residual": INTERNALS_RESIDUAL, "internals.mlp": INTERNALS_MLP, "internals.logit_lens": INTERNALS_LENS,
     "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "viewers": VIEWERS, "ack": ACK,
     "error": ERROR,
 }
@@ -199,7 +242,8 @@ SAMPLING_PARAMS = obj({}, {
     "ignore_eos": BOOL,
     "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
 })
-WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL})
+WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=256), "sampling": BOOL,
+                 "internals": BOOL})
 INTERVAL = {"type": "number", "minimum": 0, "maximum": 10}   # seconds between steps (pacing.MAX_INTERVAL_S)
 MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
 

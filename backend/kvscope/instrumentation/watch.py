@@ -13,6 +13,8 @@ from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, 
 from kvscope.engine.sequence import Sequence
 
 TOP_CANDIDATES = 10
+DISTRIBUTION_FULL = 4096   # vocabularies up to this size send every logit
+DISTRIBUTION_TOP = 512     # larger ones send this many of the largest
 DECIMALS = 4
 
 
@@ -21,6 +23,7 @@ class WatchSpec:
     layers: frozenset[int] | None = None   # None: every layer
     heads: frozenset[int] | None = None    # None: every head
     sampling: bool = True
+    internals: bool = False                # embeddings, residual stream, MLP, logit lens
 
 
 @dataclass
@@ -44,6 +47,10 @@ class Watch:
     @property
     def sampling(self) -> bool:
         return any(s.sampling for s in self.viewers.values())
+
+    @property
+    def internals(self) -> bool:
+        return any(s.internals for s in self.viewers.values())
 
 
 class WatchRegistry:
@@ -130,8 +137,10 @@ def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, tex
     return out
 
 
-def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, tokenizer, ts: float) -> dict:
-    """logits: the raw [vocab] row the sampler saw for this sequence."""
+def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, tokenizer, ts: float,
+                   with_distribution: bool = False) -> dict:
+    """logits: the raw [vocab] row the sampler saw for this sequence; `with_distribution`
+    adds the raw logits themselves (watches that ask for internals)."""
     p = seq.params
     row = logits.float().unsqueeze(0)
     stages = [("logits", True, row)]
@@ -159,12 +168,24 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
     draw = {"method": "greedy" if p.greedy else "sample", "rank": rank,
             "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(sorted_probs[rank]), 1.0), 6)}
     logprob = float(row[0].log_softmax(dim=0)[chosen])
-    return {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
+    event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
             "index": seq.num_output_tokens - 1,
             "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
             "stages": out_stages, "draw": draw,
             "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(final[chosen]), 6),
                        "logprob": round(logprob, 6)}}
+    if with_distribution:
+        event["distribution"] = raw_distribution(row[0])
+    return event
+
+
+def raw_distribution(logits: torch.Tensor) -> dict:
+    """The raw logits for a widget to reshape as the sampler does: the whole row for a
+    small vocabulary (exact), else the DISTRIBUTION_TOP largest (`complete` false)."""
+    if logits.shape[0] <= DISTRIBUTION_FULL:
+        return {"complete": True, "logits": rounded(logits)}
+    top = logits.topk(DISTRIBUTION_TOP)
+    return {"complete": False, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
 def _text(tokenizer, token_id: int) -> str:

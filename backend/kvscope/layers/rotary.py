@@ -32,11 +32,6 @@ def _llama3_frequencies(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict):
         super().__init__()
@@ -44,7 +39,11 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
-        self.register_buffer("sin_cache", emb.sin(), persistent=False)
+        # sin with the first half negated: rotate_half(x) * sin == x.roll(half) * signed sin,
+        # exactly (negation is exact), in one op instead of chunk, neg and cat
+        half = head_dim // 2
+        self.register_buffer("sin_cache", torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1),
+                             persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Looked up once per forward pass and shared by every layer: [tokens, 1, head_dim]."""
@@ -52,6 +51,8 @@ class RotaryEmbedding(nn.Module):
                 self.sin_cache[positions].to(dtype).unsqueeze(1))
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor):
+    """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; signed_sin from cos_sin.
+    Each half is rotated into the other: x * cos + (-x2, x1) * sin."""
+    half = q.shape[-1] // 2
+    return q * cos + q.roll(half, -1) * signed_sin, k * cos + k.roll(half, -1) * signed_sin

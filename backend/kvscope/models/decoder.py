@@ -1,6 +1,8 @@
 """One decoder-only transformer covering Qwen3 (q/k RMSNorm), Qwen2 (qkv bias) and
 Llama 3 (scaled RoPE). Weights are laid out as in Hugging Face checkpoints, except that
-q/k/v and gate/up are packed into one matrix each (one matmul instead of three or two)."""
+q/k/v and gate/up are packed into one matrix each (one matmul instead of three or two).
+Under tensor parallelism (`tp`) each rank builds the same model with its slice of every
+matrix: its share of the query and KV heads, of the MLP width and of the vocabulary."""
 from __future__ import annotations
 
 import torch
@@ -8,6 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kvscope.layers.attention import PagedAttention
+from kvscope.layers.parallel import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, TPGroup,
+                                     VocabParallelEmbedding, split)
 from kvscope.layers.rotary import RotaryEmbedding, apply_rotary
 from kvscope.models.config import ModelConfig
 
@@ -19,23 +23,25 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # normalised in float32 as transformers does, in one fused op (fewer kernels per step)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.num_heads = split(cfg.num_heads, tp, "num_attention_heads")
+        self.num_kv_heads = split(cfg.num_kv_heads, tp, "num_key_value_heads")
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        full_q, full_kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [full_q, full_kv, full_kv], cfg.qkv_bias, tp,
+                                             "attention heads")
+        self.o_proj = RowParallelLinear(full_q, cfg.hidden_size, tp, "attention heads")
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.attn = PagedAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, layer_idx)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, layer_idx)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -49,10 +55,11 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], False, tp, "intermediate_size")
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp, "intermediate_size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -60,12 +67,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = SelfAttention(cfg, layer_idx)
+        self.self_attn = SelfAttention(cfg, layer_idx, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(rope, self.input_layernorm(x))
@@ -73,11 +80,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int):
+    def __init__(self, cfg: ModelConfig, max_position: int, tp: TPGroup):
         super().__init__()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_position, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -95,11 +102,11 @@ class CausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, cfg: ModelConfig, max_position: int):
+    def __init__(self, cfg: ModelConfig, max_position: int, tp: TPGroup = TPGroup()):
         super().__init__()
-        self.config = cfg
-        self.model = DecoderModel(cfg, max_position)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.config, self.tp = cfg, tp
+        self.model = DecoderModel(cfg, max_position, tp)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -109,9 +116,3 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def shard_sizes(self, packed_name: str) -> list[int]:
-        attn = self.model.layers[0].self_attn
-        if packed_name == "qkv_proj":
-            return [attn.q_size, attn.kv_size, attn.kv_size]
-        inter = self.config.intermediate_size
-        return [inter, inter]

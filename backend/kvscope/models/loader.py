@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kvscope.layers.parallel import (ColumnParallelLinear, RowParallelLinear, SliceReader, TPGroup,
+                                     VocabParallelEmbedding)
 from kvscope.models.config import ModelConfig
 from kvscope.models.decoder import CausalLM
 
@@ -26,6 +28,9 @@ def resolve_model_path(model: str | None) -> Path:
             return Path(default_model_path())
         except DefaultModelMissing as exc:
             raise ModelLoadError(str(exc)) from None
+    from kvscope.default_model import DEFAULT_DRAFT_NAME, default_draft_path
+    if model == DEFAULT_DRAFT_NAME and default_draft_path() is not None:
+        return Path(default_draft_path())
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -79,7 +84,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
                 for name in f.keys():
                     if name.endswith(IGNORED_TENSORS):
                         continue
-                    _load_tensor(model, params, name, f.get_tensor(name), file, loaded)
+                    _load_tensor(model, params, name, SliceReader(f, name), file, loaded)
         except ModelLoadError:
             raise
         except Exception as exc:
@@ -92,31 +97,38 @@ def load_weights(model: CausalLM, path: Path) -> None:
                              f"{' …' if len(missing) > 5 else ''}")
 
 
-def _load_tensor(model, params, name, tensor, file, loaded) -> None:
-    for fragment, (packed, shard) in CausalLM.packed.items():
-        if f".{fragment}." in name:
-            target = name.replace(fragment, packed)
-            if target not in params:
-                break
-            sizes = model.shard_sizes(packed)
-            offset = sum(sizes[:shard])
-            dest = params[target].data.narrow(0, offset, sizes[shard])
-            _copy(dest, tensor, name, file)
-            loaded.add(target)   # complete once every shard is copied; shapes are checked per shard
-            return
+def _load_tensor(model, params, name, reader: SliceReader, file, loaded) -> None:
+    target, shard = name, 0
+    for fragment, (packed, index) in CausalLM.packed.items():
+        if f".{fragment}." in name and name.replace(fragment, packed) in params:
+            target, shard = name.replace(fragment, packed), index
+            break
     if name == "lm_head.weight" and model.config.tie_word_embeddings:
         return   # tied: the embedding matrix already is the head
-    if name not in params:
+    if target not in params:
         raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {model.config.architecture}")
-    _copy(params[name].data, tensor, name, file)
-    loaded.add(name)
+    module = model.get_submodule(target.rsplit(".", 1)[0])
+    expected = _full_shape(module, params[target], shard)
+    if reader.shape != expected:
+        raise ModelLoadError(f"{file.name}: tensor {name!r} has shape {reader.shape}, "
+                             f"the config implies {expected}")
+    if hasattr(module, "load"):   # a tensor-parallel layer copies its own slice
+        module.load(params[target], reader, shard)
+    else:
+        params[target].data.copy_(reader.full())
+    loaded.add(target)   # a packed matrix is complete once every shard is copied
 
 
-def _copy(dest: torch.Tensor, tensor: torch.Tensor, name: str, file: Path) -> None:
-    if dest.shape != tensor.shape:
-        raise ModelLoadError(f"{file.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                             f"the config implies {tuple(dest.shape)}")
-    dest.copy_(tensor)
+def _full_shape(module, param, shard: int) -> tuple[int, ...]:
+    """The checkpoint shape this parameter (or this shard of a packed one) comes from."""
+    tp = getattr(module, "tp", None)
+    if isinstance(module, ColumnParallelLinear):
+        return (module.local_sizes[shard] * tp.size, *param.shape[1:])
+    if isinstance(module, RowParallelLinear):
+        return (param.shape[0], module.local_in * tp.size)
+    if isinstance(module, VocabParallelEmbedding):
+        return (module.vocab_size, param.shape[1])
+    return tuple(param.shape)
 
 
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
@@ -130,8 +142,8 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
 
 
 def build_model(path: Path, cfg: ModelConfig, load_format: str, dtype: torch.dtype,
-                device: torch.device, max_position: int, seed: int = 0) -> CausalLM:
-    model = CausalLM(cfg, max_position)
+                device: torch.device, max_position: int, seed: int = 0, tp: TPGroup = TPGroup()) -> CausalLM:
+    model = CausalLM(cfg, max_position, tp)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:

@@ -3,8 +3,29 @@ even on machines without the web stack."""
 from __future__ import annotations
 
 import argparse
+import json
 
 CPU_DEFAULT_KV_BLOCKS = 1024   # a pool small enough to draw, big enough for a classroom
+
+
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object such as --speculative-config '{"method": "ngram", ...}'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    """--speculative-config and --tensor-parallel-size, shared by generate, serve and bench."""
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="processes splitting the model's weights and KV heads (gloo on CPU, NCCL on CUDA)")
+    p.add_argument("--speculative-config", type=json_object, default=None,
+                   help='vLLM\'s keys, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                        '"prompt_lookup_max": 3}\' or \'{"model": "DIR", "num_speculative_tokens": 3}\'')
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,6 +49,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
+    add_decoding_arguments(p)
     p.add_argument("--recordings-dir", default="recordings", help="where record_start writes JSONL")
     p.add_argument("--frontend-dir", default=None, help="static front end (default: frontend/ in the checkout)")
     p.add_argument("--allow-origin", action="append", default=[],

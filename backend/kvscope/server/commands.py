@@ -103,7 +103,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
         raise CommandError("too_many_requests",
                            f"{s.service.config.max_watched_requests} requests are watched already; unwatch one first")
     return WatchSpec(None if layers is None else frozenset(layers), None if heads is None else frozenset(heads),
-                     raw.get("sampling", True))
+                     raw.get("sampling", True), raw.get("internals", False))
 
 
 def check_submit_allowance(s: Session) -> None:

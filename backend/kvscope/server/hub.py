@@ -94,7 +94,7 @@ class Hub:
                     q.put_nowait(e)
                 if e["type"] == "request.finished":
                     finished.append(rid)
-            elif fam in ("attention", "sampling"):
+            elif fam in ("attention", "sampling", "internals"):
                 for vid in self.watches.viewers(rid):
                     personal[vid].append((i, False))
         if self.recorder is not None:
@@ -140,6 +140,8 @@ class Hub:
                 if e["type"] == "attention" and spec.layers is not None and e["layer"] not in spec.layers:
                     continue
                 if e["type"] == "sampling" and not spec.sampling:
+                    continue
+                if e["type"].startswith("internals.") and not spec.internals:
                     continue
             chosen[i] = chosen.get(i, False) or essential
         for i in sorted(chosen):

@@ -22,7 +22,8 @@ def engine_from_args(args):
         block_size=args.block_size, num_kv_blocks=blocks, kv_cache_mib=args.kv_cache_mib,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
-        attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, num_threads=args.threads))
+        attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, num_threads=args.threads,
+        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))
 
 
 def server_config_from_args(args) -> ServerConfig:

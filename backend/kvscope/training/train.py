@@ -20,6 +20,7 @@ import random
 import time
 
 import torch
+from tokenizers import Tokenizer
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from .corpus import EOT, IM_END, documents
@@ -70,6 +71,9 @@ def main() -> None:
     ap.add_argument("--tokenizer-docs", type=int, default=12_000)
     ap.add_argument("--eval-docs", type=int, default=200)
     ap.add_argument("--vocab", type=int, default=4096, help="BPE target (it stops earlier if merges run out)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="reuse this checkpoint's tokenizer.json instead of training one (a draft model "
+                         "for speculative decoding must share its target's vocabulary)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--intermediate", type=int, default=768)
     ap.add_argument("--layers", type=int, default=4)
@@ -101,7 +105,8 @@ def main() -> None:
 
     # Corpus and tokenizer, all regenerated from seeds.
     train_texts = list(documents("train", a.train_docs))
-    tok = train_tokenizer(train_texts[: a.tokenizer_docs], a.vocab)
+    tok = Tokenizer.from_file(os.path.join(a.tokenizer, "tokenizer.json")) if a.tokenizer \
+        else train_tokenizer(train_texts[: a.tokenizer_docs], a.vocab)
     save_tokenizer(tok, a.out, a.max_positions)
     eot = tok.token_to_id(EOT)
     stream = [i for e in tok.encode_batch([t + EOT for t in train_texts]) for i in e.ids]

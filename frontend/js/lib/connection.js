@@ -1,11 +1,13 @@
 // <kv-connection>: the header badge that says whether the page shows the live engine or
-// a recording, and, while replaying, the replay controls (play/pause, step, speed); while
+// a recording, and, while replaying, the replay controls (play/pause, step, steps per second,
+// a scrubber with a step counter that goes back and forth); while
 // the instructor has paused the engine, a banner that says so.
 
 import { getClient } from '../client.js';
 import { pausedText } from './format.js';
+import { BASE_STEPS_PER_S } from './replay-socket.js';
 
-const SPEEDS = [0.25, 0.5, 1, 2, 4];
+const STEP_RATES = [1, 2, 4, 8, 16];   // engine steps a second while playing
 const REPLAY_TEXT = 'Replaying a recording — no live engine';
 
 class KvConnection extends HTMLElement {
@@ -50,24 +52,35 @@ class KvConnection extends HTMLElement {
     stepButton.className = 'kv-button';
     stepButton.textContent = 'Step';
     stepButton.title = 'Pause and advance the recording by one engine step';
+    stepButton.setAttribute('aria-label', 'Step: pause and advance by one engine step');
     stepButton.addEventListener('click', () => this.client.replay.step());
 
     const label = document.createElement('label');
     const speedId = 'kv-replay-speed';
     label.htmlFor = speedId;
-    label.textContent = 'Speed';
+    label.textContent = 'Steps/s';
     this.speedSelect = document.createElement('select');
     this.speedSelect.id = speedId;
     this.speedSelect.className = 'kv-select';
-    for (const speed of SPEEDS) {
+    for (const rate of STEP_RATES) {
       const option = document.createElement('option');
-      option.value = String(speed);
-      option.textContent = `${speed}×`;
+      option.value = String(rate / BASE_STEPS_PER_S);
+      option.textContent = String(rate);
       this.speedSelect.append(option);
     }
     this.speedSelect.addEventListener('change', () => this.client.replay.setSpeed(Number(this.speedSelect.value)));
 
-    group.append(this.playButton, stepButton, label, this.speedSelect);
+    this.scrubber = document.createElement('input');
+    this.scrubber.type = 'range';
+    this.scrubber.className = 'kv-replay-scrubber';
+    this.scrubber.min = '0';
+    this.scrubber.step = '1';
+    this.scrubber.setAttribute('aria-label', 'Replay position, in engine steps');
+    this.scrubber.addEventListener('input', () => this.client.replay.seek(Number(this.scrubber.value)));
+    this.counter = document.createElement('span');
+    this.counter.className = 'kv-replay-counter';
+
+    group.append(this.playButton, stepButton, label, this.speedSelect, this.scrubber, this.counter);
     return group;
   }
 
@@ -97,6 +110,12 @@ class KvConnection extends HTMLElement {
     this.playButton.textContent = replay.playing ? 'Pause' : 'Play';
     this.playButton.setAttribute('aria-label', replay.playing ? 'Pause the replay' : 'Play the replay');
     this.speedSelect.value = String(replay.speed);
+    this.scrubber.max = String(replay.stepCount);
+    if (document.activeElement !== this.scrubber || replay.playing) this.scrubber.value = String(replay.stepIndex);
+    const counter = `step ${replay.stepIndex} / ${replay.stepCount}`;
+    this.scrubber.setAttribute('aria-valuetext', counter);
+    if (this.counter.textContent !== counter) this.counter.textContent = counter;
+    this.dataset.replayStep = String(replay.stepIndex);
   }
 }
 

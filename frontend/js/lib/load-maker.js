@@ -22,14 +22,17 @@ const PROMPTS = [
 const RETRY_MS = 3000;
 
 export class LoadMaker {
-  constructor(client, { keep = 3, maxTokens = 48, paceS = 0.2, prompts = PROMPTS, onChange = () => {} } = {}) {
+  constructor(client, { keep = 3, maxTokens = 48, paceS = 0.2, prompts = PROMPTS, onChange = () => {}, onFinished = () => {} } = {}) {
     this.client = client;
     this.keep = keep;
     this.maxTokens = maxTokens;
     this.paceS = paceS;
     this.prompts = prompts;
     this.onChange = onChange;
+    this.onFinished = onFinished;   // (request id) once one of ours has finished
     this.running = new Set();
+    this._finishedEarly = new Set();   // finished before its ack arrived (a short request can)
+    this._submitting = 0;
     this.sent = 0;
     this.active = false;
     this.error = null;
@@ -92,25 +95,34 @@ export class LoadMaker {
   async _submit(fields = {}) {
     const prompt = this.prompts[this.sent % this.prompts.length];
     this.sent += 1;
+    this._submitting += 1;
     try {
       const ack = await this.client.command('submit', {
         prompt, pace_s: this.paceS,
         params: { temperature: 0.8, seed: this.sent, max_tokens: this.maxTokens, ignore_eos: true },
         ...fields,
       });
-      this.running.add(ack.request_id);
       this.error = null;
+      if (this._finishedEarly.delete(ack.request_id)) this.onFinished(ack.request_id);
+      else this.running.add(ack.request_id);
       this.onChange();
       return ack.request_id;
     } catch (error) {
       this.error = error;
       this.onChange();
       return null;
+    } finally {
+      this._submitting -= 1;
+      if (!this._submitting) this._finishedEarly.clear();
     }
   }
 
   _finished(event) {
-    if (!this.running.delete(event.request_id)) return;
+    if (!this.running.delete(event.request_id)) {
+      if (this._submitting) this._finishedEarly.add(event.request_id);   // may be ours, ack still on its way
+      return;
+    }
+    this.onFinished(event.request_id);
     this.onChange();
     if (this.active) this._topUp();
   }

@@ -4,7 +4,13 @@
 //
 //   const socket = new ReplaySocket('/static/recordings/demo.jsonl');
 //   socket.onmessage = (e) => handle(JSON.parse(e.data));
-//   socket.pause(); socket.step(); socket.speed = 2; socket.play();
+//   socket.pause(); socket.step(); socket.speed = 2; socket.play(); socket.seek(12);
+//
+// Pacing is by engine steps, the rule the server's /ws/replay follows too
+// (kvscope.instrumentation.recording): the recording is cut into step groups (everything up
+// to a `step` event, that event, and what the engine published with it), and playing sends
+// BASE_STEPS_PER_S × speed groups a second, whatever the recorded run's wall-clock gaps.
+// `seek(n)` goes to the state after n groups, backwards too (by replaying from the start).
 //
 // What it emulates: `hello`, a `session` with `replay: true`, subscriptions per family
 // (with request_id/layer/head filters), a snapshot on subscribe (kv, memory, request),
@@ -19,8 +25,9 @@ const CLOSED = 3;
 const ALWAYS_SENT = new Set(['hello', 'engine', 'error', 'ack', 'recording']);
 // Commands a recording can answer without an engine.
 const LOCAL_COMMANDS = new Set(['subscribe', 'unsubscribe', 'snapshot', 'ping', 'auth', 'replay']);
-// A recording may hold long idle stretches; nobody wants to watch those in real time.
-const MAX_GAP_S = 1.5;
+export const BASE_STEPS_PER_S = 4;
+// What the engine publishes with a step, after the `step` event itself (docs/events.md).
+const AFTER_STEP = new Set(['kv', 'attention', 'sampling', 'memory', 'spec']);
 const LOOP_PAUSE_S = 3;
 
 /** The family an event type belongs to: 'request.token' → 'request', 'session' → 'hello'. */
@@ -44,6 +51,23 @@ export function passesFilters(event, filters) {
   const heads = asList(filters.head);
   if (heads && Array.isArray(event.heads) && !event.heads.some((h) => heads.includes(h))) return false;
   return true;
+}
+
+/** The index after the last event of each step group (see the header). */
+export function stepGroupEnds(events) {
+  const ends = [];
+  let i = 0;
+  while (i < events.length) {
+    if (events[i].type === 'step') {
+      i += 1;
+      while (i < events.length && AFTER_STEP.has(events[i].type)) i += 1;
+      ends.push(i);
+    } else {
+      i += 1;
+    }
+  }
+  if (!ends.length || ends[ends.length - 1] < events.length) ends.push(events.length);
+  return ends;
 }
 
 /** Parses a recording's text: { header, events }. Throws on a file that is not one. */
@@ -74,10 +98,9 @@ export class ReplaySocket extends EventTarget {
     this.playing = autoplay;
     this._speed = speed;
     this._events = [];
-    this._playTimes = [];       // per event: seconds into the (gap-capped) replay
-    this._position = 0;
-    this._clock = 0;            // replay seconds reached
-    this._wallAt = null;        // performance.now() when _clock was reached
+    this._ends = [];            // step groups: the index after each one's last event
+    this._position = 0;         // index of the next event
+    this._group = 0;            // step groups sent so far
     this._timer = null;
     this._subscriptions = new Map();   // family → filters
     this._state = { engine: null, memory: null, kv: null, requests: new Map() };
@@ -89,43 +112,47 @@ export class ReplaySocket extends EventTarget {
   set speed(value) {
     const speed = Number(value);
     if (!(speed > 0)) return;
-    this._advanceClock();
     this._speed = speed;
-    this._schedule();
+    if (this.playing) this._schedule();
   }
+
+  /** Engine steps a second while playing. */
+  get stepsPerSecond() { return BASE_STEPS_PER_S * this._speed; }
 
   /** Index of the next event and the total, for a progress display. */
   get position() { return this._position; }
   get length() { return this._events.length; }
 
+  /** Step groups sent so far, and how many the recording has (the scrubber's range). */
+  get stepIndex() { return this._group; }
+  get stepCount() { return this._ends.length; }
+
   play() {
     if (this.readyState !== OPEN) { this.playing = true; return; }
     if (this._position >= this._events.length) this._restart();
     this.playing = true;
-    this._wallAt = performance.now();
     this._schedule();
   }
 
   pause() {
-    this._advanceClock();
     this.playing = false;
-    this._wallAt = null;
     clearTimeout(this._timer);
   }
 
-  /** Paused, advance by one engine step: events up to the next `step` and that step's batch. */
+  /** Paused, advance by one engine step: its group of events. */
   step() {
     this.pause();
     if (this._position >= this._events.length) this._restart();
-    let stepTs = null;
-    while (this._position < this._events.length) {
-      const event = this._events[this._position];
-      if (stepTs !== null && (event.type === 'step' || event.ts !== stepTs)) break;
-      this._emitAt(this._position);
-      this._position += 1;
-      if (event.type === 'step') stepTs = event.ts;
-    }
-    if (this._position < this._events.length) this._clock = this._playTimes[this._position];
+    this._emitGroup();
+  }
+
+  /** Paused, go to the state after `n` step groups: forwards by sending them, backwards by
+   * starting over (widgets reset) and sending the first n at once. */
+  seek(n) {
+    this.pause();
+    const target = Math.max(0, Math.min(this._ends.length, Math.round(n)));
+    if (target < this._group) this._restart();
+    while (this._group < target) this._emitGroup();
   }
 
   send(data) {
@@ -189,7 +216,7 @@ export class ReplaySocket extends EventTarget {
       const { header, events } = parseRecording(text);
       this.header = header;
       this._events = events;
-      this._playTimes = this._capGaps(events);
+      this._ends = stepGroupEnds(events);
     } catch (error) {
       this.loadError = error;
       this._fire('error', new Event('error'));
@@ -200,19 +227,6 @@ export class ReplaySocket extends EventTarget {
     this.readyState = OPEN;
     this._fire('open', new Event('open'));
     this._openStream();
-  }
-
-  _capGaps(events) {
-    const times = [];
-    let t = 0;
-    let previous = null;
-    for (const event of events) {
-      const ts = typeof event.ts === 'number' ? event.ts : previous ?? 0;
-      if (previous !== null) t += Math.min(Math.max(ts - previous, 0), MAX_GAP_S);
-      previous = ts;
-      times.push(t);
-    }
-    return times;
   }
 
   /** The server's connect sequence: hello, session, engine; then the stream. */
@@ -227,43 +241,40 @@ export class ReplaySocket extends EventTarget {
       recording: this.header ? this.header.name : null,
       subscriptions: Object.fromEntries(this._subscriptions), limits: {},
     });
-    this._clock = this._playTimes[this._position] ?? 0;
     if (this.playing) this.play();
   }
 
   _restart() {
     const helloIndex = this._events.findIndex((event) => event.type === 'hello');
     this._position = helloIndex + 1;
-    this._clock = this._playTimes[this._position] ?? 0;
+    this._group = 0;
     this._state.requests.clear();
     // Widgets drop what they drew for the previous pass, as after an engine reset.
     this._reply({ type: 'engine', reason: 'reset', paused: false, replay_restart: true });
   }
 
-  _advanceClock() {
-    if (this.playing && this._wallAt !== null) {
-      const now = performance.now();
-      this._clock += ((now - this._wallAt) / 1000) * this._speed;
-      this._wallAt = now;
+  /** Send the next step group. */
+  _emitGroup() {
+    const end = this._ends.find((e) => e > this._position) ?? this._events.length;
+    while (this._position < end && this.readyState === OPEN) {
+      this._emitAt(this._position);
+      this._position += 1;
     }
+    this._group = this._ends.filter((e) => e <= this._position).length;
+    this.dispatchEvent(new Event('progress'));   // for a scrubber
   }
 
+  /** Playing: one step group now, the next one 1 / stepsPerSecond later. */
   _schedule() {
     clearTimeout(this._timer);
     if (!this.playing || this.readyState !== OPEN) return;
-    this._advanceClock();
-    while (this._position < this._events.length && this._playTimes[this._position] <= this._clock) {
-      this._emitAt(this._position);
-      this._position += 1;
-      if (!this.playing || this.readyState !== OPEN) return;  // a handler paused or closed us
-    }
     if (this._position >= this._events.length) {
-      if (this.loop) this._timer = setTimeout(() => { this._restart(); this._wallAt = performance.now(); this._schedule(); }, LOOP_PAUSE_S * 1000);
+      if (this.loop) this._timer = setTimeout(() => { this._restart(); this._schedule(); }, LOOP_PAUSE_S * 1000);
       else this.playing = false;
       return;
     }
-    const wait = ((this._playTimes[this._position] - this._clock) / this._speed) * 1000;
-    this._timer = setTimeout(() => this._schedule(), Math.max(0, wait));
+    this._emitGroup();
+    this._timer = setTimeout(() => this._schedule(), 1000 / this.stepsPerSecond);
   }
 
   // -- emitting --------------------------------------------------------------------------

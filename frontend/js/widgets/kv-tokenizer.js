@@ -93,6 +93,7 @@ class KvTokenizer extends KvWidget {
       h('p', { class: 'kvw-note', id: `${uid}-help` },
         'Tokens update as you type. In the list below, use the arrow keys (Home/End) to move between tokens; the bytes each one covers light up in the text.'),
       this.errorEl,
+      this.vocabEl = h('p', { class: 'kvw-note' }),
       this.countsEl,
       this.textEl,
       this.tokensEl,
@@ -174,7 +175,17 @@ class KvTokenizer extends KvWidget {
     this.requestRender();
   }
 
+  /** Why this vocabulary is the size it is, from the model's own numbers. */
+  describeVocabulary() {
+    const vocab = this.client.hello?.model?.vocab_size;
+    if (!vocab) return;
+    this.vocabEl.textContent = vocab < 10000
+      ? `This model’s tokenizer has ${vocab.toLocaleString('en')} pieces. It was trained on simple stories, so a small table covers their words; anything else falls apart into short pieces or single bytes. Large models use far bigger tables (Qwen3: 151,936 pieces), so most words are one token there.`
+      : `This model’s tokenizer has ${vocab.toLocaleString('en')} pieces: most common words are one token.`;
+  }
+
   render() {
+    this.describeVocabulary();
     const r = this.result;
     if (!r) return;
     const map = byteMap(r.text);
@@ -267,7 +278,8 @@ class KvTokenizer extends KvWidget {
     const tok = r.tokens[i];
     const bytes = utf8(r.text).slice(tok.start, tok.end);
     const hexes = [...bytes].map(hex2).join(' ');
-    this.detailEl.textContent = `#${i + 1} id ${tok.id} · piece ${JSON.stringify(tok.piece)} · bytes ${tok.start}–${tok.end} (${hexes})`
+    // the visible text, never the tokenizer's internal byte alphabet (Ġ for a space, Ā…)
+    this.detailEl.textContent = `#${i + 1} id ${tok.id} · “${tokenLabel(tok)}” · bytes ${tok.start}–${tok.end} (${hexes})`
       + `${tok.special ? ' · special token' : ''}${tok.complete === false ? ' · part of a multi-byte character' : ''}`;
   }
 

@@ -5,6 +5,8 @@ kvscope marks of docs/authoring.md:
   as a tooltip (hover and keyboard focus). An unknown term raises RenderError.
 - a ```quiz fence (YAML) → `<kv-quiz>` markup: radio groups, answers and every `why`.
 - a widget element on a line of its own → the element as a block (not inside a <p>).
+- `![caption](figures/name.svg)` on a line of its own → the SVG from frontend/figures/
+  inlined in a <figure> (inline, so the theme's CSS variables and dark mode reach it).
 - `<kv-value key=… format=…>` stays as written; its key and format are checked.
 """
 from __future__ import annotations
@@ -36,8 +38,10 @@ VALUE_KEYS = frozenset(
         "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
         "max_model_len", "enable_prefix_caching", "attention_backend")]
     # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
-    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte"]
+    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte", "derived.weight_bytes_int8",
+       "derived.weight_bytes_int4"]
 )
+FIGURE_LINE = re.compile(r"^!\[([^\]]+)\]\(figures/([a-z0-9-]+)\.svg\)\s*$")
 WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
 KV_VALUE = re.compile(r"<kv-value\b([^>]*)>")
 ATTRIBUTE = re.compile(r'([a-z-]+)\s*=\s*"([^"]*)"')
@@ -92,7 +96,8 @@ def _render_term(self, tokens, idx, options, env) -> str:
     tip_id = ctx.new_id("kv-tip")
     return (f'<kv-term tabindex="0" role="term" data-term="{escape(term.term)}" aria-describedby="{tip_id}">'
             f'{escape(meta["shown"])}'
-            f'<span class="kv-term__tip" role="tooltip" id="{tip_id}">'
+            # `hidden`: without the stylesheet the definition must not spill into the sentence.
+            f'<span class="kv-term__tip" role="tooltip" id="{tip_id}" hidden>'
             f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
 
 
@@ -123,6 +128,34 @@ def _render_widget(self, tokens, idx, options, env) -> str:
         raise RenderError(f"{ctx.source}: unknown widget <{tag}> (known: {', '.join(sorted(WIDGET_TAGS))})")
     # The class lets the page lay the widget out before its script has loaded.
     return f'<{tag} class="kv-widget"{attributes}></{tag}>\n'
+
+
+# -- figures on a line of their own ------------------------------------------------------
+
+def _figure_block_rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
+    if state.sCount[start_line] - state.blkIndent >= 4:
+        return False
+    begin = state.bMarks[start_line] + state.tShift[start_line]
+    match = FIGURE_LINE.match(state.src[begin:state.eMarks[start_line]])
+    if not match:
+        return False
+    if silent:
+        return True
+    token = state.push("kv_figure", "figure", 0)
+    token.meta = {"caption": match.group(1), "name": match.group(2)}
+    token.map = [start_line, start_line + 1]
+    state.line = start_line + 1
+    return True
+
+
+def _render_figure(self, tokens, idx, options, env) -> str:
+    ctx: RenderContext = env["kvscope"]
+    name, caption = tokens[idx].meta["name"], tokens[idx].meta["caption"]
+    path = frontend_dir() / "figures" / f"{name}.svg"
+    if not path.is_file():
+        raise RenderError(f"{ctx.source}: no figure frontend/figures/{name}.svg (run scripts/make_figures.py)")
+    return (f'<figure class="kv-figure" id="figure-{name}">{path.read_text(encoding="utf-8").strip()}'
+            f'<figcaption>{escape(caption)}</figcaption></figure>\n')
 
 
 # -- ```quiz ---------------------------------------------------------------------------
@@ -200,6 +233,8 @@ def make_markdown() -> MarkdownIt:
                           {"alt": ["paragraph", "reference", "blockquote"]})
     md.add_render_rule("kv_term", _render_term)
     md.add_render_rule("kv_widget", _render_widget)
+    md.block.ruler.before("paragraph", "kv_figure", _figure_block_rule, {"alt": ["paragraph", "reference", "blockquote"]})
+    md.add_render_rule("kv_figure", _render_figure)
 
     default_fence = md.renderer.rules["fence"]
 

@@ -1,5 +1,9 @@
 """The whole site: load content once, render pages with Jinja2, cache the HTML until a
-content file changes. Used by `kvscope.server.pages` and by `export_static_site`."""
+content file changes. Used by `kvscope.server.pages` and by `export_static_site`.
+
+Pages link with `link(url)` and `static(path)`. Served, those are site-absolute ("/glossary",
+"/static/css/theme.css"); exported, they are relative to the page ("../../glossary/index.html"),
+so the files work from any folder of any static host and when opened as file://."""
 from __future__ import annotations
 
 import shutil
@@ -7,18 +11,41 @@ import threading
 from itertools import groupby
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, pass_context, select_autoescape
 from markupsafe import Markup
 
 from kvscope.server.rendering.content import (PARTS, Chapter, content_dir, frontend_dir, load_chapters,
                                               load_glossary, signature)
 from kvscope.server.rendering.markdown import make_markdown, render_markdown
+from kvscope.server.rendering.static_modules import import_map_script, recording_script
 
 STATIC_PREFIX = "/static/"
 
 
+@pass_context
+def _static(context, path: str) -> str:
+    return context.get("root", "/") + STATIC_PREFIX.lstrip("/") + path.lstrip("/")
+
+
+@pass_context
+def _link(context, url: str) -> str:
+    """A page's URL ("/", "/glossary", "/chapters/<slug>") as this page should write it."""
+    root = context.get("root", "/")
+    if root == "/":
+        return url
+    target = url.strip("/")
+    return root + (target + "/" if target else "") + "index.html"
+
+
+def page_root(url: str) -> str:
+    """From the exported file of page `url` back to the site's top folder."""
+    depth = len([part for part in url.strip("/").split("/") if part])
+    return "../" * depth or "./"
+
+
 class Site:
-    def __init__(self, content: Path | None = None, frontend: Path | None = None, recordings: Path | None = None):
+    def __init__(self, content: Path | None = None, frontend: Path | None = None, recordings: Path | None = None,
+                 static_export: bool = False):
         self.content = Path(content) if content else content_dir()
         self.frontend = Path(frontend) if frontend else frontend_dir()
         self.recordings = Path(recordings) if recordings else self.frontend / "recordings"
@@ -26,7 +53,8 @@ class Site:
             loader=FileSystemLoader(str(self.frontend / "templates")),
             autoescape=select_autoescape(["html"], default_for_string=True, default=True),
             trim_blocks=True, lstrip_blocks=True)
-        self.templates.globals["static"] = lambda path: STATIC_PREFIX + path.lstrip("/")
+        self.templates.globals.update(static=_static, link=_link)
+        self.static_export = static_export
         self._lock = threading.Lock()
         self._signature: tuple | None = None
         self._pages: dict[str, str] = {}
@@ -84,8 +112,10 @@ class Site:
                 return name
         return names[0] if names else ""
 
-    def _render(self, template: str, **context) -> str:
+    def _render(self, template: str, url: str = "/", **context) -> str:
         context.setdefault("recording", self.recording_for(context.get("chapter")))
+        context["static_export"] = self.static_export
+        context["root"] = page_root(url) if self.static_export else "/"
         return self.templates.get_template(template).render(parts=PARTS, **context)
 
     def home(self) -> str:
@@ -100,7 +130,7 @@ class Site:
             i = self.chapters.index(chapter)
             previous = self.chapters[i - 1] if i > 0 else None
             following = self.chapters[i + 1] if i + 1 < len(self.chapters) else None
-            return self._render("chapter.html", page="chapter", chapter=chapter, body=Markup(rendered.html),
+            return self._render("chapter.html", url=chapter.url, page="chapter", chapter=chapter, body=Markup(rendered.html),
                                 part_label=PARTS[chapter.part][0], previous=previous, next=following,
                                 widgets=rendered.widgets, headings=rendered.headings)
         return self._cached(f"/chapters/{chapter.slug}", build)
@@ -110,7 +140,7 @@ class Site:
             terms = sorted(self.glossary.terms, key=lambda t: t.term.lower())
             by_number = {c.number: c for c in self.chapters}
             groups = [(letter, list(items)) for letter, items in groupby(terms, key=lambda t: t.term[0].upper())]
-            return self._render("glossary.html", page="glossary", groups=groups, chapters=by_number)
+            return self._render("glossary.html", url="/glossary", page="glossary", groups=groups, chapters=by_number)
         return self._cached("/glossary", build)
 
     def not_found(self, path: str) -> str:
@@ -127,16 +157,23 @@ class Site:
 
 
 def export_static_site(out: Path, site: Site | None = None) -> Path:
-    """Writes the pages as plain files (`index.html` per URL) with `frontend/` under
-    `static/`: a site any file server can host, replaying recordings with no backend."""
-    site = site or Site()
+    """Writes the whole book as plain files: `index.html` per page (home, glossary, every
+    chapter) with relative links, `frontend/` under `static/`, the modules' import map and
+    the recordings as classic scripts. The result replays recordings with no backend, from
+    any static host or straight from the disk (file://)."""
+    source = site or Site()
+    site = Site(source.content, source.frontend, source.recordings, static_export=True)
     out = Path(out)
     for url, html in site.render_all().items():
         target = out / url.strip("/") / "index.html" if url != "/" else out / "index.html"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(html, encoding="utf-8")
-    shutil.copytree(site.frontend, out / "static", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("templates", "__pycache__"))
-    if site.recordings.is_dir() and site.recordings != site.frontend / "recordings":
-        shutil.copytree(site.recordings, out / "static" / "recordings", dirs_exist_ok=True)
+    static = out / "static"
+    shutil.copytree(site.frontend, static, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("templates", "__pycache__", "recordings"))
+    (static / "js" / "importmap.js").write_text(import_map_script(site.frontend), encoding="utf-8")
+    if site.recordings.is_dir():
+        shutil.copytree(site.recordings, static / "recordings", dirs_exist_ok=True)
+        for recording in site.recordings.glob("*.jsonl"):
+            (static / "recordings" / f"{recording.stem}.js").write_text(recording_script(recording), encoding="utf-8")
     return out

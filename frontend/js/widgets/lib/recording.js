@@ -24,3 +24,13 @@ export async function recordedOfType(client, ...types) {
   const events = await recordingEvents(client);
   return events.filter((e) => types.includes(e.type));
 }
+
+/** The URL of a committed recording by name (frontend/recordings/<name>.jsonl). */
+export function namedRecordingUrl(name) {
+  return new URL(`../../../recordings/${encodeURIComponent(name)}.jsonl`, import.meta.url).href;
+}
+
+/** All events of a committed recording by name; [] when it cannot be read. */
+export function namedRecordingEvents(name) {
+  return recordingEvents({ recordingUrl: namedRecordingUrl(name) });
+}

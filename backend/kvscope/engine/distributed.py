@@ -1,0 +1,184 @@
+"""Tensor parallelism across processes with torch.distributed (gloo on CPU, NCCL on CUDA).
+
+Rank 0 is the engine: it owns the block manager and the scheduler, prepares each step's
+inputs and broadcasts them as a `StepPlan`. Every other rank is a worker holding its slice
+of the weights and of the KV cache (its KV heads, same block ids): it replays the plan
+through its model, joining the all-reduces inside the layers. Only rank 0 samples.
+
+Workers are spawned by the engine (torch.multiprocessing, start method "spawn"), or, under
+`torchrun`, every rank runs the user's script and `LLMEngine(...)` turns ranks > 0 into
+workers that exit when rank 0 shuts down."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from kvscope.layers.context import step_metadata
+from kvscope.layers.parallel import CommCounter, TPGroup
+
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)   # a dead peer is noticed within this, at the latest
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+@dataclass
+class StepPlan:
+    """What a worker needs to replay rank 0's forward pass."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: object                       # AttentionMetadata
+    sample_rows: list[int]
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank when torchrun launched it, else None."""
+    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return int(os.environ["RANK"])
+    return None
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def check_tp(size: int, model_config, device: torch.device) -> None:
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    for what, n in (("num_attention_heads", model_config.num_heads),
+                    ("num_key_value_heads", model_config.num_kv_heads)):
+        if n % size:
+            raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size {size}")
+    if device.type == "cuda" and size > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
+
+
+def move(obj, device: torch.device):
+    """Tensors inside (nested dataclasses, lists) moved to `device`."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name), device)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, list):
+        return [move(x, device) for x in obj]
+    return obj
+
+
+# -- rank 0 ------------------------------------------------------------------------------
+class TPWorkers:
+    """Rank 0's handle on the other ranks."""
+    def __init__(self, size: int, device: torch.device, processes: list):
+        self.size, self.device, self.processes = size, device, processes
+        self.group = TPGroup(0, size)
+        self.alive = True
+
+    @classmethod
+    def start(cls, size: int, config, dtype: torch.dtype, max_model_len: int,
+              device: torch.device) -> "TPWorkers":
+        processes = []
+        if torchrun_rank() is not None:
+            init_method = "env://"
+        else:
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            ctx = mp.get_context("spawn")
+            for rank in range(1, size):
+                p = ctx.Process(target=worker_main, args=(rank, size, init_method, config, dtype, max_model_len),
+                                daemon=True)
+                p.start()
+                processes.append(p)
+        dist.init_process_group(backend_for(device), init_method=init_method, rank=0, world_size=size,
+                                timeout=COLLECTIVE_TIMEOUT)
+        return cls(size, device, processes)
+
+    def send_setup(self, num_blocks: int) -> None:
+        dist.broadcast_object_list([num_blocks], src=0)
+
+    def send(self, plan: StepPlan | None) -> None:
+        self._check_alive()
+        dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
+
+    def _check_alive(self) -> None:
+        dead = [p for p in self.processes if p.exitcode is not None]
+        if dead:
+            raise WorkerDied(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
+
+    def shutdown(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        try:
+            if all(p.exitcode is None for p in self.processes):
+                dist.broadcast_object_list([None], src=0)
+        except RuntimeError:
+            pass
+        for p in self.processes:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- ranks > 0 ---------------------------------------------------------------------------
+def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dtype, max_len: int) -> None:
+    from kvscope.engine.devices import resolve_device
+    from kvscope.engine.model_runner import ModelRunner
+    from kvscope.models.loader import build_model, read_model_config, resolve_model_path
+    device = rank_device(resolve_device(config.device), rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=size,
+                            timeout=COLLECTIVE_TIMEOUT)
+    try:
+        path = resolve_model_path(config.model)
+        model_config = read_model_config(path)
+        torch.manual_seed(config.seed)
+        model = build_model(path, model_config, config.load_format, dtype, device, max_len, config.seed,
+                            TPGroup(rank, size))
+        setup = [None]
+        dist.broadcast_object_list(setup, src=0)
+        runner = ModelRunner(config, model, device, dtype, setup[0], max_len)
+        serve_steps(runner, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def serve_steps(runner, device: torch.device) -> None:
+    while True:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is None:
+            return
+        replay(runner, move(box[0], device))
+
+
+@torch.inference_mode()
+def replay(runner, plan: StepPlan) -> None:
+    runner.copy_blocks(plan.block_copies)
+    with step_metadata(plan.metadata):
+        hidden = runner.model(plan.input_ids, plan.positions)
+    if plan.sample_rows:
+        runner.model.compute_logits(hidden[plan.sample_rows])
+    CommCounter.take()

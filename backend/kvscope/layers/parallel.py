@@ -1,0 +1,151 @@
+"""Tensor-parallel layers (Megatron-style, as in vLLM): each rank holds a slice of every
+weight matrix and one all-reduce per row-parallel layer puts the pieces back together.
+
+- Column-parallel (qkv_proj, gate_up_proj): output features split; each rank computes its
+  heads / its part of the MLP's hidden width. No communication.
+- Row-parallel (o_proj, down_proj): input features split; each rank's partial product is
+  summed across ranks with an all-reduce.
+- Vocab-parallel embedding and LM head: each rank owns a range of token ids; embeddings are
+  summed (the owner contributes, the others add zero) and logits gathered.
+
+With one rank these are plain layers and no collective is called. Each layer copies its own
+slice out of a full checkpoint tensor (`load`), so a rank reads only what it keeps."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int = 0
+    size: int = 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            CommCounter.add(x)
+            dist.all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        CommCounter.add(x, self.size - 1)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+
+class CommCounter:
+    """Bytes this rank sent through collectives since the last `take` (all-reduce payloads
+    counted once; a ring all-reduce moves about 2 (N-1)/N of that over the wire)."""
+    nbytes = 0
+
+    @classmethod
+    def add(cls, x: torch.Tensor, times: int = 1) -> None:
+        cls.nbytes += x.numel() * x.element_size() * times
+
+    @classmethod
+    def take(cls) -> int:
+        n, cls.nbytes = cls.nbytes, 0
+        return n
+
+
+def split(n: int, tp: TPGroup, what: str) -> int:
+    if n % tp.size:
+        raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size {tp.size}")
+    return n // tp.size
+
+
+class ColumnParallelLinear(nn.Module):
+    """out_sizes: the packed matrices' full output sizes (e.g. q, k, v); each is cut into
+    tp.size equal row ranges and the rank keeps its own range of each."""
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, what: str):
+        super().__init__()
+        self.tp = tp
+        self.local_sizes = [split(n, tp, what) for n in out_sizes]
+        self.weight = nn.Parameter(torch.empty(sum(self.local_sizes), in_features))
+        self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
+        n = self.local_sizes[shard]
+        dest = param.data.narrow(0, sum(self.local_sizes[:shard]), n)
+        dest.copy_(full.rows(self.tp.rank * n, n))
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, tp: TPGroup, what: str):
+        super().__init__()
+        self.tp = tp
+        self.local_in = split(in_features, tp, what)
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))
+
+    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
+        param.data.copy_(full.cols(self.tp.rank * self.local_in, self.local_in))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [rank * per_rank, (rank + 1) * per_rank) of the vocabulary (the last rank's range
+    is padded when the vocabulary does not divide evenly)."""
+    def __init__(self, vocab_size: int, hidden: int, tp: TPGroup):
+        super().__init__()
+        self.tp, self.vocab_size = tp, vocab_size
+        self.per_rank = -(-vocab_size // tp.size)
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden))
+
+    @property
+    def num_real_rows(self) -> int:
+        return max(0, min(self.per_rank, self.vocab_size - self.start))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mine.unsqueeze(-1)
+        return self.tp.all_reduce(out)
+
+    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
+        n = self.num_real_rows
+        param.data.zero_()
+        if n:
+            param.data[:n].copy_(full.rows(self.start, n))
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Called on hidden states, it returns the logits over the whole vocabulary."""
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = F.linear(hidden, self.weight)
+        return self.tp.all_gather_last(local)[..., :self.vocab_size]
+
+
+class SliceReader:
+    """A checkpoint tensor read lazily: only the requested rows or columns are loaded
+    (safetensors' get_slice), so no rank materialises a whole matrix it does not keep."""
+    def __init__(self, handle, name: str | None = None, tensor: torch.Tensor | None = None):
+        self._slice = handle.get_slice(name) if handle is not None else None
+        self._tensor = tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._tensor.shape) if self._tensor is not None else tuple(self._slice.get_shape())
+
+    def rows(self, start: int, n: int) -> torch.Tensor:
+        return self._tensor[start:start + n] if self._tensor is not None else self._slice[start:start + n]
+
+    def cols(self, start: int, n: int) -> torch.Tensor:
+        return self._tensor[:, start:start + n] if self._tensor is not None else self._slice[:, start:start + n]
+
+    def full(self) -> torch.Tensor:
+        return self._tensor if self._tensor is not None else self._slice[:]

@@ -1,0 +1,71 @@
+"""What lets an exported page run from a static host and from file:// alike.
+
+Chromium refuses to fetch module scripts (and `fetch()` recordings) from file:// URLs,
+but it does load classic scripts from files, and module scripts from data: URLs. So an
+exported page gets:
+
+- an import map, inserted by a classic script (`static/js/importmap.js`), that names every
+  module `kvscope/<path>` and maps it to a data: URL of that module's own source. The
+  sources are the files in frontend/js, unchanged except that their relative import
+  specifiers are spelled as those names (a data: URL has no folder to be relative to).
+  Each module stays a separate module, loaded once; nothing is bundled or minified.
+- each recording as a classic script (`static/recordings/<name>.js`) that hands the
+  replay client a data: URL of the recording, which `fetch()` may read from any page.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import posixpath
+import re
+from pathlib import Path
+
+PREFIX = "kvscope/"
+# `from './x.js'`, `import './x.js'`, `import('./x.js')` and `import(`./widgets/${tag}.js`)`.
+STATIC_SPECIFIER = re.compile(r"""(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.{1,2}/[^'"]+)\2""")
+TEMPLATE_SPECIFIER = re.compile(r"(\bimport\s*\(\s*)`(\.{1,2}/[^`]*)`")
+
+
+def module_name(path: str) -> str:
+    """frontend-relative path → the name the import map knows it by."""
+    return PREFIX + path
+
+
+def rewrite_specifiers(source: str, path: str) -> str:
+    """Relative specifiers in the module at `path` (relative to frontend/) → module names."""
+    folder = posixpath.dirname(path)
+
+    def resolve(specifier: str) -> str:
+        return module_name(posixpath.normpath(posixpath.join(folder, specifier)))
+
+    source = STATIC_SPECIFIER.sub(lambda m: f"{m.group(1)}{m.group(2)}{resolve(m.group(3))}{m.group(2)}", source)
+    return TEMPLATE_SPECIFIER.sub(lambda m: f"{m.group(1)}`{resolve(m.group(2))}`", source)
+
+
+def data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def import_map(frontend: Path) -> dict:
+    imports = {}
+    for file in sorted((frontend / "js").rglob("*.js")):
+        path = file.relative_to(frontend).as_posix()
+        source = rewrite_specifiers(file.read_text(encoding="utf-8"), path)
+        imports[module_name(path)] = data_url("text/javascript", source.encode("utf-8"))
+    return {"imports": imports}
+
+
+def import_map_script(frontend: Path) -> str:
+    """A classic script that puts the import map in the page before any module loads."""
+    payload = json.dumps(import_map(frontend), separators=(",", ":"))
+    return ("// Written by `kvscope export-site`: every module of frontend/js as a data: URL, so\n"
+            "// the exported pages also run when opened as files. See rendering/static_modules.py.\n"
+            "(() => {\n  const map = document.createElement('script');\n  map.type = 'importmap';\n"
+            f"  map.textContent = {json.dumps(payload)};\n  document.currentScript.after(map);\n}})();\n")
+
+
+def recording_script(recording: Path) -> str:
+    """A classic script giving the replay client this recording without fetching a file."""
+    url = data_url("application/jsonl", recording.read_bytes())
+    return ("// Written by `kvscope export-site`: the recording as a data: URL (see static_modules.py).\n"
+            f"document.body.dataset.recordingUrl = {json.dumps(url)};\n")

@@ -1,0 +1,158 @@
+// A learner's prompt, run by the live engine as a *watched* request, and the events that
+// come back for it: the prompt row (input, Run, mode badge, error line) that the
+// inside-the-model widgets share, and the bookkeeping of which request they follow.
+// Live: the request this widget submitted. Replay: the first request in the recording
+// that carries the event types the widget needs.
+//
+//   this.run = new WatchedRun(this, { watch: { internals: true, layers: [] }, wants: ['internals.mlp'],
+//                                     onEvent: (e) => ..., onReset: () => ... });
+//   this.body.append(this.run.controls, ...);
+
+import { h } from './svg.js';
+import { modeText } from './style.js';
+import { idLabel, tokenLabel, visibleText } from './tokens.js';
+import { recordedOfType } from './recording.js';
+
+const FAMILIES = ['request', 'internals', 'attention', 'sampling'];
+
+export class WatchedRun {
+  constructor(widget, { watch, wants, params = { temperature: 0, max_tokens: 4 }, prompt, onEvent, onReset }) {
+    this.widget = widget;
+    this.client = widget.client;
+    this.watch = watch;
+    this.wants = new Set(wants);
+    this.params = params;
+    this.onEventCb = onEvent;
+    this.onResetCb = onReset;
+    const uid = widget.getAttribute('aria-labelledby');
+    this.input = h('input', { class: 'kvw-input', id: `${uid}-prompt`, type: 'text', size: 36 });
+    this.input.value = widget.getAttribute('prompt') || prompt || 'The little cat sat on the mat';
+    this.input.addEventListener('keydown', (e) => { if (e.key === 'Enter') this.start(); });
+    this.button = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.start() }, 'Run');
+    this.badge = h('span', { class: 'kvw-mode' });
+    this.error = h('p', { class: 'kvw-error', role: 'alert' });
+    this.controls = h('div', {},
+      h('div', { class: 'kvw-row' }, h('label', { for: this.input.id }, 'Prompt'), this.input, this.button, this.badge),
+      this.error);
+    this.reset();
+    this.offs = [];
+  }
+
+  /** Call from the widget's connectedCallback / disconnectedCallback. */
+  attach() {
+    if (this.offs.length) return;
+    this.offs.push(this.client.on('*', (e) => this.onAny(e)));
+    this.offs.push(this.client.onModeChange((mode) => this.modeChanged(mode)));
+    this.modeChanged(this.client.mode);
+  }
+
+  detach() {
+    for (const off of this.offs.splice(0)) off();
+    if (this.replaySub) { this.replaySub(); this.replaySub = null; }
+  }
+
+  reset() {
+    this.rid = null;
+    this.buffer = [];
+    this.labels = [];        // position -> visible token text
+    this.tokenIds = [];
+    this.numPrompt = 0;
+    this.numCached = 0;
+    this.finished = false;
+    this.seen = new Map();   // replay: request.added events, before one request is followed
+    delete this.widget.dataset.finished;
+    this.onResetCb?.();
+  }
+
+  modeChanged(mode) {
+    this.button.disabled = mode === 'replay' || this.pending;
+    this.button.title = mode === 'replay' ? 'Running a prompt needs the live engine' : '';
+    this.badge.className = `kvw-mode kvw-mode--${mode}`;
+    this.badge.textContent = modeText(mode);
+    if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(FAMILIES);
+    if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
+  }
+
+  async start() {
+    const prompt = this.input.value.trim();
+    if (!prompt || this.pending) return;
+    this.error.textContent = '';
+    if (this.rid && !this.finished) this.client.command('cancel', { request_id: this.rid }).catch(() => {});
+    this.reset();
+    this.pending = true;
+    this.button.disabled = true;
+    this.client.command('tokenize', { text: prompt }).then((t) => this.labelPrompt(t)).catch(() => {});
+    try {
+      const ack = await this.client.command('submit', { prompt, params: this.params, watch: this.watch });
+      this.rid = ack.request_id;
+      this.numPrompt = ack.num_prompt_tokens;
+      this.widget.announce(`Request ${this.rid} submitted: ${ack.num_prompt_tokens} prompt tokens.`);
+      for (const e of this.buffer.splice(0)) if (e.request_id === this.rid) this.deliver(e);
+    } catch (error) {
+      this.error.textContent = this.widget.describeError(error);
+    } finally {
+      this.pending = false;
+      this.button.disabled = this.client.mode === 'replay';
+      this.buffer = [];
+    }
+  }
+
+  labelPrompt(tokens) {
+    if (!tokens || !tokens.tokens) return;
+    tokens.tokens.forEach((t, i) => { this.labels[i] = tokenLabel(t); });
+    this.widget.requestRender();
+  }
+
+  labelAt(pos) {
+    return this.labels[pos] ?? (this.tokenIds[pos] !== undefined ? idLabel(this.tokenIds[pos]) : `#${pos}`);
+  }
+
+  onAny(e) {
+    if (!e.request_id || e.ref !== undefined) return;
+    if (e.type === 'error') {
+      if (e.request_id === this.rid) this.error.textContent = e.message;
+      return;
+    }
+    if (this.rid) {
+      if (e.request_id === this.rid) this.deliver(e);
+      return;
+    }
+    if (this.pending) { this.buffer.push(e); return; }
+    if (this.client.mode !== 'replay') return;
+    if (e.type === 'request.added') { this.seen.set(e.request_id, e); return; }
+    if (!this.wants.has(e.type)) return;
+    this.rid = e.request_id;   // replay: follow the first request that has what we draw
+    const added = this.seen.get(e.request_id);
+    if (added) this.deliver(added);
+    this.labelFromRecording();
+    this.deliver(e);
+  }
+
+  async labelFromRecording() {
+    const ids = this.tokenIds.slice(0, this.numPrompt);
+    const recorded = await recordedOfType(this.client, 'tokens');
+    const match = recorded.find((t) => ids.length && t.ids.length === ids.length && t.ids.every((id, i) => id === ids[i]));
+    if (match) this.labelPrompt(match);
+  }
+
+  deliver(e) {
+    if (e.type === 'request.added') {
+      this.numPrompt = e.num_prompt_tokens;
+      e.prompt_token_ids.forEach((id, i) => { this.tokenIds[i] = id; });
+      if (this.client.mode === 'replay' && e.prompt) this.input.value = e.prompt;   // the recorded prompt
+    } else if (e.type === 'request.token') {
+      const pos = this.numPrompt + e.index;
+      this.tokenIds[pos] = e.token_id;
+      this.labels[pos] = visibleText(e.text || '') || idLabel(e.token_id);
+    } else if (e.type === 'request.finished') {
+      this.finished = true;
+      this.numCached = e.num_cached_tokens;
+      this.widget.dataset.finished = 'true';
+      this.widget.announce(`Request ${e.request_id} finished after ${e.num_output_tokens} tokens.`);
+    } else if (e.type === 'internals.embeddings') {
+      e.positions.forEach((p, i) => { this.tokenIds[p] = e.token_ids[i]; if (this.labels[p] === undefined) this.labels[p] = visibleText(e.texts[i]); });
+    }
+    this.onEventCb?.(e);
+    this.widget.requestRender();
+  }
+}

@@ -1,0 +1,96 @@
+"""<kv-batch-timeline> against the real server: its columns are the `step` events the page
+received, each request's cells are what its `request.*` events say, and the static-batching
+comparison is computed from those same requests."""
+from __future__ import annotations
+
+from widget_checks import check_exports, wait_idle
+
+COLLECT = """() => {
+    window.seen = { steps: [], tokens: [], finished: [] };
+    const c = window.kvscope.client;
+    c.on('step', e => window.seen.steps.push(e.step));
+    c.on('request.token', e => window.seen.tokens.push([e.request_id, e.step]));
+    c.on('request.finished', e => window.seen.finished.push([e.request_id, e.num_output_tokens]));
+}"""
+
+
+def static_steps(requests: list[dict], batch_size: int) -> int:
+    """Static batching, written again here: idle engine takes all arrived requests as one batch."""
+    queue = sorted(requests, key=lambda r: r["arrival_step"])
+    clock, total = (queue[0]["arrival_step"] if queue else 0), 0
+    while queue:
+        start = max(clock, queue[0]["arrival_step"])
+        n = 0
+        while n < len(queue) and n < batch_size and queue[n]["arrival_step"] <= start:
+            n += 1
+        batch, queue = queue[:n], queue[n:]
+        steps = max(max(1, r["output_tokens"]) for r in batch)
+        total += steps
+        clock = start + steps
+    return total
+
+
+def test_timeline_columns_and_cells_match_the_events(page, live_server, screenshot, assert_clean):
+    wait_idle(live_server)
+    page.goto(live_server + "/chapters/14-continuous-batching")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-batch-timeline")
+    page.wait_for_selector("kv-batch-timeline[data-painted]", state="attached")
+    page.evaluate(COLLECT)
+    widget.get_by_role("button", name="Send a burst of my requests").click()
+    handle = widget.element_handle()
+    page.wait_for_function("el => Number(el.dataset.compared) >= 4 && el.load.running.size === 0", arg=handle, timeout=30000)
+    data = widget.evaluate("el => el.exportData()")
+    seen = page.evaluate("() => window.seen")
+
+    assert [s["step"] for s in data["steps"]] == seen["steps"][-60:]          # one column per step event
+    finished = dict(seen["finished"])
+    mine = [r for r in data["requests"] if r["rid"] in finished]
+    assert len(mine) == 4
+    for r in mine:
+        cells = {c["step"]: c for c in r["cells"]}
+        token_steps = [step for rid, step in seen["tokens"] if rid == r["rid"]]
+        sampled = sorted(s for s, c in cells.items() if c.get("samples"))
+        assert sampled == token_steps                                          # a token in exactly those steps
+        assert r["output_tokens"] == finished[r["rid"]] == len(token_steps)
+        assert [s for s, c in cells.items() if c["finished"]] == [token_steps[-1]]
+        assert cells[token_steps[0]]["kind"] == "prefill"
+        assert all(cells[s]["kind"] == "decode" for s in token_steps[1:])
+    lengths = sorted(r["output_tokens"] for r in mine)
+    assert lengths == [6, 12, 16, 22]                                          # they leave at different steps
+    late = max(mine, key=lambda r: r["arrival_step"])
+    first_done = min(mine, key=lambda r: r["output_tokens"])
+    assert late["arrival_step"] > min(r["arrival_step"] for r in mine)         # joined mid-flight
+
+    comparison = data["comparison"]
+    assert {r["rid"] for r in comparison["requests"]} >= {r["rid"] for r in mine}
+    assert comparison["static"]["steps"] == static_steps(comparison["requests"], comparison["batch_size"])
+    assert comparison["continuous"]["tokens"] == sum(r["output_tokens"] for r in comparison["requests"])
+    assert first_done["rid"] in {r["rid"] for r in comparison["requests"]}
+    shown = widget.locator("[data-figure=static]").text_content()
+    assert shown.startswith(f"{comparison['static']['steps']} steps")
+    widget.scroll_into_view_if_needed()
+    screenshot(widget, "batch-timeline-live")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+
+
+def test_timeline_replays_the_recording_dark_and_narrow(new_page, static_site, screenshot):
+    """No backend: the grid is drawn from the recording's own events, at 768 px in dark mode."""
+    page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+    page.goto(f"{static_site}/chapters/14-continuous-batching/")
+    page.wait_for_function("() => kvscope.client.mode === 'replay' && kvscope.client.replay.state.loaded", timeout=15000)
+    widget = page.locator("kv-batch-timeline")
+    page.wait_for_function("el => Number(el.dataset.steps) >= 5", arg=widget.element_handle(), timeout=20000)
+    data = widget.evaluate("el => el.exportData()")
+    assert data["requests"] and all(r["cells"] for r in data["requests"])
+    assert widget.get_by_role("button", name="Send a burst of my requests").is_disabled()
+    page.evaluate("() => kvscope.client.replay.seek(kvscope.client.replay.state.stepCount)")   # the whole episode
+    page.wait_for_function("el => Number(el.dataset.compared) >= 7", arg=widget.element_handle(), polling=100)
+    data = widget.evaluate("el => el.exportData()")
+    assert any(c["kind"] == "waiting" for r in data["requests"] for c in r["cells"])       # one waited for a place
+    assert len({r["arrival_step"] for r in data["requests"]}) >= 3                          # joined mid-flight
+    box = widget.bounding_box()
+    assert box["width"] <= 768
+    widget.scroll_into_view_if_needed()
+    screenshot(widget, "batch-timeline-replay-dark-768")

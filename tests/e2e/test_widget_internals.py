@@ -1,0 +1,237 @@
+"""The inside-the-model widgets against the real engine: each runs a learner's prompt as a
+watched request and draws the live model's tensors, also when the prompt is already in
+the prefix cache (the second run), in light mode, and in dark mode at 768 px."""
+from __future__ import annotations
+
+import pytest
+
+from widget_checks import check_exports
+
+
+def open_widget(page, live_server, chapter: str, tag: str):
+    page.goto(f"{live_server}/chapters/{chapter}")
+    page.wait_for_selector(f"{tag}[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator(tag).first
+    widget.scroll_into_view_if_needed()
+    return widget
+
+
+def run_prompt(page, widget, prompt: str) -> dict:
+    widget.get_by_label("Prompt", exact=True).fill(prompt)
+    page.wait_for_function("el => !el.querySelector('.kvw-btn--primary').disabled", arg=widget.element_handle())
+    widget.get_by_role("button", name="Run", exact=True).click()
+    page.wait_for_function("el => el.dataset.finished === 'true'", arg=widget.element_handle(), timeout=30000)
+    page.wait_for_timeout(100)
+    return widget.evaluate("el => el.exportData()")
+
+
+@pytest.fixture
+def dark_page(new_page):
+    return new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+
+
+def test_logit_lens_last_layer_is_the_engine_output(page, new_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "09-full-model", "kv-logit-lens")
+    prompt = "The little cat sat on the"
+    for _ in range(2):    # the second run's prompt comes from the prefix cache
+        data = run_prompt(page, widget, prompt)
+        positions = data["positions"]
+        assert [p["position"] for p in positions] == list(range(len(positions)))
+        assert len(positions) >= 7
+        for p in positions:
+            assert len(p["layers"]) == 4 and all(len(top) == 5 for top in p["layers"])
+            for top in p["layers"]:
+                probs = [t["prob"] for t in top]
+                assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0001
+    assert widget.locator("rect[data-layer]").count() == 4 * len(positions)
+    widget.locator(".kvl-grid").focus()
+    page.keyboard.press("Home")
+    page.wait_for_function("el => el.exportData().position === 0", arg=widget.element_handle())
+    screenshot(widget, "widget-logit-lens")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark"), live_server,
+                       "09-full-model", "kv-logit-lens")
+    run_prompt(dark.page, dark, "A dog ran")
+    screenshot(dark, "widget-logit-lens-dark-768")
+    assert_clean(dark.page)
+
+
+def test_mlp_histograms_count_every_neuron(page, dark_page, live_server, screenshot, assert_clean):
+    import json
+    from pathlib import Path
+    from kvscope.default_model import default_model_path
+    inter = json.loads((Path(default_model_path()) / "config.json").read_text())["intermediate_size"]
+    widget = open_widget(page, live_server, "07-mlp", "kv-mlp")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The little cat sat on the mat")
+        mlp = data["mlp"]
+        assert data["intermediate_size"] == inter
+        for kind in ("gate", "activation", "up", "product"):
+            assert sum(mlp["hist"][kind]["counts"]) == inter, kind
+        assert len(mlp["top"]) == 8 and mlp["down"] > 0 and mlp["stream"] > 0
+        assert all(abs(n["product"]) >= abs(mlp["top"][-1]["product"]) for n in mlp["top"])
+    widget.get_by_label("Layer", exact=True).select_option("2")
+    page.wait_for_function("el => el.exportData().layer === 2", arg=widget.element_handle())
+    assert widget.get_attribute("data-histograms") == "4"
+    screenshot(widget, "widget-mlp")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "07-mlp", "kv-mlp")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-mlp-dark-768")
+    assert_clean(dark_page)
+
+
+def test_residual_stream_and_rmsnorm(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "08-transformer-block", "kv-residual")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The little cat sat on the mat")
+        stream = data["stream"]
+        assert len(stream) == 1 + 2 * 4 and stream[0]["added_norm"] is None
+        assert all(p["stream_norm"] > 0 and (p["added_norm"] is None or p["added_norm"] > 0) for p in stream)
+        n = data["rmsnorm"]
+        rms = (sum(x * x for x in n["input"]) / len(n["input"]) + n["eps"]) ** 0.5
+        assert abs(rms - n["rms"]) < 1e-3 * rms
+        assert all(abs(o - x / rms * w) < 2e-3 for x, w, o in zip(n["input"], n["weight"], n["output"]))
+    assert widget.locator("rect[data-kind=stream]").count() == 9
+    screenshot(widget, "widget-residual")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "08-transformer-block", "kv-residual")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-residual-dark-768")
+    assert_clean(dark_page)
+
+
+def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "03-embeddings", "kv-embeddings")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The cat and the dog sat on the mat")
+        tokens = data["tokens"]
+        assert [t["position"] for t in tokens] == list(range(len(tokens))) and len(tokens) >= 9
+        for t in tokens:
+            assert len(t["row"]) == 256 and t["near"][0]["id"] == t["id"] and t["near"][0]["cosine"] > 0.999
+            assert len(t["pca"]) == 2
+        assert data["vocab_points"] == 2027      # the rows the tokenizer can reach
+    widget.locator(".kve-strips button").nth(0).focus()
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("el => el.exportData().chosen === 1", arg=widget.element_handle())
+    assert widget.locator(".kve-mine").count() == len(tokens)
+    screenshot(widget, "widget-embeddings")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "03-embeddings", "kv-embeddings")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-embeddings-dark-768")
+    assert_clean(dark_page)
+
+
+def set_slider(page, widget, param: str, value: float) -> None:
+    widget.locator(f"input[data-param={param}]").evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', { bubbles: true })); }", value)
+
+
+def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "10-sampling", "kv-sampling")
+    for _ in range(2):
+        data = run_prompt(page, widget, "Once upon a time, a little fox")
+        page.wait_for_function("el => el.exportData().sum !== null", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert abs(data["sum"] - 1) < 1e-6 and data["kept"] == 2048
+    before = [r["shaped"] for r in data["top"]]
+    set_slider(page, widget, "top_k", 3)
+    page.wait_for_function("el => el.exportData().kept === 3", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert abs(data["sum"] - 1) < 1e-6
+    assert all(r["shaped"] > 0 for r in data["top"][:3]) and all(r["shaped"] == 0 for r in data["top"][3:])
+    assert data["top"][0]["shaped"] > before[0]
+    set_slider(page, widget, "top_k", 0)
+    set_slider(page, widget, "temperature", 2)
+    page.wait_for_function("el => el.exportData().params.temperature === 2", arg=widget.element_handle())
+    hot = widget.evaluate("el => el.exportData()")
+    assert abs(hot["sum"] - 1) < 1e-6 and hot["top"][0]["shaped"] < before[0]    # flatter
+    # keyboard: the sliders are range inputs
+    widget.locator("input[data-param=temperature]").focus()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("el => el.exportData().params.temperature === 1.95", arg=widget.element_handle())
+    widget.get_by_role("button", name="Draw").click()
+    widget.get_by_role("button", name="Draw").click()
+    first = widget.evaluate("el => el.exportData().drawn")
+    assert len(first) == 2
+    set_slider(page, widget, "top_p", 0.5)   # a change starts a fresh stream of draws from the seed
+    set_slider(page, widget, "top_p", 1)
+    set_slider(page, widget, "temperature", 1.95)
+    widget.get_by_role("button", name="Draw").click()
+    widget.get_by_role("button", name="Draw").click()
+    assert widget.evaluate("el => el.exportData().drawn") == first              # same seed, same draws
+    widget.get_by_role("button", name="Continue both").click()
+    page.wait_for_function("el => el.dataset.continued === 'true'", arg=widget.element_handle(), timeout=30000)
+    data = widget.evaluate("el => el.exportData()")
+    assert data["greedy"].startswith("Once upon a time") and len(data["greedy"]) > len("Once upon a time, a little fox")
+    assert data["sampled"].startswith("Once upon a time")
+    screenshot(widget, "widget-sampling")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "10-sampling", "kv-sampling")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-sampling-dark-768")
+    assert_clean(dark_page)
+
+
+def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screenshot, assert_clean):
+    widget = open_widget(page, live_server, "05-multi-head-attention", "kv-heads")
+    for _ in range(2):
+        data = run_prompt(page, widget, "The keys to the old cabinet are on the table")
+        assert sorted(int(k) for k in data["layers"]) == list(range(data["num_layers"]))
+        for layer in data["layers"].values():
+            assert layer["heads"] == list(range(data["num_heads"]))
+            assert layer["rows"] == list(range(data["rows"]))          # every prompt row, cached or not
+        for q, row in enumerate(data["selected_matrix"]):
+            assert abs(sum(row) - 1) < 3e-3 and all(w == 0 for w in row[q + 1:])
+    assert widget.get_attribute("data-maps") == str(data["num_layers"] * data["num_heads"])
+    group = data["num_heads"] // data["num_kv_heads"]
+    assert f"{group}× less" in widget.inner_text()
+    widget.locator(".kvh-grid").focus()
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("el => el.exportData().selected.layer === 1 && el.exportData().selected.head === 1",
+                           arg=widget.element_handle())
+    screenshot(widget, "widget-heads")
+    check_exports(widget, "image/png")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "05-multi-head-attention", "kv-heads")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-heads-dark-768")
+    assert_clean(dark_page)
+
+
+def test_rope_score_depends_only_on_distance(page, dark_page, live_server, screenshot, assert_clean):
+    import json
+    from pathlib import Path
+    from kvscope.default_model import default_model_path
+    cfg = json.loads((Path(default_model_path()) / "config.json").read_text())
+    widget = open_widget(page, live_server, "06-positional-encoding", "kv-rope")
+    for _ in range(2):
+        data = run_prompt(page, widget, "RoPE turns every pair")
+        page.wait_for_function("el => el.exportData().score !== null", arg=widget.element_handle())
+    data = widget.evaluate("el => el.exportData()")
+    assert data["rope_theta"] == cfg["rope_theta"] and len(data["inv_freq"]) == cfg["head_dim"] // 2
+    assert abs(data["inv_freq"][1] - cfg["rope_theta"] ** (-2 / cfg["head_dim"])) < 1e-6
+    before = data["score"]
+    widget.get_by_role("button", name="Shift both by +5").click()
+    page.wait_for_function("el => el.exportData().m === 10", arg=widget.element_handle())
+    after = widget.evaluate("el => el.exportData()")
+    assert after["n"] == 7 and abs(after["score"] - before) < 1e-9
+    widget.locator("input[data-param=n]").focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("el => el.exportData().n === 8", arg=widget.element_handle())
+    assert abs(widget.evaluate("el => el.exportData().score") - before) > 1e-6     # the distance changed
+    screenshot(widget, "widget-rope")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+    dark = open_widget(dark_page, live_server, "06-positional-encoding", "kv-rope")
+    run_prompt(dark_page, dark, "A dog ran")
+    screenshot(dark, "widget-rope-dark-768")
+    assert_clean(dark_page)

@@ -1,0 +1,67 @@
+"""<kv-speculation> against a real engine started with prompt-lookup drafting, and replaying
+the committed recording: every verify pass the engine reports (`spec` events) is drawn, with
+the accepted and rejected drafts and the running acceptance the engine computed."""
+from __future__ import annotations
+
+import json
+
+from widget_checks import check_exports
+
+SPEC_ARGS = ("--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 3}))
+
+
+def run_story(page, url):
+    page.goto(url + "/chapters/18-speculative-decoding")
+    page.wait_for_selector("kv-speculation[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    widget = page.locator("kv-speculation").first
+    widget.scroll_into_view_if_needed()
+    widget.get_by_label("Prompt", exact=True).select_option("repetitive")
+    widget.get_by_role("button", name="Generate").click()
+    page.wait_for_function("el => el.dataset.requestId && el.exportData().num_passes >= 3 && el.exportData().proposed > 0",
+                           arg=widget.element_handle(), timeout=30000)
+    page.wait_for_timeout(1500)   # the rest of the request
+    return widget
+
+
+def test_live_passes_show_what_the_engine_accepted(page, own_server, tmp_path, screenshot, assert_clean):
+    url, _stop = own_server(tmp_path, extra_args=SPEC_ARGS)
+    widget = run_story(page, url)
+    data = widget.evaluate("el => el.exportData()")
+    passes = data["passes"]
+    assert data["method"] == "ngram"
+    assert data["accepted"] == sum(p["accepted"] for p in passes) and data["accepted"] > 0
+    assert data["proposed"] == sum(len(p["proposed"]) for p in passes)
+    for p in passes:
+        assert p["token_ids"][:p["accepted"]] == p["proposed"][:p["accepted"]]   # accepted drafts are the output
+        assert len(p["token_ids"]) == p["accepted"] + 1
+    # the chart: one square per draft, crossed when rejected
+    assert widget.locator(".kvs-chart rect.kvs-accepted").count() == data["accepted"]
+    assert widget.locator(".kvs-chart rect.kvs-rejected").count() == data["proposed"] - data["accepted"]
+    assert widget.locator("[data-figure=acceptance_rate]").inner_text() == f"{round(100 * data['acceptance_rate'])} %"
+    screenshot(widget, "widget-speculation-live")
+    check_exports(widget, "image/svg+xml")
+    assert_clean(page)
+
+
+def test_live_dark_narrow(new_page, own_server, tmp_path, screenshot):
+    url, _stop = own_server(tmp_path, extra_args=SPEC_ARGS)
+    page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark", reduced_motion="reduce")
+    widget = run_story(page, url)
+    box = widget.bounding_box()
+    assert box["width"] <= 768
+    screenshot(widget, "widget-speculation-dark-768")
+
+
+def test_replay_follows_the_recording(new_page, static_site, screenshot):
+    page = new_page()
+    page.goto(f"{static_site}/chapters/18-speculative-decoding/")
+    page.wait_for_selector("kv-speculation[data-painted]", state="attached")
+    page.wait_for_function("() => kvscope.client.mode === 'replay' && kvscope.client.replay.state.loaded", timeout=15000)
+    widget = page.locator("kv-speculation").first
+    widget.scroll_into_view_if_needed()
+    page.wait_for_function("el => el.exportData().num_passes >= 3", arg=widget.element_handle(), timeout=30000)
+    data = widget.evaluate("el => el.exportData()")
+    name = page.evaluate("() => document.body.dataset.recording")
+    assert name == "speculation"
+    screenshot(widget, "widget-speculation-replay")

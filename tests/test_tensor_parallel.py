@@ -1,0 +1,90 @@
+"""Tensor parallelism with two gloo processes on CPU: greedy output token for token equal to
+one process and to transformers (Qwen3 with GQA, Llama); each rank holds half of every
+split matrix and half of the KV heads; a worker that dies fails the requests with a reason
+and nothing hangs; bad sizes are refused before any process starts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_models import VOCAB, hf_greedy, make_checkpoint
+from kvscope import LLM, SamplingParams
+
+MAX_NEW = 12
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in (1, 19, 70)]
+
+
+def greedy(llm: LLM, ps, max_new=MAX_NEW):
+    return [o.token_ids for o in llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=max_new,
+                                                                 ignore_eos=True))]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_two_ranks_match_one_rank_and_transformers(family, tmp_path):
+    directory = make_checkpoint(family, tmp_path / family)
+    ps = prompts()
+    reference = hf_greedy(directory, ps, MAX_NEW)
+    one = greedy(LLM(str(directory), device="cpu", dtype="float32", block_size=8), ps)
+    llm = LLM(str(directory), device="cpu", dtype="float32", block_size=8, tensor_parallel_size=2, num_threads=1)
+    try:
+        model = llm.engine.model
+        attn = model.model.layers[0].self_attn
+        assert (attn.num_heads, attn.num_kv_heads) == (2, 1)      # 4 query heads, 2 KV heads, split in two
+        assert model.model.layers[0].mlp.down_proj.weight.shape == (64, 64)   # 128 inputs, half here
+        assert llm.engine.runner.k_caches[0].shape[2] == 1         # this rank's cache holds its KV head
+        assert greedy(llm, ps) == one == reference
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_blocks
+    finally:
+        llm.engine.shutdown()
+
+
+def test_a_dead_worker_fails_the_requests_and_nothing_hangs(tmp_path):
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    llm = LLM(str(directory), device="cpu", dtype="float32", tensor_parallel_size=2, num_threads=1)
+    engine = llm.engine
+    seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=50)) for p in prompts()]
+    engine.step()
+    worker = engine.workers.processes[0]
+    worker.kill()
+    worker.join(timeout=10)
+    _, finished = engine.step()
+    assert set(finished) == set(seqs)
+    assert all(s.finish_reason == "error" and "worker" in s.error for s in seqs)
+    assert not engine.has_unfinished()
+    late = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    assert late.finish_reason == "error"
+    engine.shutdown()
+
+
+def test_sizes_that_do_not_split_are_refused(tmp_path):
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    with pytest.raises(ValueError, match="not divisible by tensor_parallel_size 3"):
+        LLM(str(directory), device="cpu", dtype="float32", tensor_parallel_size=3)
+
+
+def test_the_same_script_runs_under_torchrun(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    ps = prompts()[:2]
+    script = tmp_path / "run.py"
+    script.write_text(
+        "from kvscope import LLM, SamplingParams\n"
+        f"llm = LLM({str(directory)!r}, device='cpu', dtype='float32', tensor_parallel_size=2, num_threads=1)\n"
+        f"outs = llm.generate({ps!r}, SamplingParams(temperature=0.0, max_tokens={MAX_NEW}, ignore_eos=True))\n"
+        "print('TOKENS', [o.token_ids for o in outs])\n"
+        "llm.engine.shutdown()\n")
+    backend = str(Path(__file__).resolve().parents[1] / "backend")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [backend, os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("TOKENS")]
+    assert lines == [f"TOKENS {hf_greedy(directory, ps, MAX_NEW)}"]   # printed by rank 0 only
