@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import anyio
 from fastapi import APIRouter, Request
