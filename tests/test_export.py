@@ -82,7 +82,9 @@ def test_recordings_are_scripts_with_the_same_events(site):
     assert recordings
     for recording in recordings:
         script = (site / "static" / "recordings" / f"{recording.stem}.js").read_text(encoding="utf-8")
-        url = json.loads(re.search(r"recordingUrl = (\".*\");", script).group(1))
+        registered = re.search(r"kvscopeRecordings \|\|= \{\}\)\[(\".*?\")\] = (\".*\");", script)
+        assert json.loads(registered.group(1)) == recording.stem
+        url = json.loads(registered.group(2))
         assert base64.b64decode(url.split(",", 1)[1]) == recording.read_bytes()
     chapter = (site / "chapters" / "15-paged-attention" / "index.html").read_text(encoding="utf-8")
     name = re.search(r'data-recording="([^"]+)"', chapter).group(1)

@@ -18,6 +18,7 @@
 // reject with code 'replay'. It keeps trying the live server in the background and
 // switches back when one answers.
 
+import { loadedRecordingUrl } from './lib/recordings.js';
 import { ReplaySocket, familyOf } from './lib/replay-socket.js';
 
 const COMMAND_TIMEOUT_MS = 20000;
@@ -64,11 +65,8 @@ class RateMeter {
 
 /** The page's recording (`<body data-recording="name">`), or null when it has none. */
 function defaultRecordingUrl() {
-  // An exported page is handed its recording as a data: URL (static_modules.py), readable from file://.
-  if (document.body && document.body.dataset.recordingUrl) return document.body.dataset.recordingUrl;
   const name = document.body ? document.body.dataset.recording : 'default';
-  if (!name) return null;
-  return new URL(`../recordings/${encodeURIComponent(name)}.jsonl`, import.meta.url).href;
+  return name ? loadedRecordingUrl(name) : null;
 }
 
 /** A random id for this browser, kept in localStorage, so the server's per-learner limits

@@ -9,8 +9,10 @@ exported page gets:
   sources are the files in frontend/js, unchanged except that their relative import
   specifiers are spelled as those names (a data: URL has no folder to be relative to).
   Each module stays a separate module, loaded once; nothing is bundled or minified.
-- each recording as a classic script (`static/recordings/<name>.js`) that hands the
-  replay client a data: URL of the recording, which `fetch()` may read from any page.
+- each recording as a classic script (`static/recordings/<name>.js`) that registers a
+  data: URL of the recording in `window.kvscopeRecordings[<name>]`, which `fetch()` may read
+  from any page. A page loads its own recording's script; a widget that needs another
+  recording loads that script when it asks for it (frontend/js/widgets/lib/recording.js).
 """
 from __future__ import annotations
 
@@ -68,4 +70,4 @@ def recording_script(recording: Path) -> str:
     """A classic script giving the replay client this recording without fetching a file."""
     url = data_url("application/jsonl", recording.read_bytes())
     return ("// Written by `kvscope export-site`: the recording as a data: URL (see static_modules.py).\n"
-            f"document.body.dataset.recordingUrl = {json.dumps(url)};\n")
+            f"(window.kvscopeRecordings ||= {{}})[{json.dumps(recording.stem)}] = {json.dumps(url)};\n")

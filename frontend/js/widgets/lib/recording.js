@@ -2,6 +2,8 @@
 // client (`tokens`, `sandbox`) are not part of the replayed stream a widget receives, so
 // widgets that show them in replay read them here.
 
+import { recordingUrl } from '../../lib/recordings.js';
+
 const cache = new Map();
 
 /** All events of the client's recording (cached per URL); [] when it cannot be read. */
@@ -25,12 +27,7 @@ export async function recordedOfType(client, ...types) {
   return events.filter((e) => types.includes(e.type));
 }
 
-/** The URL of a committed recording by name (frontend/recordings/<name>.jsonl). */
-export function namedRecordingUrl(name) {
-  return new URL(`../../../recordings/${encodeURIComponent(name)}.jsonl`, import.meta.url).href;
-}
-
 /** All events of a committed recording by name; [] when it cannot be read. */
-export function namedRecordingEvents(name) {
-  return recordingEvents({ recordingUrl: namedRecordingUrl(name) });
+export async function namedRecordingEvents(name) {
+  return recordingEvents({ recordingUrl: await recordingUrl(name) });
 }
