@@ -148,13 +148,14 @@ async def tokenize_flood(ws_url: str, rate: float, tally: Tally, stop: asyncio.E
 async def one_request(client, url: str, token: str, i: int, max_tokens: int, tally: Tally) -> None:
     body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0.8, "seed": i,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    start, last, finished, usage = time.perf_counter(), None, False, None
+    start, last, finished, usage, stage = time.perf_counter(), None, False, None, "before the response"
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body,
                                  headers={"Authorization": f"Bearer {token}"}) as resp:
             if resp.status_code != 200:
                 tally.lost.append(f"#{i}: HTTP {resp.status_code}")
                 return
+            stage = "after the headers"
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -163,6 +164,7 @@ async def one_request(client, url: str, token: str, i: int, max_tokens: int, tal
                     tally.lost.append(f"#{i}: {chunk['error']['message']}")
                     return
                 usage = chunk.get("usage") or usage
+                stage = "mid-stream"
                 for choice in chunk["choices"]:
                     now = time.perf_counter()
                     if choice["text"]:
@@ -173,7 +175,7 @@ async def one_request(client, url: str, token: str, i: int, max_tokens: int, tal
                         last = now
                     finished |= choice["finish_reason"] is not None
     except Exception as exc:
-        tally.lost.append(f"#{i}: {type(exc).__name__}: {exc}")
+        tally.lost.append(f"#{i}: {type(exc).__name__} {stage}: {exc}")
         return
     if finished and usage:
         tally.ok += 1
