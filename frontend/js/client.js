@@ -165,6 +165,7 @@ export class EventClient extends EventTarget {
     const record = { families: [...new Set(families)], filters: filters && Object.keys(filters).length ? filters : null };
     this._subscriptions.add(record);
     this._syncSubscriptions();
+    if (this.mode === 'replay') this._catchUpReplay();
     return () => {
       if (this._subscriptions.delete(record)) this._syncSubscriptions();
     };
@@ -292,6 +293,15 @@ export class EventClient extends EventTarget {
         this._emitReplayState();
       }
     };
+  }
+
+  /** A widget that joins a replay late gets the episode so far (once per burst of joins). */
+  _catchUpReplay() {
+    if (this._catchUpTimer) return;
+    this._catchUpTimer = setTimeout(() => {
+      this._catchUpTimer = null;
+      if (this._replaySocket) this._replaySocket.catchUp();
+    }, 0);
   }
 
   _stopReplay() {
