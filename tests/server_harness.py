@@ -112,8 +112,9 @@ class Client:
                  origin: str | None = None):
         from websockets.sync.client import connect
         query = "&".join(f"{k}={v}" for k, v in (("token", token), ("subscribe", subscribe)) if v)
+        # no client keepalive: on a loaded test machine a late pong must not drop the connection
         self.ws = connect(url + (f"?{query}" if query else ""), max_size=None, compression=None,
-                          origin=origin, open_timeout=10).__enter__()
+                          origin=origin, open_timeout=10, ping_interval=None).__enter__()
         self.seen: list[dict] = []
         self._backlog: list[dict] = []
         self._ref = 0

@@ -139,7 +139,8 @@ def test_openai_errors_have_openai_shape(server, oai, model):
     with pytest.raises(openai.BadRequestError) as limit:
         learner.completions.create(model=model, prompt="hi", max_tokens=5000)
     assert "limit of 256" in limit.value.body["message"] or "limit is 256" in limit.value.body["message"]
-    raw = httpx.post(f"{server.http}/v1/completions", content=b"{not json")
+    raw = httpx.post(f"{server.http}/v1/completions", content=b"{not json",
+                     headers={"Content-Type": "application/json"})
     assert raw.status_code == 400 and set(raw.json()["error"]) == {"message", "type", "param", "code"}
 
 

@@ -32,12 +32,14 @@ class SamplingParams:
             (self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (isinstance(self.top_k, int), f"top_k must be an integer, got {self.top_k!r}"),
+            (isinstance(self.top_k, int) and self.top_k < 2**31,   # it becomes an int tensor in the sampler
+             f"top_k must be an integer below 2**31, got {self.top_k!r}"),
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1,
              f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20,
              f"logprobs must be between 0 and 20, got {self.logprobs}"),
-            (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
+            (self.seed is None or isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63 - 64,
+             f"seed must be a 64-bit signed integer, got {self.seed!r}"),   # torch.Generator's range
             (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),

@@ -69,11 +69,27 @@ function defaultRecordingUrl() {
   return name ? loadedRecordingUrl(name) : null;
 }
 
+/** A random id for this browser, kept in localStorage, so the server's per-learner limits
+ *  follow a learner across tabs (a class behind one address is still many learners). */
+function learnerId() {
+  try {
+    let id = localStorage.getItem('kvscope.learner');
+    if (!id) {
+      id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
+      localStorage.setItem('kvscope.learner', id);
+    }
+    return id;
+  } catch {
+    return null;   // storage off (private mode, file:): the connection is the learner
+  }
+}
+
 function defaultSocketUrl() {
   const override = document.body && document.body.dataset.wsUrl;
   if (override) return override;
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
-  return `${scheme}://${location.host}/ws`;
+  const learner = learnerId();
+  return `${scheme}://${location.host}/ws${learner ? `?learner=${encodeURIComponent(learner)}` : ''}`;
 }
 
 export class EventClient extends EventTarget {
@@ -149,6 +165,7 @@ export class EventClient extends EventTarget {
     const record = { families: [...new Set(families)], filters: filters && Object.keys(filters).length ? filters : null };
     this._subscriptions.add(record);
     this._syncSubscriptions();
+    if (this.mode === 'replay') this._catchUpReplay();
     return () => {
       if (this._subscriptions.delete(record)) this._syncSubscriptions();
     };
@@ -276,6 +293,15 @@ export class EventClient extends EventTarget {
         this._emitReplayState();
       }
     };
+  }
+
+  /** A widget that joins a replay late gets the episode so far (once per burst of joins). */
+  _catchUpReplay() {
+    if (this._catchUpTimer) return;
+    this._catchUpTimer = setTimeout(() => {
+      this._catchUpTimer = null;
+      if (this._replaySocket) this._replaySocket.catchUp();
+    }, 0);
   }
 
   _stopReplay() {

@@ -17,28 +17,28 @@ def health(url: str) -> dict:
 def test_console_pauses_steps_injects_and_resumes(page, live_server, instructor_token, screenshot, assert_clean):
     wait_idle(live_server)
     page.goto(f"{live_server}/console?token={instructor_token}")
-    page.wait_for_function("document.getElementById('role').textContent.includes('instructor')")
+    page.wait_for_function("() => document.getElementById('role').textContent.includes('instructor')")
     page.click("#pause")
-    page.wait_for_function("document.getElementById('s-paused').textContent === 'paused'")
+    page.wait_for_function("() => document.getElementById('s-paused').textContent === 'paused'")
     assert health(live_server)["paused"] is True
 
     page.fill("#i-n", "2")
     page.fill("#i-tokens", "6")
     page.click("#inject button[type=submit]")
-    page.wait_for_function("document.getElementById('log').textContent.includes('inject: ok')")
+    page.wait_for_function("() => document.getElementById('log').textContent.includes('inject: ok')")
     before = health(live_server)
     assert before["waiting"] + before["running"] == 2      # paused: nothing ran yet
 
     page.click("#step")
-    page.wait_for_function(f"Number(document.getElementById('s-step').textContent) === {before['step'] + 1}")
+    page.wait_for_function(f"() => Number(document.getElementById('s-step').textContent) === {before['step'] + 1}")
     assert health(live_server)["step"] == before["step"] + 1
 
     page.click("#viewers")
-    page.wait_for_function("document.querySelectorAll('#viewers-body tr').length >= 1")
+    page.wait_for_function("() => document.querySelectorAll('#viewers-body tr').length >= 1")
     screenshot(page, "console")
 
     page.locator("body").press("p")                         # the keyboard shortcut resumes
-    page.wait_for_function("document.getElementById('s-paused').textContent === 'running'")
+    page.wait_for_function("() => document.getElementById('s-paused').textContent === 'running'")
     wait_idle(live_server)
     assert health(live_server)["paused"] is False
     assert_clean(page)
@@ -46,9 +46,9 @@ def test_console_pauses_steps_injects_and_resumes(page, live_server, instructor_
 
 def test_console_without_the_token_is_refused(page, live_server):
     page.goto(f"{live_server}/console?token=not-the-token")
-    page.wait_for_function("document.getElementById('role').textContent.includes('learner')")
+    page.wait_for_function("() => document.getElementById('role').textContent.includes('learner')")
     page.click("#pause")
-    page.wait_for_function("document.querySelector('#log li.error') !== null")
+    page.wait_for_function("() => document.querySelector('#log li.error') !== null")
     assert "pause" in page.locator("#log li.error").first.text_content()
     assert health(live_server)["paused"] is False
 

@@ -146,7 +146,8 @@ class AsyncEngine:
                     continue
             if self.paused:
                 self._steps_allowed -= 1
-            self._step_and_push()
+            if not self._step_and_push():   # nothing could run (e.g. all held): sleep, do not spin
+                self._sleep(self.idle_wait)
 
     def _sleep(self, seconds: float) -> None:
         """Wait up to `seconds`, waking early for a command."""
@@ -159,14 +160,16 @@ class AsyncEngine:
         sched = self.engine.scheduler
         return self.pacing.gate([*sched.running, *sched.waiting], now)
 
-    def _step_and_push(self) -> None:
+    def _step_and_push(self) -> bool:
+        """One engine step and its deltas out; False when no request advanced."""
         paced = self._paced_progress()
+        before = self._computed_tokens()
         try:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
             self.error = exc
             self._fail_all(f"engine error: {exc}")
-            return
+            return True
         stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
         self.pacing.stepped(stepped, finished, time.perf_counter())
         for d in deltas:
@@ -175,6 +178,11 @@ class AsyncEngine:
                                           and d.seq.logprobs else None))
         for seq in finished:
             self._close(seq)
+        return bool(deltas or finished) or self._computed_tokens() != before
+
+    def _computed_tokens(self) -> int:
+        sched = self.engine.scheduler
+        return sum(seq.num_computed_tokens for seq in (*sched.running, *sched.waiting))
 
     def _paced_progress(self) -> list[tuple[Sequence, int]]:
         """Paced requests and their computed tokens, to tell afterwards which ones ran."""

@@ -66,7 +66,9 @@ FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
                   "head": {"oneOf": [NAT, arr(NAT, maxItems=256)]}})
 LIMITS = obj({"max_prompt_tokens": NAT, "max_prompt_chars": NAT, "max_tokens": NAT,
               "submits_per_minute": NNUM, "messages_per_second": NNUM, "max_frame_bytes": NAT,
-              "max_active_requests": NAT, "max_watched_layers_x_heads": NAT})
+              "max_active_requests": NAT, "max_watched_layers_x_heads": NAT},
+             {"max_learner_requests": NAT, "hold_timeout_s": NNUM, "max_watched_prompt_tokens": NAT,
+              "max_watches": NAT})
 SESSION = event("session", {"client_id": STR, "role": {"enum": ["learner", "instructor"]},
                             "subscriptions": {"type": "object", "additionalProperties": FILTER},
                             "limits": LIMITS}, {"replay": BOOL})

@@ -13,7 +13,9 @@ from fastapi.staticfiles import StaticFiles
 
 from kvscope.server.openai_api import openai_router
 from kvscope.server.replay_ws import serve_replay
+from kvscope.server.redact import hide_tokens_in_server_logs
 from kvscope.server.rest import rest_router
+from kvscope.server.security import SecurityMiddleware, origin_allowed
 from kvscope.server.service import EngineService
 from kvscope.server.ws import serve_websocket
 
@@ -48,6 +50,8 @@ def create_app(service: EngineService) -> FastAPI:
             service.stop()
 
     app = FastAPI(title="kvscope", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app.add_middleware(SecurityMiddleware, bind_host=service.config.host, extra_hosts=service.config.extra_hosts)
+    hide_tokens_in_server_logs()
     app.state.service = service
     app.include_router(rest_router(service))
     app.include_router(openai_router(service))
@@ -58,6 +62,10 @@ def create_app(service: EngineService) -> FastAPI:
 
     @app.websocket("/ws/replay/{name}")
     async def replay(websocket: WebSocket, name: str):
+        if not origin_allowed(websocket.headers.get("origin"), websocket.headers.get("host"),
+                              service.config.extra_origins):
+            await websocket.close(code=1008, reason="origin not allowed")
+            return
         await serve_replay(websocket, recording_folders(service), name, service.config.limits.max_frame_bytes)
 
     front = frontend_dir(service.config.frontend_dir)

@@ -54,11 +54,34 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frontend-dir", default=None, help="static front end (default: frontend/ in the checkout)")
     p.add_argument("--allow-origin", action="append", default=[],
                    help="an extra WebSocket Origin to accept (repeatable), e.g. https://class.example.org")
+    p.add_argument("--allow-host", action="append", default=[],
+                   help="a Host name the server answers to (repeatable), e.g. class.example.org; loopback names, "
+                        "IP addresses and --host always work (the check stops DNS rebinding)")
     p.add_argument("--max-watched-requests", type=int, default=8,
                    help="requests whose attention is captured at once (each costs engine time)")
     p.add_argument("--learner-max-tokens", type=int, default=256)
     p.add_argument("--learner-max-prompt-tokens", type=int, default=512)
     p.add_argument("--learner-submits-per-minute", type=float, default=20)
+    p.add_argument("--learner-max-active-requests", type=int, default=4, help="requests in flight per learner")
+    p.add_argument("--max-learner-requests", type=int, default=None,
+                   help="requests in flight across all learners together (default: half of --max-num-seqs), "
+                        "so learners never fill the engine")
+    p.add_argument("--hold-timeout", type=float, default=300,
+                   help="seconds a learner's held request may sit untouched before it is cancelled")
+    p.add_argument("--learner-messages-per-second", type=float, default=50,
+                   help="WebSocket messages a second per learner connection")
+    p.add_argument("--max-watched-prompt-tokens", type=int, default=256,
+                   help="longest prompt whose attention a learner may watch (attention grows with its square)")
+    p.add_argument("--max-pending-bytes", type=int, default=8 << 20,
+                   help="bytes queued for one viewer before it is closed (1013) as not reading")
+    p.add_argument("--learner-max-prompt-chars", type=int, default=8000,
+                   help="characters in a learner's prompt, checked before tokenizing")
     p.add_argument("--rest-requests-per-minute", type=float, default=120,
-                   help="REST/OpenAI calls per minute per address without the token (0: unlimited)")
+                   help="REST/OpenAI prompts per minute per caller (learner id or address) without the token, "
+                        "/api and /v1 together (0: unlimited)")
+    p.add_argument("--rest-class-requests-per-minute", type=float, default=1200,
+                   help="REST/OpenAI prompts per minute from all limited callers together (0: unlimited)")
+    p.add_argument("--limit-loopback", action="store_true",
+                   help="rate-limit REST/OpenAI callers on this machine too (default: loopback is not limited)")
+    p.add_argument("--max-body-bytes", type=int, default=256 * 1024, help="largest REST/OpenAI request body")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])

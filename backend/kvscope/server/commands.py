@@ -3,15 +3,16 @@ viewer) and the validated message, replies through the hub, and raises CommandEr
 refuse; the caller turns that into an `error` event carrying the message's ref."""
 from __future__ import annotations
 
-import secrets
+import math
 from dataclasses import dataclass
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
 from kvscope.instrumentation.watch import WatchSpec
+from kvscope.server.policy import is_token, one_prompt_form
 from kvscope.server.sandbox import Sandbox
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, sampling_params
+from kvscope.server.validation import CommandError, message_ref, sampling_params
 from kvscope.server.viewer import Filter, Viewer
 
 
@@ -26,7 +27,7 @@ class Session:
 
     def reply(self, msg: dict, event: dict) -> None:
         if "ref" in msg:
-            event["ref"] = msg["ref"]
+            event["ref"] = message_ref(msg)
         self.hub.send(self.viewer, event)
 
     def ack(self, msg: dict, **fields) -> None:
@@ -36,7 +37,7 @@ class Session:
         v = self.viewer
         return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
                 "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
-                "limits": self.service.config.limits.as_dict()}
+                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share}}
 
     def own(self, rid: str) -> None:
         """Learners may only steer their own requests."""
@@ -67,14 +68,26 @@ async def snapshot(s: Session, msg: dict) -> None:
 
 
 async def tokenize(s: Session, msg: dict) -> None:
-    limit = s.service.config.limits.max_prompt_chars
-    if len(msg["text"]) > limit and not s.viewer.is_instructor:
-        raise CommandError("prompt_too_long", f"text has {len(msg['text'])} characters; the limit is {limit}")
-    s.reply(msg, s.service.tokenize(msg["text"], msg.get("chat", False)))
+    s.service.policy.check_prompt_text(msg["text"], s.viewer.is_instructor, "text")
+    s.reply(msg, await s.service.off_loop(s.service.tokenize, msg["text"], msg.get("chat", False)))
 
 
 # -- requests ------------------------------------------------------------------------------
-def watch_spec(s: Session, raw: dict) -> WatchSpec:
+def check_learner_watch(s: Session, num_prompt_tokens: int) -> None:
+    """A watch's output grows with the prompt's square and costs everyone engine time."""
+    limits = s.service.config.limits
+    if num_prompt_tokens > limits.max_watched_prompt_tokens:
+        raise CommandError("invalid_field", f"watch: the prompt has {num_prompt_tokens} tokens; learners may watch "
+                                            f"prompts of at most {limits.max_watched_prompt_tokens} "
+                                            f"(kvscope serve --max-watched-prompt-tokens)")
+    mine = sum(1 for rid in s.viewer.active if s.hub.watches.spec(rid, s.viewer.id) is not None)
+    if mine >= limits.max_watches:
+        raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
+
+
+def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
+    if not s.viewer.is_instructor:
+        check_learner_watch(s, num_prompt_tokens)
     facts = s.service.instr.facts
     layers = raw.get("layers")
     heads = raw.get("heads")
@@ -93,40 +106,40 @@ def watch_spec(s: Session, raw: dict) -> WatchSpec:
                      raw.get("sampling", True), raw.get("internals", False))
 
 
-def check_submit_limits(s: Session, ids: list[int], prompt: str | None) -> None:
+def check_submit_allowance(s: Session) -> None:
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
-    if prompt is not None and len(prompt) > limits.max_prompt_chars:
-        raise CommandError("prompt_too_long",
-                           f"the prompt has {len(prompt)} characters; learners may submit at most {limits.max_prompt_chars}")
-    if len(ids) > limits.max_prompt_tokens:
-        raise CommandError("prompt_too_long",
-                           f"the prompt has {len(ids)} tokens; learners may submit at most {limits.max_prompt_tokens}")
     if len(s.viewer.active) >= limits.max_active_requests:
         raise CommandError("too_many_requests",
-                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests}")
+                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests} "
+                           f"(kvscope serve --learner-max-active-requests)")
+    share = s.service.learner_share
+    if s.service.learner_requests() >= share:
+        raise CommandError("too_many_requests", f"learners together have {share} requests in flight, their share of "
+                                                f"the engine (kvscope serve --max-learner-requests); try again soon")
     if not s.viewer.submits.take():
-        raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute; "
-                                           f"try again in {s.viewer.submits.retry_after():.0f} s")
+        raise CommandError("rate_limited", f"learners may submit {limits.submits_per_minute:g} prompts a minute "
+                                           f"(kvscope serve --learner-submits-per-minute); "
+                                           f"try again in {max(1, math.ceil(s.viewer.submits.retry_after()))} s")
 
 
 async def submit(s: Session, msg: dict) -> None:
-    forms = [k for k in ("prompt", "messages", "prompt_token_ids") if k in msg]
-    if len(forms) != 1:
-        raise CommandError("invalid_field", "give exactly one of prompt, messages or prompt_token_ids")
+    one_prompt_form(msg)
     service, viewer = s.service, s.viewer
-    ids, text = service.prompt_ids(msg.get("prompt"), msg.get("messages"), msg.get("prompt_token_ids"))
+    ids, text = await service.checked_prompt(msg, viewer.is_instructor)
     cap = None if viewer.is_instructor else service.config.limits.max_tokens
     params = sampling_params(msg.get("params"), cap)
-    spec = watch_spec(s, msg["watch"]) if "watch" in msg else None
-    check_submit_limits(s, ids, text)   # last: a refused message costs no submit allowance
+    spec = watch_spec(s, msg["watch"], len(ids)) if "watch" in msg else None
+    check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
     done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None,
                                 msg.get("pace_s", 0.0))
     if done.error:
         raise CommandError("engine", done.error, request_id=rid)
+    if label.held:
+        service.touch_hold(rid, True)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
 
 
@@ -139,7 +152,9 @@ async def cancel(s: Session, msg: dict) -> None:
 
 async def watch(s: Session, msg: dict) -> None:
     rid = msg["request_id"]
-    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg))
+    s.own(rid)   # learners watch only their own requests
+    prompt_tokens = s.hub.requests.get(rid, {}).get("num_prompt_tokens", 0)
+    await s.service.watch(rid, s.viewer.id, watch_spec(s, msg, prompt_tokens))
     s.ack(msg, request_id=rid)
 
 
@@ -186,7 +201,7 @@ async def sandbox(s: Session, msg: dict) -> None:
 
 
 async def auth(s: Session, msg: dict) -> None:
-    if not secrets.compare_digest(msg["token"].encode(), s.service.config.instructor_token.encode()):
+    if not is_token(msg["token"], s.service.config):
         raise CommandError("forbidden", "wrong instructor token")
     s.viewer.role = "instructor"
     s.ack(msg, role="instructor")

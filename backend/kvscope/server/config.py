@@ -15,7 +15,11 @@ class Limits:
     submits_per_minute: float = 20
     messages_per_second: float = 50
     max_frame_bytes: int = 64 * 1024
-    max_active_requests: int = 4
+    max_active_requests: int = 4            # in flight per learner
+    max_learner_requests: int | None = None # in flight across all learners (default: half of --max-num-seqs)
+    hold_timeout_s: float = 300             # a learner's held request untouched this long is cancelled
+    max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
+    max_watches: int = 2                    # requests one learner may watch at once
     max_watched_layers_x_heads: int = 4096
 
     def as_dict(self) -> dict:
@@ -28,11 +32,16 @@ class ServerConfig:
     port: int = 8000
     instructor_token: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     limits: Limits = field(default_factory=Limits)
-    rest_requests_per_minute: float = 120   # per client address, without the instructor token
+    rest_requests_per_minute: float = 120   # per caller (learner id or address), /api and /v1 together
+    rest_class_requests_per_minute: float = 1200   # all limited REST callers together
+    limit_loopback: bool = False            # loopback REST callers (a local script) are not rate-limited
+    max_body_bytes: int = 256 * 1024        # REST and OpenAI request bodies
     max_pending_events: int = 512           # a viewer's queued display events before coalescing
-    max_pending_essential: int = 20000      # a viewer this far behind on its own events is closed
+    max_pending_bytes: int = 8 << 20        # a viewer this far behind on its own events is closed (1013)
+    max_frame_out_bytes: int = 1 << 20      # one outgoing frame joins queued events up to about this size
     min_frame_interval: float = 0.1         # display-only frames at most 10/s per viewer
     max_watched_requests: int = 8
     recordings_dir: Path = Path("recordings")
     frontend_dir: Path | None = None
     extra_origins: tuple[str, ...] = ()
+    extra_hosts: tuple[str, ...] = ()       # Host names besides loopback, IP addresses and --host

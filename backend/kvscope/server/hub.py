@@ -1,12 +1,10 @@
 """The fan-out: engine events in (from the engine thread, a batch per step), frames out to
-every viewer, SSE follower, recorder and the metrics.
+every viewer, SSE follower (followers.py), the recording tap (recording_tap.py) and the metrics.
 
 Each event is serialised once. Viewers whose subscriptions carry no filters and who have
 no request of their own in the batch share one pre-joined chunk per distinct set of
 families, so the work per step grows with the number of *kinds* of viewer, not with the
-number of viewers × events. The hub also mirrors the state a late joiner needs (the KV
-pool, the latest memory figures, the requests in flight) so snapshots never touch the
-engine thread."""
+number of viewers × events. The state a late joiner needs is mirrored in stream_state.py."""
 from __future__ import annotations
 
 import asyncio
@@ -17,48 +15,17 @@ from pathlib import Path
 from kvscope.instrumentation.encode import dumps
 from kvscope.instrumentation.recording import Recorder
 from kvscope.instrumentation.watch import WatchRegistry
+from kvscope.server.followers import Followers
+from kvscope.server.recording_tap import RECORDED_REPLIES, RecordingTap
+from kvscope.server.stream_state import StreamState
 from kvscope.server.viewer import Chunk, Viewer
 
-RECORDED_REPLIES = ("tokens", "sandbox")
+
+HEAVY_FAMILIES = ("attention", "internals")
 
 
 def family(event_type: str) -> str:
     return event_type.split(".", 1)[0]
-
-
-class KVMirror:
-    """The pool as the viewers know it: the last snapshot with every delta applied."""
-
-    def __init__(self):
-        self.blocks: list[dict] = []
-        self.tables: dict[str, list[int]] = {}
-        self.meta: dict = {}
-        self._text: str | None = None
-
-    def apply(self, e: dict) -> None:
-        totals = {k: e[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")}
-        if e["kind"] == "snapshot":
-            self.blocks, self.tables = list(e["blocks"]), dict(e["tables"])
-            self.meta = {"block_size": e["block_size"], "num_blocks": e["num_blocks"]}
-        else:
-            for b in e["blocks"]:
-                self.blocks[b["id"]] = b
-            self.tables.update(e["tables"])
-            for rid in e["removed_tables"]:
-                self.tables.pop(rid, None)
-        self.meta.update(totals, step=e["step"])
-        self._text = None
-
-    def snapshot(self, ts: float) -> dict:
-        m = self.meta
-        return {"type": "kv", "ts": ts, "kind": "snapshot", "step": m["step"], "block_size": m["block_size"],
-                "num_blocks": m["num_blocks"], "blocks": self.blocks, "tables": self.tables,
-                **{k: m[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")}}
-
-    def snapshot_text(self, ts: float) -> str:
-        if self._text is None:
-            self._text = dumps(self.snapshot(ts))
-        return self._text
 
 
 class Hub:
@@ -67,14 +34,12 @@ class Hub:
         self.metrics = metrics
         self.watches = watches if watches is not None else WatchRegistry()   # the instrumentation's
         self.viewers: dict[str, Viewer] = {}
-        self.followers: dict[str, list[asyncio.Queue]] = defaultdict(list)
-        self.owners: dict[str, str] = {}                         # request id -> viewer id
-        self.kv = KVMirror()
-        self.memory: dict | None = None
-        self.requests: dict[str, dict] = {}                      # in flight, for request.snapshot
-        self.recorder: Recorder | None = None
+        self.followers = Followers()
+        self.state = StreamState(clock, metrics)
+        self.tap = RecordingTap()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._inbox: list[dict] = []
+        self._serialised: dict[int, tuple[float, str]] = {}   # id(event) -> (its ts, its JSON)
         self._lock = threading.Lock()
         self._scheduled = False
         self._last_ts = 0.0
@@ -88,8 +53,12 @@ class Hub:
         if self.loop is None:     # before the server runs (start-up snapshot): apply directly
             self.dispatch(events)
             return
+        # a watched request's attention can be megabytes of JSON: serialise it here, on the
+        # engine thread, so the event loop (and /healthz, and every viewer) never waits on it
+        heavy = {id(e): (e.get("ts"), dumps(e)) for e in events if family(e["type"]) in HEAVY_FAMILIES}
         with self._lock:
             self._inbox.extend(events)
+            self._serialised.update(heavy)
             if self._scheduled:
                 return
             self._scheduled = True
@@ -106,7 +75,7 @@ class Hub:
             return
         for e in events:
             self._stamp(e)
-        texts = [dumps(e) for e in events]
+        texts = [self._text_of(e) for e in events]
         by_family: dict[str, list[int]] = defaultdict(list)
         personal: dict[str, list[tuple[int, bool]]] = defaultdict(list)
         finished = []
@@ -143,6 +112,12 @@ class Hub:
                     self._offer(v, shared[v.signature])
         for rid in finished:
             self._forget(rid)
+
+    def _text_of(self, e: dict) -> str:
+        """Its JSON: the engine thread's, unless stamping moved its `ts` since."""
+        with self._lock:
+            done = self._serialised.pop(id(e), None)
+        return done[1] if done is not None and done[0] == e["ts"] else dumps(e)
 
     def _shared_chunk(self, families, events, texts, by_family) -> Chunk | None:
         idx = sorted(i for f in families for i in by_family.get(f, ()))
@@ -214,71 +189,44 @@ class Hub:
         for v in list(self.viewers.values()):
             self._offer(v, chunk)
 
-    # -- state kept for late joiners ---------------------------------------------------
+    # -- state kept for late joiners (server/stream_state.py) ---------------------------
+    @property
+    def kv(self):
+        return self.state.kv
+
+    @property
+    def memory(self) -> dict | None:
+        return self.state.memory
+
+    @property
+    def requests(self) -> dict[str, dict]:
+        return self.state.requests
+
+    @property
+    def owners(self) -> dict[str, str]:
+        return self.state.owners
+
     def _observe(self, e: dict) -> None:
-        kind = e["type"]
-        if kind == "kv":
-            self.kv.apply(e)
-        elif kind == "memory":
-            self.memory = e
-        elif kind == "request.added":
-            if e["owner"] is not None:
-                self.owners[e["request_id"]] = e["owner"]
-                if e["owner"] in self.viewers:
-                    self.viewers[e["owner"]].active.add(e["request_id"])
-            self.requests[e["request_id"]] = {
-                "request_id": e["request_id"], "source": e["source"], "owner": e["owner"],
-                "status": "held" if e["held"] else "waiting", "num_prompt_tokens": e["num_prompt_tokens"],
-                "num_output_tokens": 0, "num_computed_tokens": 0, "held": e["held"], "watched": e["watched"]}
-        elif kind == "request.token":
-            r = self.requests.get(e["request_id"])
-            if r is not None:
-                r["num_output_tokens"] = e["index"] + 1
-        elif kind == "step":
-            for s in e["seqs"]:
-                r = self.requests.get(s["request_id"])
-                if r is not None:
-                    r["num_computed_tokens"] = s["start"] + s["num_tokens"]
-                    r["status"] = "held" if r["held"] else "running"
-            for rid in e["preempted"]:
-                if rid in self.requests:
-                    self.requests[rid]["status"] = "waiting"
-        if self.metrics is not None:
-            source = self.requests.get(e.get("request_id", ""), {}).get("source", "api")
-            self.metrics.observe(e, source)
+        self.state.observe(e)
+        if e["type"] == "request.added" and e["owner"] in self.viewers:
+            self.viewers[e["owner"]].active.add(e["request_id"])
 
     def _forget(self, rid: str) -> None:
-        self.requests.pop(rid, None)
-        owner = self.owners.pop(rid, None)
+        owner = self.state.forget(rid)
         if owner in self.viewers:
             self.viewers[owner].active.discard(rid)
         self.followers.pop(rid, None)
         self.watches.forget(rid)
 
     def set_held(self, rid: str, held: bool) -> None:
-        r = self.requests.get(rid)
-        if r is not None:
-            r["held"] = held
-            if held or r["status"] == "held":
-                r["status"] = "held" if held else "running"
+        self.state.set_held(rid, held)
 
     def snapshot_text(self, kind: str) -> str | None:
-        if kind == "kv":
-            return self.kv.snapshot_text(self.clock()) if self.kv.meta else None
-        if kind == "memory":
-            return dumps(self.memory) if self.memory is not None else None
-        return None
+        return self.state.snapshot_text(kind)
 
     def snapshots(self, families) -> list[dict]:
         """What a viewer subscribing to `families` needs before deltas."""
-        out, ts = [], self.clock()
-        if "kv" in families and self.kv.meta:
-            out.append(self.kv.snapshot(ts))
-        if "memory" in families and self.memory is not None:
-            out.append(self.memory)
-        if "request" in families:
-            out.append({"type": "request.snapshot", "ts": ts, "requests": list(self.requests.values())})
-        return out
+        return self.state.snapshots(families)
 
     # -- viewers and followers ---------------------------------------------------------
     def add(self, v: Viewer) -> None:
@@ -292,27 +240,18 @@ class Hub:
             self.metrics.viewers.set(len(self.viewers))
 
     def follow(self, rid: str) -> asyncio.Queue:
-        q: asyncio.Queue = asyncio.Queue()
-        self.followers[rid].append(q)
-        return q
+        return self.followers.follow(rid)
 
     def unfollow(self, rid: str, q: asyncio.Queue) -> None:
-        qs = self.followers.get(rid)
-        if qs and q in qs:
-            qs.remove(q)
+        self.followers.unfollow(rid, q)
 
-    # -- recording ---------------------------------------------------------------------
+    # -- recording (server/recording_tap.py) -------------------------------------------
+    @property
+    def recorder(self) -> Recorder | None:
+        return self.tap.recorder
+
     def start_recording(self, path: Path, name: str, model: str, preamble: list[dict]) -> Recorder:
-        rec = Recorder(path, name, model)
-        for e in preamble:
-            e = dict(e)
-            self._stamp(e)
-            rec.write_text(dumps(e))
-        self.recorder = rec
-        return rec
+        return self.tap.start(path, name, model, preamble, self._stamp)
 
     def stop_recording(self) -> Recorder | None:
-        rec, self.recorder = self.recorder, None
-        if rec is not None:
-            rec.close()
-        return rec
+        return self.tap.stop()

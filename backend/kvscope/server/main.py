@@ -32,10 +32,19 @@ def server_config_from_args(args) -> ServerConfig:
     config = ServerConfig(
         host=args.host, port=args.port,
         limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
+                      max_prompt_chars=args.learner_max_prompt_chars,
+                      max_active_requests=args.learner_max_active_requests,
+                      max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
+                      messages_per_second=args.learner_messages_per_second,
+                      max_watched_prompt_tokens=args.max_watched_prompt_tokens,
                       submits_per_minute=args.learner_submits_per_minute),
-        rest_requests_per_minute=args.rest_requests_per_minute, recordings_dir=Path(args.recordings_dir),
+        rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
+        rest_class_requests_per_minute=args.rest_class_requests_per_minute,
+        max_body_bytes=args.max_body_bytes, max_pending_bytes=args.max_pending_bytes,
+        recordings_dir=Path(args.recordings_dir),
         frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
-        extra_origins=tuple(args.allow_origin), max_watched_requests=args.max_watched_requests)
+        extra_origins=tuple(args.allow_origin), extra_hosts=tuple(args.allow_host),
+        max_watched_requests=args.max_watched_requests)
     if args.instructor_token:
         config.instructor_token = args.instructor_token
     return config

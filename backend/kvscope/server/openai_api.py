@@ -12,14 +12,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
+from kvscope.engine.async_engine import StreamDelta
 from kvscope.instrumentation.observer import RequestLabel
+from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
-from kvscope.server.rest import RestGuard, until_disconnect
+from kvscope.server.policy import MAX_N, check_sampling_numbers
+from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError
+from kvscope.server.validation import CommandError, printable
 
 NUM = {"type": ["number", "null"]}
-MAX_N = 16   # parallel samples per prompt: each choice is a sequence in the batch
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}
 COMMON = {
     "model": {"type": "string"}, "max_tokens": {"type": ["integer", "null"], "minimum": 1},
@@ -54,19 +56,23 @@ FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
+        return JSONResponse({"error": {"message": printable(self.message), "type": self.kind,
+                                       "param": self.param and printable(self.param), "code": self.code}},
+                            status_code=self.status, headers=self.headers)
 
 
-def from_command_error(exc: CommandError) -> OpenAIError:
-    status = {"rate_limited": 429, "too_many_requests": 429, "forbidden": 403}.get(exc.code, 400)
+def from_command_error(exc: CommandError, param: str | None = None) -> OpenAIError:
+    status = STATUS.get(exc.code, 400)
+    status = 400 if status == 404 else status
     kind = "rate_limit_error" if status == 429 else "invalid_request_error"
-    return OpenAIError(status, exc.message, code=exc.code, kind=kind)
+    code = "context_length_exceeded" if exc.code == "prompt_too_long" else exc.code
+    return OpenAIError(status, exc.message, param, code, kind, getattr(exc, "headers", dict)())
 
 
 class Completion:
@@ -100,7 +106,7 @@ class Completion:
 def check_model(service: EngineService, body: dict) -> None:
     model = body.get("model")
     if model not in (None, service.model_name, "kvscope", "default"):
-        raise OpenAIError(404, f"The model '{model}' does not exist; this server runs '{service.model_name}'",
+        raise OpenAIError(404, f"The model {model[:100]!r} does not exist; this server runs '{service.model_name}'",
                           "model", "model_not_found")
 
 
@@ -148,7 +154,7 @@ def logprobs_for(service: EngineService, chat: bool, token_id: int, lp: dict | N
 
 def openai_router(service: EngineService) -> APIRouter:
     router = APIRouter()
-    guard = RestGuard(service)
+    policy = service.policy
 
     @router.get("/v1/models")
     async def models():
@@ -156,30 +162,36 @@ def openai_router(service: EngineService) -> APIRouter:
                                             "created": int(service.started_at), "owned_by": "kvscope",
                                             "max_model_len": service.engine.max_model_len}]}
 
-    async def handle(request: Request, chat: bool):
+    async def checked_call(request: Request, chat: bool):
+        """(body, params, prompts), or an OpenAIError: every check before the engine sees it."""
         try:
+            instructor, caller = rest_caller(service, request)
+            policy.admit_rest(caller)
+            body = await read_json(request, service.config.max_body_bytes)
+        except CommandError as exc:
+            raise from_command_error(exc) from None
+        error = best_match((CHAT if chat else COMPLETION).iter_errors(body))
+        if error is not None:
+            param = ".".join(str(p) for p in error.absolute_path) or None
+            raise OpenAIError(400, f"{param + ': ' if param else ''}{error.message[:300]}", param)
+        check_model(service, body)
+        check_unsupported(body)
+        try:
+            check_sampling_numbers(body)
+        except CommandError as exc:
+            raise from_command_error(exc, exc.message.split(":", 1)[0]) from None
+        params = sampling_for(body, chat, policy.max_tokens(instructor, service.engine.max_model_len))
+        prompts = await prompt_list(service, body, chat, instructor)
+        if len(prompts) > 1:   # a list of prompts costs one allowance per prompt
             try:
-                instructor = guard.admit(request)
+                policy.admit_rest(caller, cost=len(prompts) - 1)
             except CommandError as exc:
                 raise from_command_error(exc) from None
-            try:
-                body = await request.json()
-            except Exception:
-                raise OpenAIError(400, "the request body must be JSON") from None
-            error = best_match((CHAT if chat else COMPLETION).iter_errors(body))
-            if error is not None:
-                param = ".".join(str(p) for p in error.absolute_path) or None
-                raise OpenAIError(400, f"{param + ': ' if param else ''}{error.message[:300]}", param)
-            check_model(service, body)
-            check_unsupported(body)
-            params = sampling_for(body, chat, guard.max_tokens(instructor))
-            prompts = prompt_list(service, body, chat)
-            for ids, text in prompts:
-                try:
-                    guard.check_prompt(ids, text, instructor)
-                except CommandError as exc:
-                    raise OpenAIError(400, exc.message, "prompt" if not chat else "messages",
-                                      "context_length_exceeded") from None
+        return body, params, prompts
+
+    async def handle(request: Request, chat: bool):
+        try:
+            body, params, prompts = await checked_call(request, chat)
         except OpenAIError as exc:
             return exc.response()
         call = Completion(service, body, chat, prompts)
@@ -202,20 +214,21 @@ def openai_router(service: EngineService) -> APIRouter:
     return router
 
 
-def prompt_list(service: EngineService, body: dict, chat: bool) -> list[tuple[list[int], str | None]]:
+async def prompt_list(service: EngineService, body: dict, chat: bool,
+                      instructor: bool) -> list[tuple[list[int], str | None]]:
+    """Each prompt's (token ids, text), checked by the policy and tokenized off the event loop."""
     try:
         if chat:
             messages = [{"role": "system" if m["role"] == "developer" else m["role"],
                          "content": message_text(m["content"])} for m in body["messages"]]
-            return [service.prompt_ids(messages=messages)]
+            return [await service.checked_prompt({"messages": messages}, instructor)]
         p = body["prompt"]
-        if isinstance(p, str):
-            return [service.prompt_ids(prompt=p)]
-        if all(isinstance(x, int) for x in p):
-            return [service.prompt_ids(token_ids=p)]
-        return [service.prompt_ids(prompt=x) if isinstance(x, str) else service.prompt_ids(token_ids=x) for x in p]
+        if isinstance(p, str) or all(isinstance(x, int) for x in p):
+            p = [p]
+        return [await service.checked_prompt({"prompt": x} if isinstance(x, str) else {"prompt_token_ids": x},
+                                             instructor) for x in p]
     except CommandError as exc:
-        raise OpenAIError(400, exc.message, "messages" if chat else "prompt") from None
+        raise from_command_error(exc, "messages" if chat else "prompt") from None
 
 
 async def run_one(call: Completion, index: int, ids: list[int], text: str | None, params: SamplingParams, sink):
@@ -224,10 +237,15 @@ async def run_one(call: Completion, index: int, ids: list[int], text: str | None
     rid = call.service.new_request_id()
     source_label = RequestLabel(prompt=text)
     outputs = [None] * params.n
-    async for delta in call.service.stream(rid, ids, params, "openai", source_label):
-        await sink(index * params.n + delta.index, delta)
-        if delta.finished:
-            outputs[delta.index] = delta.output
+    try:
+        async for delta in call.service.stream(rid, ids, params, "openai", source_label):
+            await sink(index * params.n + delta.index, delta)
+            if delta.finished:
+                outputs[delta.index] = delta.output
+    except Exception as exc:   # the request failed before or while running: its choices end in an error
+        for k in (k for k, out in enumerate(outputs) if out is None):
+            outputs[k] = RequestOutput(rid, list(ids), [], "", "error", f"the request failed: {exc}")
+            await sink(index * params.n + k, StreamDelta(rid, None, "", finished=True, output=outputs[k], index=k))
     return outputs
 
 

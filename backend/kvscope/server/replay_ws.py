@@ -4,6 +4,7 @@ pointed at a replay instead of the engine. Commands: `{"type": "replay", "action
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
 from kvscope.server.hub import dumps
-from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
+from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
+                                      validate_command)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -28,11 +30,26 @@ def find_recording(folders: list[Path], name: str) -> Path | None:
 
 
 def error_event(code: str, message: str, ref=None, cmd=None) -> str:
-    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": message, "cmd": cmd})
+    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": printable(message),
+                  "cmd": printable(cmd) if isinstance(cmd, str) else None})
+
+
+def speed_from_query(raw: str | None) -> float | None:
+    """?speed=: a finite number, kept within 0.01..100; None when it is not a number."""
+    try:
+        speed = float(raw or 1)
+    except ValueError:
+        return None
+    return max(0.01, min(speed, 100.0)) if math.isfinite(speed) else None
 
 
 async def serve_replay(ws: WebSocket, folders: list[Path], name: str, max_frame_bytes: int) -> None:
     await ws.accept()
+    speed = speed_from_query(ws.query_params.get("speed"))
+    if speed is None:
+        await ws.send_text(error_event("invalid_field", "speed must be a number (0.01 to 100)"))
+        await ws.close(code=1008, reason="speed must be a number")
+        return
     path = find_recording(folders, name)
     if path is None:
         await ws.send_text(error_event("replay", f"no recording named {name!r}"))
@@ -44,8 +61,7 @@ async def serve_replay(ws: WebSocket, folders: list[Path], name: str, max_frame_
         await ws.send_text(error_event("replay", str(exc)))
         await ws.close(code=1000)
         return
-    speed = float(ws.query_params.get("speed", "1") or 1)
-    player = Replayer(events, speed=max(0.01, min(speed, 100.0)))
+    player = Replayer(events, speed=speed)
     if ws.query_params.get("paused"):
         player.pause()
     wake = asyncio.Event()

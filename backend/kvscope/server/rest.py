@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 
 import anyio
 from fastapi import APIRouter, Request
@@ -14,67 +13,57 @@ from jsonschema.exceptions import best_match
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import COMMANDS, obj
 from kvscope.server.hub import dumps
-from kvscope.server.ratelimit import per_minute
+from kvscope.server.policy import one_prompt_form
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, describe, sampling_params
+from kvscope.server.validation import CommandError, describe, printable, sampling_params, strict_json
 
 _submit = COMMANDS["submit"]["properties"]
 GENERATE = Draft202012Validator(obj({}, {k: _submit[k] for k in ("prompt", "messages", "prompt_token_ids", "params")}
                                     | {"stream": {"type": "boolean"}}))
 TOKENIZE = Draft202012Validator(obj({"text": {"type": "string"}}, {"chat": {"type": "boolean"}}))
 STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prompt_too_long": 400,
-          "unknown_request": 404, "engine": 400, "invalid_field": 400, "invalid_json": 400}
-
-
-class RestGuard:
-    """Per-address rate limit and learner limits for REST callers without the token."""
-
-    def __init__(self, service: EngineService):
-        self.service = service
-        self.buckets: dict[str, object] = {}
-
-    def is_instructor(self, request: Request) -> bool:
-        auth = request.headers.get("authorization", "")
-        token = auth.removeprefix("Bearer ").strip()
-        return bool(token) and secrets.compare_digest(token.encode(), self.service.config.instructor_token.encode())
-
-    def admit(self, request: Request) -> bool:
-        """Checks the rate limit; True when the caller is an instructor (no limits)."""
-        if self.is_instructor(request):
-            return True
-        rate = self.service.config.rest_requests_per_minute
-        host = request.client.host if request.client else "?"
-        bucket = self.buckets.setdefault(host, per_minute(rate))
-        if rate > 0 and not bucket.take():
-            raise CommandError("rate_limited", f"at most {rate:g} requests a minute from one address "
-                                               f"without the instructor token; retry in {bucket.retry_after():.0f} s")
-        return False
-
-    def check_prompt(self, ids: list[int], text: str | None, instructor: bool) -> None:
-        limits = self.service.config.limits
-        if instructor:
-            return
-        if text is not None and len(text) > limits.max_prompt_chars:
-            raise CommandError("prompt_too_long", f"the prompt has {len(text)} characters; the limit is "
-                                                  f"{limits.max_prompt_chars} without the instructor token")
-        if len(ids) > limits.max_prompt_tokens:
-            raise CommandError("prompt_too_long", f"the prompt has {len(ids)} tokens; the limit is "
-                                                  f"{limits.max_prompt_tokens} without the instructor token")
-
-    def max_tokens(self, instructor: bool) -> int:
-        return self.service.engine.max_model_len if instructor else self.service.config.limits.max_tokens
+          "unknown_request": 404, "engine": 400, "invalid_field": 400, "invalid_json": 400,
+          "unsupported_media_type": 415, "body_too_large": 413}
 
 
 def error_response(exc: CommandError) -> JSONResponse:
-    body = {"type": "error", "ts": 0.0, "ref": None, "code": exc.code, "message": exc.message, "cmd": None}
-    return JSONResponse(body, status_code=STATUS.get(exc.code, 400))
+    body = {"type": "error", "ts": 0.0, "ref": None, "code": exc.code, "message": printable(exc.message), "cmd": None}
+    return JSONResponse(body, status_code=STATUS.get(exc.code, 400), headers=getattr(exc, "headers", dict)())
 
 
-async def json_body(request: Request, validator: Draft202012Validator) -> dict:
+def rest_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
+    """(instructor?, rate bucket key): a learner id (?learner= or X-Kvscope-Learner) or the address."""
+    learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
+    host = request.client.host if request.client else None
+    return service.policy.rest_caller(request.headers, host, learner)
+
+
+async def read_json(request: Request, max_bytes: int):
+    """The body as JSON: declared as JSON (a browser sends text/plain cross-site without asking),
+    at most max_bytes, parsed without recursion errors."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise CommandError("unsupported_media_type",
+                           f"send the body as Content-Type: application/json, not {ctype[:60] or 'no type'}")
+    declared = request.headers.get("content-length", "")
+    too_large = CommandError("body_too_large", f"a request body may be at most {max_bytes} bytes "
+                                               f"(kvscope serve --max-body-bytes)")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        chunks.append(chunk)
     try:
-        body = await request.json()
-    except Exception:
-        raise CommandError("invalid_json", "the request body must be JSON") from None
+        return strict_json(b"".join(chunks))
+    except (ValueError, RecursionError):
+        raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
+
+
+async def json_body(request: Request, validator: Draft202012Validator, max_bytes: int) -> dict:
+    body = await read_json(request, max_bytes)
     error = best_match(validator.iter_errors(body))
     if error is not None:
         raise CommandError("invalid_field", describe(error))
@@ -94,30 +83,28 @@ async def until_disconnect(request: Request, awaitable):
 
 def rest_router(service: EngineService) -> APIRouter:
     router = APIRouter()
-    guard = RestGuard(service)
-    hub = service.hub
+    hub, policy = service.hub, service.policy
 
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
         try:
-            instructor = guard.admit(request)
-            body = await json_body(request, TOKENIZE)
-            guard.check_prompt([], body["text"], instructor)
-            return JSONResponse(service.tokenize(body["text"], body.get("chat", False)))
+            instructor, caller = rest_caller(service, request)
+            policy.admit_rest(caller)
+            body = await json_body(request, TOKENIZE, service.config.max_body_bytes)
+            policy.check_prompt_text(body["text"], instructor, "text")
+            return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
         except CommandError as exc:
             return error_response(exc)
 
     @router.post("/api/generate")
     async def generate(request: Request):
         try:
-            instructor = guard.admit(request)
-            body = await json_body(request, GENERATE)
-            forms = [k for k in ("prompt", "messages", "prompt_token_ids") if k in body]
-            if len(forms) != 1:
-                raise CommandError("invalid_field", "give exactly one of prompt, messages or prompt_token_ids")
-            ids, text = service.prompt_ids(body.get("prompt"), body.get("messages"), body.get("prompt_token_ids"))
-            guard.check_prompt(ids, text, instructor)
-            params = sampling_params(body.get("params"), guard.max_tokens(instructor))
+            instructor, caller = rest_caller(service, request)
+            policy.admit_rest(caller)
+            body = await json_body(request, GENERATE, service.config.max_body_bytes)
+            one_prompt_form(body)
+            ids, text = await service.checked_prompt(body, instructor)
+            params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
         except CommandError as exc:
             return error_response(exc)
         rid = service.new_request_id()

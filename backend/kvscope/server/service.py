@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from kvscope.sampling_params import SamplingParams
 from kvscope.server.config import ServerConfig
 from kvscope.server.hub import Hub
 from kvscope.server.metrics import Metrics
+from kvscope.server.policy import Policy, message_texts
 from kvscope.server.validation import CommandError
 
 SYNTHETIC_PROMPTS = [
@@ -49,6 +51,9 @@ class EngineService:
         self.clock = Clock()
         self.started_at = time.time()
         self.metrics = Metrics()
+        self.policy = Policy(config)
+        # tokenizing a long prompt takes a while: one worker thread, never the event loop
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
         watches = WatchRegistry()   # one record of who watches what, shared by the hub
         self.hub = Hub(self.clock, self.metrics, watches)
         self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
@@ -57,17 +62,51 @@ class EngineService:
         self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
         self.aengine: AsyncEngine | None = None
         self._ids = itertools.count(1)
+        self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
+        self._reaper: asyncio.Task | None = None
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
         """Bind to the running event loop and start the engine thread."""
         self.hub.bind(asyncio.get_running_loop())
         self.aengine = AsyncEngine(self.engine)
+        self._reaper = asyncio.get_running_loop().create_task(self._cancel_stale_holds())
 
     def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def learner_share(self) -> int:
+        """Requests learners may have in flight together: below the engine's capacity."""
+        limit = self.config.limits.max_learner_requests
+        return limit if limit is not None else max(1, self.engine.scheduler.config.max_num_seqs // 2)
+
+    def learner_requests(self) -> int:
+        return sum(len(v.active) for v in self.hub.viewers.values() if not v.is_instructor)
+
+    def touch_hold(self, rid: str, held: bool) -> None:
+        owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
+        if held and (owner is None or not owner.is_instructor):
+            self.held_since[rid] = time.monotonic()
+        else:
+            self.held_since.pop(rid, None)
+
+    async def _cancel_stale_holds(self) -> None:
+        """A held request keeps its slot and blocks; one nobody steps is cancelled."""
+        while True:
+            timeout = self.config.limits.hold_timeout_s
+            await asyncio.sleep(min(5.0, max(0.2, timeout / 4)))
+            now = time.monotonic()
+            for rid, since in list(self.held_since.items()):
+                if rid not in self.hub.requests or now - since > timeout:
+                    self.held_since.pop(rid, None)
+                    if rid in self.hub.requests:
+                        await self.cancel(rid)
 
     def new_request_id(self) -> str:
         return f"r{next(self._ids)}"
@@ -95,6 +134,24 @@ class EngineService:
         if not prompt:
             raise CommandError("invalid_field", "give one of prompt, messages or prompt_token_ids")
         return self._tokenizer().encode(prompt, add_special_tokens=False), prompt
+
+    async def checked_prompt(self, body: dict, instructor: bool) -> tuple[list[int], str | None]:
+        """(token ids, text) of the one prompt form in `body`, within the policy's limits:
+        characters are checked before the tokenizer runs, and it runs off the event loop."""
+        if "prompt" in body:
+            self.policy.check_prompt_text(body["prompt"], instructor)
+        for text in message_texts(body.get("messages") or []):
+            self.policy.check_prompt_text(text, instructor, "a message")
+        ids, text = await self.off_loop(self.prompt_ids, body.get("prompt"), body.get("messages"),
+                                        body.get("prompt_token_ids"))
+        if text is not None:
+            self.policy.check_prompt_text(text, instructor)
+        self.policy.check_prompt_tokens(ids, instructor)
+        return ids, text
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the tokenizer thread, so the event loop keeps serving everyone."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:
@@ -150,6 +207,7 @@ class EngineService:
             seq.allowance = 0
         await self.on_request(rid, hold)
         self.hub.set_held(rid, True)
+        self.touch_hold(rid, True)
 
     async def next_token(self, rid: str) -> None:
         def release_one(seq):
@@ -157,6 +215,8 @@ class EngineService:
                 raise CommandError("invalid_field", f"request {rid!r} is not held: send hold first")
             seq.allowance = 1
         await self.on_request(rid, release_one)
+        if rid in self.held_since:
+            self.held_since[rid] = time.monotonic()
 
     async def release(self, rid: str) -> None:
         def release(seq):
@@ -164,6 +224,7 @@ class EngineService:
             seq.allowance = None
         await self.on_request(rid, release)
         self.hub.set_held(rid, False)
+        self.touch_hold(rid, False)
 
     async def pace(self, rid: str, seconds: float) -> None:
         """Step this request at most once per `seconds`, whatever the others do."""
@@ -172,6 +233,7 @@ class EngineService:
             self.aengine.pacing.pace(seq, seconds)
         await self.on_request(rid, pace)
         self.hub.set_held(rid, False)
+        self.touch_hold(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
         def do():

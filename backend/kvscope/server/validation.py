@@ -22,22 +22,39 @@ class CommandError(Exception):
         self.code, self.message, self.request_id = code, message, request_id
 
 
+def no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def strict_json(text: str | bytes):
+    """JSON as the standard defines it: NaN and Infinity (which Python would take) are refused."""
+    return json.loads(text, parse_constant=no_constant)
+
+
 def parse_frame(text: str | bytes, max_bytes: int) -> dict:
     size = len(text.encode("utf-8")) if isinstance(text, str) else len(text)
     if size > max_bytes:
         raise CommandError("frame_too_large", f"a message may be at most {max_bytes} bytes; this one is {size}")
     try:
-        msg = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CommandError("invalid_json", f"not valid JSON: {exc}") from None
+        msg = strict_json(text)
+    except (ValueError, RecursionError) as exc:   # ValueError covers bad JSON and bad UTF-8
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise CommandError("invalid_json", f"not valid JSON: {detail}") from None
     if not isinstance(msg, dict):
         raise CommandError("not_an_object", f"a message must be a JSON object, got {type(msg).__name__}")
     return msg
 
 
+def printable(text: str) -> str:
+    """Text safe to encode as UTF-8: a client's lone surrogate, echoed back, must not fail the reply."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def message_ref(msg: dict):
     ref = msg.get("ref")
-    return ref if isinstance(ref, (str, int)) and not isinstance(ref, bool) and len(str(ref)) <= 128 else None
+    if isinstance(ref, str):
+        return printable(ref) if len(ref) <= 128 else None
+    return ref if isinstance(ref, int) and not isinstance(ref, bool) and abs(ref) < 2**53 else None   # JSON-safe
 
 
 def validate_command(msg: dict) -> str:
@@ -60,7 +77,9 @@ def describe(error) -> str:
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
     """Client sampling params (already schema-checked) to SamplingParams, within limits."""
+    from kvscope.server.policy import check_sampling_numbers
     raw = dict(raw or {})
+    check_sampling_numbers(raw, "params.")
     max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))
     if max_tokens_limit is not None and max_tokens > max_tokens_limit:
         raise CommandError("invalid_field", f"params.max_tokens: {max_tokens} is over the limit of {max_tokens_limit}")

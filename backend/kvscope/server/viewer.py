@@ -3,7 +3,8 @@
 The queue is bounded for display events: when a viewer falls behind, pending `kv` deltas
 collapse into one fresh snapshot, pending `memory` into the latest, and the rest is
 dropped (and counted). Essential events (replies, errors, its own requests' tokens) are
-never dropped; a viewer that falls absurdly far behind on those is disconnected."""
+never dropped; a viewer whose queue of those outgrows `max_pending_bytes` (a peer that
+does not read) is disconnected with code 1013."""
 from __future__ import annotations
 
 import asyncio
@@ -55,6 +56,11 @@ class Chunk:
     essential: bool
     kv: int = 0
     memory: int = 0
+    size: int = -1          # UTF-8 bytes of text
+
+    def __post_init__(self):
+        if self.size < 0:
+            self.size = len(self.text) if self.text.isascii() else len(self.text.encode("utf-8", "surrogatepass"))
 
 
 class Viewer:
@@ -68,9 +74,11 @@ class Viewer:
         self.pending: deque[Chunk] = deque()
         self.display_count = 0
         self.essential_count = 0
+        self.pending_bytes = 0
         self.dropped = 0
         self.need_kv = self.need_memory = False
         self.overflowed = False
+        self.on_overflow = None                # called once when the queue outgrows max_pending_bytes
         self.wake = asyncio.Event()
         limits = config.limits
         self.messages = TokenBucket(limits.messages_per_second, 2 * limits.messages_per_second)
@@ -109,15 +117,23 @@ class Viewer:
     # -- outgoing queue ----------------------------------------------------------------
     def offer(self, chunk: Chunk) -> int:
         """Queue a chunk; returns display events dropped to make room."""
+        if self.overflowed:   # closing: nothing more is queued for it
+            return 0
         self.pending.append(chunk)
+        self.pending_bytes += chunk.size
         dropped = 0
         if chunk.essential:
             self.essential_count += chunk.count
-            self.overflowed = self.essential_count > self.config.max_pending_essential
         else:
             self.display_count += chunk.count
-            if self.display_count > self.config.max_pending_events:
-                dropped = self._coalesce()
+        if self.display_count > self.config.max_pending_events or self.pending_bytes > self.config.max_pending_bytes:
+            dropped = self._coalesce()
+        if self.pending_bytes > self.config.max_pending_bytes:
+            self.overflowed = True
+            self.pending.clear()
+            self.pending_bytes = self.essential_count = 0
+            if self.on_overflow is not None:
+                self.on_overflow()
         self.wake.set()
         return dropped
 
@@ -132,6 +148,7 @@ class Viewer:
             self.need_memory |= c.memory > 0
             dropped += c.count - c.kv - c.memory
         self.pending, self.display_count = kept, 0
+        self.pending_bytes = sum(c.size for c in kept)
         self.dropped += dropped
         return dropped
 
@@ -140,9 +157,10 @@ class Viewer:
         return self.display_count + self.essential_count
 
     def take_frame(self, snapshots) -> tuple[str | None, bool]:
-        """Everything queued as one frame (an object, or an array of objects), and whether
-        it held essential events. `snapshots(kind)` gives a fresh `kv`/`memory` text."""
-        texts, count, essential = [], 0, False
+        """What is queued as one frame (an object, or an array of objects) of about
+        max_frame_out_bytes at most, and whether it held essential events; the rest waits
+        for the next frame. `snapshots(kind)` gives a fresh `kv`/`memory` text."""
+        texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:
                 text = snapshots(kind)
@@ -150,12 +168,19 @@ class Viewer:
                     texts.append(text)
                     count += 1
         self.need_kv = self.need_memory = False
-        while self.pending:
+        while self.pending and (not texts or size + self.pending[0].size <= self.config.max_frame_out_bytes):
             c = self.pending.popleft()
             texts.append(c.text)
             count += c.count
+            size += c.size
             essential |= c.essential
-        self.display_count = self.essential_count = 0
+            self.pending_bytes -= c.size
+            if c.essential:
+                self.essential_count -= c.count
+            else:
+                self.display_count -= c.count
+        if self.pending:
+            self.wake.set()   # more to send
         if not texts:
             return None, False
         return (texts[0] if count == 1 else "[" + ",".join(texts) + "]"), essential

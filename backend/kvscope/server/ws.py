@@ -6,41 +6,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
-from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
 from kvscope.server.commands import HANDLERS, Session
+from kvscope.server.policy import is_token, learner_id
+from kvscope.server.security import origin_allowed
 from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, incoming_frames, message_ref, parse_frame, validate_command
+from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
+                                      validate_command)
 from kvscope.server.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 _viewer_ids = itertools.count(1)
 
 
-def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
-    """Same host:port as the page's server, any localhost port, or an explicitly allowed
-    origin. Non-browser clients send no Origin and are allowed."""
-    if origin is None:
-        return True
-    if origin in extra:
-        return True
-    parts = urlsplit(origin)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return False
-    if parts.hostname in LOCAL_HOSTS:
-        return True
-    return host_header is not None and parts.netloc.lower() == host_header.lower()
-
-
 def role_for(token: str | None, service: EngineService) -> str:
-    if token and secrets.compare_digest(token.encode(), service.config.instructor_token.encode()):
-        return "instructor"
-    return "learner"
+    return "instructor" if is_token(token, service.config) else "learner"
 
 
 async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
@@ -50,6 +33,7 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
         return
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
     viewer = Viewer(f"c{next(_viewer_ids)}", peer, service.config, role_for(ws.query_params.get("token"), service))
+    viewer.submits = service.policy.learner_submits(learner_id(ws.query_params.get("learner")))
     session = Session(service, viewer)
     hub = service.hub
     hub.add(viewer)
@@ -61,6 +45,7 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
     for event in hub.snapshots(families):
         hub.send(viewer, dict(event))
     pump = asyncio.create_task(pump_frames(ws, viewer, service))
+    viewer.on_overflow = lambda: asyncio.get_running_loop().create_task(evict(ws, pump))
     try:
         await read_commands(ws, session)
     finally:
@@ -78,11 +63,14 @@ async def handle(session: Session, data: str | bytes) -> None:
     viewer, limits = session.viewer, session.service.config.limits
     msg: dict = {}
     try:
-        msg = parse_frame(data, limits.max_frame_bytes)
-        if not viewer.is_instructor and not viewer.messages.take():
+        if not viewer.is_instructor and not viewer.messages.take():   # every frame counts, parsed or not
             raise CommandError("rate_limited", f"at most {limits.messages_per_second:g} messages a second; "
                                                f"this one was not processed")
-        kind = validate_command(msg)
+        msg = parse_frame(data, limits.max_frame_bytes)
+        try:
+            kind = validate_command(msg)
+        except RecursionError:
+            raise CommandError("invalid_json", "the message is nested too deeply") from None
         if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
             raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
                                             f"token (?token=… or an auth message)")
@@ -90,17 +78,34 @@ async def handle(session: Session, data: str | bytes) -> None:
     except CommandError as exc:
         send_error(session, msg, exc.code, exc.message, exc.request_id)
     except Exception as exc:   # a bug must not cost the viewer its connection
-        log.exception("command failed: %r", msg.get("type"))
-        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}: {exc}")
+        log.exception("command failed: %r", str(msg.get("type"))[:40])
+        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}")
 
 
 def send_error(session: Session, msg: dict, code: str, message: str, request_id: str | None = None) -> None:
     kind = msg.get("type")
     event = {"type": "error", "ts": session.service.clock(), "ref": message_ref(msg), "code": code,
-             "message": message, "cmd": kind if isinstance(kind, str) and len(kind) <= 40 else None}
+             "message": printable(message), "cmd": printable(kind) if isinstance(kind, str) and len(kind) <= 40 else None}
     if request_id is not None:
         event["request_id"] = request_id
     session.hub.send(session.viewer, event)
+
+
+CLOSE_TIMEOUT_S = 5.0
+
+
+async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
+    """Close a viewer whose queue outgrew its byte budget (code 1013). A peer that does not
+    read may never take the close frame either: then the connection is cut."""
+    pump.cancel()
+    try:
+        await asyncio.wait_for(ws.close(code=1013, reason="too far behind: it did not read its events"),
+                               CLOSE_TIMEOUT_S)
+    except (asyncio.TimeoutError, RuntimeError, ConnectionError, WebSocketDisconnect):
+        pass
+    transport = ws.scope.get("kvscope.transport")
+    if transport is not None and not transport.is_closing():
+        transport.abort()
 
 
 async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> None:
@@ -112,8 +117,7 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
             await viewer.wake.wait()
             viewer.wake.clear()
             if viewer.overflowed:
-                await ws.close(code=1013, reason="too far behind on its own events")
-                return
+                return   # evict() closes it
             frame, essential = viewer.take_frame(service.hub.snapshot_text)
             if frame is None:
                 continue

@@ -155,6 +155,15 @@ export class ReplaySocket extends EventTarget {
     while (this._group < target) this._emitGroup();
   }
 
+  /** Send what has been replayed so far again, from the start (widgets reset first): a
+   * widget that subscribed after the replay began then sees the whole episode so far. */
+  catchUp() {
+    if (this._group === 0 || this.readyState !== OPEN) return;
+    const target = this._group;
+    this._restart();
+    while (this._group < target) this._emitGroup();
+  }
+
   send(data) {
     if (this.readyState !== OPEN) throw new DOMException('the replay is not open', 'InvalidStateError');
     let command;

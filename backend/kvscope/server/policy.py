@@ -1,0 +1,177 @@
+"""The server's one policy, shared by the WebSocket, the REST routes and the OpenAI API:
+who is an instructor, what a prompt may be (characters, tokens, one form), how large the
+numbers in a request may be, and how often a caller may ask. Every refusal names the
+limit and the `kvscope serve` flag that sets it."""
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+import secrets
+
+from kvscope.server.config import ServerConfig
+from kvscope.server.ratelimit import TokenBucket, per_minute
+from kvscope.server.validation import CommandError
+
+PROMPT_FORMS = ("prompt", "messages", "prompt_token_ids")
+MAX_TOP_K = 1 << 20                  # far above any vocabulary, far below what a tensor can hold
+MAX_N = 16                           # parallel samples per prompt: each choice is a sequence in the batch
+MAX_SEED = 2**63 - 1 - MAX_N         # choice i seeds with seed + i; torch takes a signed 64-bit integer
+MAX_TEMPERATURE = 100.0
+MAX_CALLERS = 10_000                 # remembered buckets; the oldest are forgotten first
+LEARNER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def is_token(given: str | None, config: ServerConfig) -> bool:
+    return bool(given) and secrets.compare_digest(given.encode("utf-8", "surrogatepass"),
+                                                  config.instructor_token.encode())
+
+
+def bearer_token(headers) -> str | None:
+    auth = headers.get("authorization", "")
+    return auth.removeprefix("Bearer ").strip() or None
+
+
+def is_loopback(host: str | None) -> bool:
+    try:
+        return host is not None and ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def check_text(text: str, what: str, max_chars: int | None) -> None:
+    """Characters before tokens: a length the tokenizer never sees, and no lone surrogate."""
+    if max_chars is not None and len(text) > max_chars:
+        raise CommandError("prompt_too_long", f"{what} has {len(text)} characters; without the instructor token "
+                                              f"it may have at most {max_chars} (kvscope serve --learner-max-prompt-chars)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CommandError("invalid_field", f"{what}: character {exc.start} is a lone surrogate "
+                                            f"({text[exc.start]!a}), not valid Unicode text") from None
+
+
+def message_texts(messages: list[dict]) -> list[str]:
+    texts = []
+    for m in messages:
+        content = m.get("content")
+        texts.extend([content] if isinstance(content, str) else [p.get("text", "") for p in content or []])
+    return texts
+
+
+def one_prompt_form(body: dict) -> str:
+    forms = [k for k in PROMPT_FORMS if k in body]
+    if len(forms) != 1:
+        raise CommandError("invalid_field", "give exactly one of prompt, messages or prompt_token_ids")
+    return forms[0]
+
+
+def check_number(name: str, value, low: float, high: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+        raise CommandError("invalid_field", f"{name}: {value!r} is out of range; it must be between {low:g} and {high:g}")
+
+
+def check_sampling_numbers(raw: dict, prefix: str = "") -> None:
+    """Bounds on the numbers that reach tensors and generators, whatever the route's schema says."""
+    for name, low, high in (("top_k", -1, MAX_TOP_K), ("seed", 0, MAX_SEED), ("n", 1, MAX_N),
+                            ("temperature", 0, MAX_TEMPERATURE), ("top_p", 0, 1), ("min_p", 0, 1),
+                            ("max_tokens", 1, 1 << 31), ("max_completion_tokens", 1, 1 << 31),
+                            ("logprobs", 0, 20), ("top_logprobs", 0, 20)):
+        if name in raw and not (name == "logprobs" and isinstance(raw[name], bool)):
+            check_number(prefix + name, raw[name], low, high)
+
+
+def learner_id(raw: str | None) -> str | None:
+    """The browser's learner id (client.js keeps a random one in localStorage), if well-formed."""
+    return raw if raw is not None and LEARNER_ID.match(raw) else None
+
+
+def bucket_for(buckets: dict[str, TokenBucket], key: str, make) -> TokenBucket:
+    bucket = buckets.get(key)
+    if bucket is None:
+        if len(buckets) >= MAX_CALLERS:
+            buckets.pop(next(iter(buckets)))
+        bucket = buckets[key] = make()
+    return bucket
+
+
+class Policy:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.rest_buckets: dict[str, TokenBucket] = {}
+        self.submit_buckets: dict[str, TokenBucket] = {}   # per learner id, shared by its tabs
+        self.class_bucket: TokenBucket | None = None
+
+    def learner_submits(self, learner: str | None) -> TokenBucket:
+        """A WebSocket learner's submit allowance: per learner id when the page sends one."""
+        make = lambda: per_minute(self.limits.submits_per_minute)   # noqa: E731
+        return make() if learner is None else bucket_for(self.submit_buckets, learner, make)
+
+    @property
+    def limits(self):
+        return self.config.limits
+
+    def max_chars(self, instructor: bool) -> int | None:
+        return None if instructor else self.limits.max_prompt_chars
+
+    def check_prompt_text(self, text: str, instructor: bool, what: str = "the prompt") -> None:
+        check_text(text, what, self.max_chars(instructor))
+
+    def check_prompt_tokens(self, ids: list[int], instructor: bool) -> None:
+        if not instructor and len(ids) > self.limits.max_prompt_tokens:
+            raise CommandError("prompt_too_long", f"the prompt has {len(ids)} tokens; without the instructor token "
+                                                  f"a prompt may have at most {self.limits.max_prompt_tokens} "
+                                                  f"(kvscope serve --learner-max-prompt-tokens)")
+
+    def max_tokens(self, instructor: bool, engine_max: int) -> int:
+        return engine_max if instructor else self.limits.max_tokens
+
+    # -- REST and OpenAI callers ---------------------------------------------------------
+    def rest_caller(self, headers, client_host: str | None, learner: str | None = None) -> tuple[bool, str | None]:
+        """(instructor?, the key of the caller's rate bucket, None when not limited)."""
+        if is_token(bearer_token(headers), self.config):
+            return True, None
+        if is_loopback(client_host) and not self.config.limit_loopback:
+            return False, None
+        learner = learner_id(learner)
+        return False, f"learner:{learner}" if learner else f"addr:{client_host}"
+
+    def admit_rest(self, key: str | None, cost: int = 1) -> None:
+        """One bucket per caller for /api and /v1 together; a call with k prompts costs k."""
+        if key is None:
+            return
+        self._admit_class(cost)
+        rate = self.config.rest_requests_per_minute
+        if rate <= 0:
+            return
+        bucket = bucket_for(self.rest_buckets, key, lambda: per_minute(rate))
+        if not bucket.take(cost):
+            wait = max(1, math.ceil(bucket.retry_after(cost))) if cost <= bucket.burst else None
+            when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"
+            raise RateLimited(f"at most {rate:g} prompts a minute (bursts of {bucket.burst:g}) per caller without "
+                              f"the instructor token (kvscope serve --rest-requests-per-minute); {when}", wait)
+
+
+    def _admit_class(self, cost: int) -> None:
+        """All limited REST callers together: learner ids are the browser's choice, this is not."""
+        rate = self.config.rest_class_requests_per_minute
+        if rate <= 0:
+            return
+        if self.class_bucket is None:
+            self.class_bucket = per_minute(rate)
+        if not self.class_bucket.take(cost):
+            wait = max(1, math.ceil(self.class_bucket.retry_after(cost)))
+            raise RateLimited(f"the class together may send {rate:g} REST/OpenAI prompts a minute "
+                              f"(kvscope serve --rest-class-requests-per-minute); retry in {wait} s", wait)
+
+
+class RateLimited(CommandError):
+    def __init__(self, message: str, retry_after: int | None):
+        super().__init__("rate_limited", message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict:
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
