@@ -1,7 +1,7 @@
 """One step's model inputs: the scheduled sequences flattened into one batch (tokens,
 positions, slot mapping, and for decodes block tables and context lengths), plus which
 rows of logits are sampled and for whom. Prefills and decodes are prepared separately;
-the decode part is built with a few tensor operations for the whole batch."""
+the decode part is built as whole-batch lists, one tensor each."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,8 +30,8 @@ class StepInputs:
 class _Part:
     """The prefill or the decode half of a step, before the two are joined."""
     ids: list[int] = field(default_factory=list)
-    positions: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    slots: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    positions: list[int] = field(default_factory=list)
+    slots: list[torch.Tensor] = field(default_factory=list)
 
 
 def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
@@ -50,63 +50,58 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device,
     ordered = batch_order(out.entries)
     prefills = [e for e in ordered if e.num_new_tokens > 1]
     decodes = ordered[len(prefills):]
-    md = AttentionMetadata(slot_mapping=None, prefills=[],
-                           num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
+    md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
     inputs = StepInputs(None, None, md)
     pre = _prepare_prefill(prefills, block_size, device, inputs)
-    dec = _prepare_decode(decodes, block_size, inputs, len(pre.ids), decode_groups) if decodes else _Part()
-    md.slot_mapping = torch.cat([pre.slots, dec.slots]).to(device)
+    dec = _prepare_decode(decodes, block_size, device, inputs, len(pre.ids), decode_groups) if decodes else _Part()
+    slots = pre.slots + dec.slots
+    md.slot_mapping = (slots[0] if len(slots) == 1 else torch.cat(slots)).to(device)
     inputs.input_ids = torch.tensor(pre.ids + dec.ids, dtype=torch.long, device=device)
-    inputs.positions = torch.cat([pre.positions, dec.positions]).to(device)
-    if decodes:
-        md.block_tables, md.context_lens = md.block_tables.to(device), md.context_lens.to(device)
-        for g in md.decode_groups or ():
-            g.block_tables, g.mask = g.block_tables.to(device), g.mask.to(device)
+    inputs.positions = torch.tensor(pre.positions + dec.positions, dtype=torch.long, device=device)
     return inputs
 
 
 def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, device: torch.device,
                      inputs: StepInputs) -> _Part:
-    part, positions, slots, row = _Part(), [], [], 0
+    part, row = _Part(), 0
     for e in prefills:
         seq, n = e.seq, e.num_new_tokens
         end = e.start + n
         part.ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
-        positions += range(e.start, end)
-        slots.append(slot_mapping(seq.block_table, e.start, end, block_size))
+        part.positions += range(e.start, end)
+        part.slots.append(slot_mapping(seq.block_table, e.start, end, block_size))
         blocks = torch.tensor(seq.block_table[:cdiv(end, block_size)], dtype=torch.long).to(device) \
             if e.start else None
         inputs.metadata.prefills.append(PrefillSpan(row, n, e.start, blocks))
         row += n
         if e.samples:
             _add_samplers(inputs, e, row - 1)
-    part.positions = torch.tensor(positions, dtype=torch.long)
-    if slots:
-        part.slots = torch.cat(slots)
     return part
 
 
-def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, inputs: StepInputs, first_row: int,
-                    decode_groups: bool) -> _Part:
-    """One token per sequence: its block table row, and its position's slot looked up in it."""
+def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, device: torch.device, inputs: StepInputs,
+                    first_row: int, decode_groups: bool) -> _Part:
+    """One token per sequence: a row of the padded block table, and its position's slot.
+    Built as whole-batch lists turned into one tensor each (no tensor per sequence)."""
     width = max(len(e.seq.block_table) for e in decodes)
-    tables = torch.tensor([e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes],
-                          dtype=torch.int32)
-    positions = torch.tensor([e.start for e in decodes], dtype=torch.long)
-    blocks = tables.gather(1, (positions // block_size)[:, None]).squeeze(1).long()
-    part = _Part([e.seq.token_ids[e.start] for e in decodes], positions,
-                 blocks * block_size + positions % block_size)
+    tables = [e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes]
+    positions = [e.start for e in decodes]
+    slots = [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)]
     for row, e in enumerate(decodes, first_row):
         _add_samplers(inputs, e, row)
     md = inputs.metadata
-    lens = (positions + 1).to(torch.int32)
-    md.block_tables, md.context_lens, md.max_context_len = tables, lens, int(lens.max())
+    tables_t = torch.tensor(tables, dtype=torch.int32)
+    lens = torch.tensor(positions, dtype=torch.int32) + 1
+    md.block_tables, md.context_lens = tables_t.to(device), lens.to(device)
+    md.max_context_len = positions[-1] + 1      # decodes are sorted by context length
     if decode_groups:
-        md.decode_groups = _decode_groups(tables, lens, block_size)
-    return part
+        md.decode_groups = _decode_groups(tables_t, lens, block_size, device)
+    return _Part([e.seq.token_ids[e.start] for e in decodes], positions,
+                 [torch.tensor(slots, dtype=torch.long)])
 
 
-def _decode_groups(tables: torch.Tensor, lens: torch.Tensor, block_size: int) -> list[DecodeGroup]:
+def _decode_groups(tables: torch.Tensor, lens: torch.Tensor, block_size: int,
+                   device: torch.device) -> list[DecodeGroup]:
     """Up to four groups of equal size over rows sorted by context length: padding each
     group to its own longest context wastes far less than padding the whole batch."""
     n = len(lens)
@@ -117,7 +112,7 @@ def _decode_groups(tables: torch.Tensor, lens: torch.Tensor, block_size: int) ->
         width = cdiv(int(lens[rows].max()), block_size)
         pos = torch.arange(width * block_size)
         mask = (pos[None, :] < lens[rows, None]).view(rows.stop - start, 1, 1, -1)
-        groups.append(DecodeGroup(rows, tables[rows, :width], mask))
+        groups.append(DecodeGroup(rows, tables[rows, :width].to(device), mask.to(device)))
     return groups
 
 
