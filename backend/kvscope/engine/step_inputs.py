@@ -11,7 +11,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan
-from kvscope.paging import cdiv, slot_mapping
+from kvscope.paging import cdiv, slot_mapping, slot_of
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8
@@ -86,7 +86,7 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, device: torch.
     width = max(len(e.seq.block_table) for e in decodes)
     tables = [e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes]
     positions = [e.start for e in decodes]
-    slots = [t[p // block_size] * block_size + p % block_size for t, p in zip(tables, positions)]
+    slots = [slot_of(e.seq.block_table, e.start, block_size) for e in decodes]
     for row, e in enumerate(decodes, first_row):
         _add_samplers(inputs, e, row)
     md = inputs.metadata
