@@ -19,6 +19,7 @@ from kvscope.engine.observer import EngineObserver, StepRecord
 from kvscope.engine.scheduler import Scheduler
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
+from kvscope.engine.step_isolation import run_isolating
 from kvscope.engine.spec_decode import SpeculativeConfig, build_speculator, spec_logprobs
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
@@ -165,12 +166,15 @@ class LLMEngine:
         t1 = time.perf_counter()
         for obs in self.observers:
             obs.on_scheduled(out)
-        try:
-            result = self.runner.run(out, self.generators)
-        except (WorkerDied, RuntimeError) as exc:
-            if self.workers is None:
-                raise
-            return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
+        if self.workers is None:
+            result, failed = run_isolating(self.runner, out, self.generators)
+            ended = self._fail_alone(out, failed)
+        else:
+            ended = []
+            try:
+                result = self.runner.run(out, self.generators)
+            except (WorkerDied, RuntimeError) as exc:
+                return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
@@ -181,7 +185,17 @@ class LLMEngine:
             self._cleanup(seq)
         if self.observers:
             self._publish_step(out, result, finished, t0, t1, t2)
-        return deltas, finished
+        return deltas, ended + finished
+
+    def _fail_alone(self, out, failed: dict[int, str]) -> list[Sequence]:
+        """Requests whose own step failed end with the error (the step went on without them);
+        returns them with their choices not forked yet."""
+        ended = []
+        for entry in out.entries:
+            if entry.seq.seq_id in failed:
+                ended += [entry.seq, *entry.seq.forks]
+                self._finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
+        return ended
 
     def _verify_drafts(self, out, result) -> None:
         """Accept or reject each sequence's drafts against the target's scores."""
