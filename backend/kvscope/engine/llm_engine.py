@@ -194,7 +194,7 @@ class LLMEngine:
         for entry in out.entries:
             if entry.seq.seq_id in failed:
                 ended += [entry.seq, *entry.seq.forks]
-                self._finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
+                self.finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
         return ended
 
     def _verify_drafts(self, out, result) -> None:
