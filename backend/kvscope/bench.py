@@ -63,6 +63,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--attention-backend", default="auto",
+                   choices=["auto", "torch", "blockwise", "triton", "flash_attn"])
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
 
 
@@ -82,7 +84,8 @@ def _sync(device: torch.device) -> None:
 def _engine(args, **overrides):
     from kvscope.engine import LLMEngine
     kw = dict(model=args.model, load_format=args.load_format, device=args.device, dtype=args.dtype,
-              seed=args.seed, enforce_eager=args.enforce_eager)
+              seed=args.seed, enforce_eager=args.enforce_eager,
+              attention_backend=args.attention_backend)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return LLMEngine(**kw)
 
