@@ -65,8 +65,9 @@ class ModelRunner:
         self.graphs = None
         self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
-        if device.type == "cuda" and not config.enforce_eager and self.attention_backend != "torch" \
-                and config.tensor_parallel_size == 1:
+        # only these backends read context lengths on the device, which a captured graph needs
+        device_side = self.attention_backend in ("triton", "flash_attn")
+        if device.type == "cuda" and not config.enforce_eager and device_side and config.tensor_parallel_size == 1:
             self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
 
     # -- KV cache ----------------------------------------------------------------------
