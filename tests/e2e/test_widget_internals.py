@@ -182,6 +182,8 @@ def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, s
 
 def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screenshot, assert_clean):
     widget = open_widget(page, live_server, "05-multi-head-attention", "kv-heads")
+    page.wait_for_function("el => el.innerText.includes('What sharing saves')", arg=widget.element_handle())
+    assert "For your" not in widget.inner_text()   # no prompt run yet: no token count to quote
     for _ in range(2):
         data = run_prompt(page, widget, "The keys to the old cabinet are on the table")
         assert sorted(int(k) for k in data["layers"]) == list(range(data["num_layers"]))
@@ -193,6 +195,7 @@ def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screensho
     assert widget.get_attribute("data-maps") == str(data["num_layers"] * data["num_heads"])
     group = data["num_heads"] // data["num_kv_heads"]
     assert f"{group}× less" in widget.inner_text()
+    assert f"For your {data['rows'] + 1} tokens" in widget.inner_text()
     widget.locator(".kvh-grid").focus()
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowDown")

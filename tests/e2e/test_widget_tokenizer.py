@@ -123,3 +123,24 @@ def test_tokenizer_by_keyboard_alone(page, live_server, screenshot, assert_clean
     assert outline != "none"
     screenshot(widget, "widget-tokenizer-keyboard")
     assert_clean(page)
+
+
+def test_tokenizer_names_itself_and_compares_vocabulary_sizes(page, live_server, assert_clean):
+    """The note under the widget says whose tokenizer it is and how many pieces it has (the
+    hello event's model facts), and counts how the text in the box splits per word."""
+    widget = open_tokenizer(page, live_server)
+    model = page.evaluate("() => window.kvscope.client.hello.model")
+    text = "The little cat sat on the warm mat"
+    widget.get_by_label("Text to tokenize").fill(text)
+    shown(widget, text)
+    num_tokens = len(api_tokenize(live_server, text)["ids"])
+    note = widget.locator("[data-vocab]")
+    page.wait_for_function("el => el.textContent.includes('words became')", arg=note.element_handle())
+    said = note.text_content()
+    assert f"This is the tokenizer of {model['name']}: {model['vocab_size']:,} pieces." in said
+    assert f"8 words became {num_tokens} tokens ({num_tokens / 8:.2f} per word)" in said
+    large = model["vocab_size"] >= 100_000
+    assert note.get_attribute("data-vocab") == ("large" if large else "small")
+    if not large:   # the embedded model: a small table, compared with a large real one
+        assert "Qwen3: 151,936 pieces" in said and "fewer pieces" in said
+    assert_clean(page)

@@ -138,14 +138,15 @@ class KvHeads extends KvWidget {
     this.groupsEl.replaceChildren(h('span', { style: 'border-color: transparent' }, 'Query heads sharing one KV head:'),
       ...Array.from({ length: m.num_kv_heads }, (_, k) => h('span', { style: `border-color: ${CATEGORICAL[k % CATEGORICAL.length]}` },
         `KV head ${k}: query heads ${Array.from({ length: group }, (_, i) => k * group + i).join(', ')}`)));
-    const tokens = Math.max(this.store.size + 1, 1);
     const gqa = m.kv_bytes_per_token;
     const mha = gqa * group;
+    // Before a run there is no prompt to count: say the per-token saving only.
+    const tokens = this.store.size ? this.store.size + 1 : 0;
+    const yours = tokens ? `For your ${tokens} tokens: ${formatBytes(gqa * tokens)} instead of ${formatBytes(mha * tokens)} — ` : 'That is ';
     this.bytesEl.replaceChildren(h('h4', {}, 'What sharing saves'),
       h('p', {}, `Each token stores ${m.num_kv_heads} keys and ${m.num_kv_heads} values per layer: ${formatBytes(gqa)} per token `
         + `in ${m.dtype}. With one KV head per query head (${m.num_heads}) it would be ${formatBytes(mha)}. `
-        + `For your ${tokens} tokens: ${formatBytes(gqa * tokens)} instead of ${formatBytes(mha * tokens)} — ${group}× less, `
-        + `so ${group}× as many tokens fit in the same KV cache.`));
+        + `${yours}${group}× less, so ${group}× as many tokens fit in the same KV cache.`));
     this.setLegend([
       ...Array.from({ length: m.num_kv_heads }, (_, k) => ({ label: `KV head ${k} (bar above its query heads)`, color: CATEGORICAL[k % CATEGORICAL.length] })),
       { label: 'attention weight, per row from faint (near 0) to strong (the row’s largest)', color: heatColor(0.8) },

@@ -206,9 +206,12 @@ class KvThroughput extends KvWidget {
       svg('line', { x1: PAD.left, x2: PAD.left, y1: PAD.top, y2: H - PAD.bottom, stroke: 'var(--kv-fg-soft)' }),
       svg('text', { x: (W + PAD.left) / 2, y: H - 6, 'font-size': 11, 'text-anchor': 'middle' }, 'throughput, output tokens per second →'),
       svg('text', { x: PAD.left + 6, y: PAD.top + 6, 'font-size': 11 }, '↑ latency'),
+    ];
+    // Scale ends only once there is a point: before the first run they would be made-up numbers.
+    if (pts.length) nodes.push(
       svg('text', { x: PAD.left - 4, y: PAD.top + 10, 'font-size': 10, 'text-anchor': 'end', class: 'kvw-soft' }, formatSeconds(maxY)),
       svg('text', { x: W - PAD.right, y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'end', class: 'kvw-soft' }, formatFloat(maxX, 1)),
-    ];
+    );
     for (const [key, name, color, shape] of SERIES) {
       const line = pts.filter((p) => p[key] !== null).sort((a, b) => a.throughput - b.throughput);
       if (line.length > 1) nodes.push(svg('polyline', { points: line.map((p) => `${x(p.throughput)},${y(p[key])}`).join(' '), fill: 'none', stroke: color, 'stroke-width': 1, 'stroke-dasharray': shape === 'ring' || shape === 'box' ? '3 3' : null }));

@@ -10,6 +10,8 @@ import { tokenLabel, byteMap, unitSpan, utf8, hex2 } from './lib/tokens.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { recordedOfType } from './lib/recording.js';
 
+// Vocabularies this big (Llama 3: 128,256; Qwen3: 151,936) keep most common words whole.
+const LARGE_VOCAB = 100000;
 const DEFAULT_TEXT = 'Hello, world! Tokenizers cut text into pieces: café, 東京, 👋🏽.\nNew lines count too.';
 const DEBOUNCE_MS = 200;
 const MAX_BYTE_CELLS = 400;
@@ -175,13 +177,20 @@ class KvTokenizer extends KvWidget {
     this.requestRender();
   }
 
-  /** Why this vocabulary is the size it is, from the model's own numbers. */
+  /** Which tokenizer this is and why its vocabulary is the size it is, from the model's own
+   *  numbers (the `hello` event), and what that means for the text in the box. */
   describeVocabulary() {
-    const vocab = this.client.hello?.model?.vocab_size;
-    if (!vocab) return;
-    this.vocabEl.textContent = vocab < 10000
-      ? `This model’s tokenizer has ${vocab.toLocaleString('en')} pieces. It was trained on simple stories, so a small table covers their words; anything else falls apart into short pieces or single bytes. Large models use far bigger tables (Qwen3: 151,936 pieces), so most words are one token there.`
-      : `This model’s tokenizer has ${vocab.toLocaleString('en')} pieces: most common words are one token.`;
+    const model = this.client.hello?.model;
+    if (!model?.vocab_size) return;
+    const vocab = model.vocab_size;
+    const r = this.result;
+    const words = r ? r.text.split(/\s+/).filter(Boolean).length : 0;
+    const split = r && words ? ` Your text: ${formatInt(words)} words became ${formatInt(r.tokens.length)} tokens (${(r.tokens.length / words).toFixed(2)} per word).` : '';
+    const which = `This is the tokenizer of ${model.name}: ${vocab.toLocaleString('en')} pieces.`;
+    this.vocabEl.dataset.vocab = vocab >= LARGE_VOCAB ? 'large' : 'small';
+    this.vocabEl.textContent = vocab >= LARGE_VOCAB
+      ? `${which} A table this large holds most common words whole, so the same sentence splits into fewer pieces than in a small model’s table.${split}`
+      : `${which} It was trained on simple stories, so a small table covers their words; anything else falls apart into short pieces or single bytes. Large models use far bigger tables (Qwen3: 151,936 pieces), where most words are one token, so the same sentence splits into fewer pieces.${split}`;
   }
 
   render() {
