@@ -16,7 +16,7 @@ WIDGET_CHAPTERS = ["15-paged-attention", "12-the-kv-cache"]
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
-        pass
+        """No line per file served in the test output."""
 
 
 @pytest.fixture(scope="module")
