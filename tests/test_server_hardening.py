@@ -193,10 +193,24 @@ def test_a_viewer_that_never_reads_is_closed_when_its_backlog_outgrows_its_bytes
             time.sleep(0.1)
         assert not new(), "the non-reading viewer was never closed"
         assert max((v.pending_bytes for v in server.service.hub.viewers.values()), default=0) <= config.max_pending_bytes
+        assert connection_ends(sock, within_s=20), "the server forgot the viewer but left its socket open"
     finally:
         config.max_pending_bytes = saved
         sock.close()
     assert_healthy(server)
+
+
+def connection_ends(sock, within_s: float) -> bool:
+    """Reads what the server had sent until the connection ends (EOF or reset)."""
+    sock.settimeout(within_s)
+    try:
+        while sock.recv(1 << 16):
+            continue
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
 
 
 # -- defect 10: DNS rebinding passed the Origin check; /ws/replay checked no Origin --------

@@ -8,6 +8,7 @@ from kvscope.server.cli_args import CPU_DEFAULT_KV_BLOCKS, add_serve_arguments
 from kvscope.server.config import Limits, ServerConfig
 
 WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
+KEEP_ALIVE_S = 75          # idle keep-alive connections: see the uvicorn call below
 
 
 def engine_from_args(args):
@@ -72,7 +73,11 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kvscope: listening on {cfg.host}: anyone who can reach this address can use the engine")
     uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
                                   ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
-                                  ws_ping_interval=20, ws_ping_timeout=20)).run()
+                                  ws_ping_interval=20, ws_ping_timeout=20,
+                                  # Longer than clients' pool expiry (httpx: 5 s), so the client closes
+                                  # an idle keep-alive connection first: with equal timeouts a request
+                                  # sent as the server closes it is lost before the engine sees it.
+                                  timeout_keep_alive=KEEP_ALIVE_S)).run()
     return 0
 
 

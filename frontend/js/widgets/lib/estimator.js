@@ -22,7 +22,7 @@ export class Estimator {
     this.hello = null;
     this.result = null;
     const uid = `${host.getAttribute('aria-labelledby')}-est`;
-    const labelled = (id, text, input) => h('label', { class: 'kvm-field', for: id }, h('span', {}, text), input);
+    const labelled = (id, text, input, cls = 'kvm-field') => h('label', { class: cls, for: id }, h('span', {}, text), input);
     this.presetSel = h('select', { class: 'kvw-select', id: `${uid}-preset` },
       h('option', { value: LIVE }, 'the live model'),
       ...Object.keys(PRESETS).map((k) => h('option', { value: k }, k)),
@@ -52,7 +52,7 @@ export class Estimator {
         labelled(this.presetSel.id, 'Model', this.presetSel), ...shape,
         labelled(this.wDtype.id, 'Weights dtype', this.wDtype), labelled(this.kvDtype.id, 'KV dtype', this.kvDtype),
         labelled(this.context.id, 'Context length (tokens)', this.context), labelled(this.batch.id, 'Batch (sequences)', this.batch),
-        labelled(this.deviceSel.id, 'Device', this.deviceSel)),
+        labelled(this.deviceSel.id, 'Device', this.deviceSel, 'kvm-field kvm-form__wide')),
       this.barEl, this.outEl,
       h('p', { class: 'kvw-note' }, 'KV per token = 2 (K and V) × layers × KV heads × head dim × bytes per element. Weights = parameters × bytes per weight. Activations and the runtime’s own overhead come on top.'));
     for (const el of [this.presetSel, this.wDtype, this.kvDtype, this.context, this.batch, this.deviceSel]) {
@@ -147,6 +147,7 @@ export class Estimator {
 
 export const ESTIMATOR_CSS = `
 kv-memory .kvm-form { display: grid; grid-template-columns: repeat(auto-fill, minmax(11rem, 1fr)); gap: .4rem .8rem; }
+kv-memory .kvm-form__wide { grid-column: span 2; }   /* device names are long */
 kv-memory .kvm-field { display: flex; flex-direction: column; font-size: .82rem; color: var(--kv-fg-soft); gap: .15rem; }
 kv-memory .kvm-field .kvw-input, kv-memory .kvm-field .kvw-select { width: 100%; color: var(--kv-fg); }
 kv-memory .kvm-device { fill: var(--kv-bg-soft); stroke: var(--kv-border); }
