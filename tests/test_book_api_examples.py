@@ -8,7 +8,6 @@ import json
 import re
 
 import httpx
-import pytest
 
 from kvscope.server.rendering import Site
 
@@ -33,14 +32,6 @@ def test_python_example_prints_what_the_book_shows():
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "chapter 21", "exec"), {})
     assert printed.getvalue().strip() == block_after("text", "LLM(").strip()
-
-
-@pytest.fixture(scope="module")
-def server():
-    from server_harness import LiveServer
-    s = LiveServer()
-    yield s
-    s.stop()
 
 
 def shown_request() -> dict:

@@ -8,7 +8,7 @@ import pytest
 from kvscope.engine.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
-from server_harness import TOKEN, Client, LiveServer
+from server_harness import TOKEN, Client
 
 LONG = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
 
@@ -37,13 +37,6 @@ def test_slow_motion_waits_between_steps():
     assert pacing.wait_before_step(5.4) == 0
     with pytest.raises(ValueError):
         pacing.set_slow_motion(11)
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer()
-    yield s
-    s.stop()
 
 
 def step_times(client: Client, rid: str) -> list[float]:

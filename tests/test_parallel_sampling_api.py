@@ -3,22 +3,7 @@ choices are separate samples, each equal to the single request seeded seed + ind
 prompt counted once in usage, and leaving a stream of n choices frees every block."""
 from __future__ import annotations
 
-import openai
-import pytest
-
-from server_harness import TOKEN, LiveServer
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.http}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+from server_harness import TOKEN
 
 
 ARGS = dict(prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=11, extra_body={"ignore_eos": True})

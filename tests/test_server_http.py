@@ -11,19 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_harness import TOKEN, Client, LiveServer, check_event
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=f"{server.http}/v1", api_key=TOKEN, max_retries=0, timeout=60)
+from server_harness import TOKEN, Client, check_event
 
 
 @pytest.fixture(scope="module")

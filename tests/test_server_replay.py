@@ -2,19 +2,11 @@
 in the same order, with play, pause, step and speed."""
 from __future__ import annotations
 
-import pytest
 
 from kvscope.instrumentation.recording import AFTER_STEP, read_recording
-from server_harness import Client, LiveServer
+from server_harness import Client
 
 from test_events_schema import ROOT
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer()
-    yield s
-    s.stop()
 
 
 def replay_url(server, name: str, query: str = "") -> str:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from server_harness import TOKEN, Client, LiveServer, check_event
+from server_harness import TOKEN, Client, check_event
 
 GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 HELLO_FIELDS = {
@@ -19,13 +19,6 @@ HELLO_FIELDS = {
                "max_model_len", "enable_prefix_caching", "attention_backend", "speculative",
                "tensor_parallel_size", "rank_weight_bytes"},
 }
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = LiveServer()
-    yield s
-    s.stop()
 
 
 @pytest.fixture
