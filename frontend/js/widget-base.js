@@ -2,6 +2,8 @@
 //
 //   class KvPages extends KvWidget {
 //     static events = ['kv', 'step'];          // families to subscribe to (hello/engine always arrive)
+//     static replayEvents = ['request'];       // subscribed only while replaying (live, the widget
+//                                              // follows its own requests)
 //     static label = 'Page allocator';         // heading; a `label` attribute overrides it
 //     setup() { this.body.innerHTML = '<svg ...>'; }   // once, after the frame is built
 //     onEvent(event) { ...update state...; this.requestRender(); }
@@ -161,15 +163,25 @@ export class KvWidget extends HTMLElement {
     }));
     this._offs.push(this.client.onModeChange((mode) => {
       this.dataset.mode = mode;
+      this._followReplay(mode);
       this.onModeChange(mode);
     }));
+    this._offs.push(() => this._followReplay(null));
     this.dataset.mode = this.client.mode;
+    this._followReplay(this.client.mode);
     if (!this._caughtUp) {
       // A widget loaded after the connection opened still starts from the model's facts.
       this._caughtUp = true;
       if (this.client.hello) this.onEvent(this.client.hello);
       if (this.client.engine) this.onEvent(this.client.engine);
     }
+  }
+
+  /** Holds the `replayEvents` subscription exactly while the page replays. */
+  _followReplay(mode) {
+    const families = this.constructor.replayEvents || [];
+    if (mode === 'replay' && families.length && !this._replaySub) this._replaySub = this.client.subscribe(families);
+    if (mode !== 'replay' && this._replaySub) { this._replaySub(); this._replaySub = null; }
   }
 
   // -- the frame -------------------------------------------------------------------------

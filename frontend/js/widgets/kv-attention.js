@@ -31,6 +31,7 @@ kv-attention .kva-over .kva-future { opacity: .45; background: repeating-linear-
 
 class KvAttention extends withHandlers(KvWidget) {
   static events = [];
+  static replayEvents = ['attention', 'request'];
   static label = 'Attention heatmap';
 
   setup() {
@@ -134,8 +135,6 @@ class KvAttention extends withHandlers(KvWidget) {
 
   onModeChange(mode) {
     this.updateMode(mode);
-    if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(['attention', 'request']);
-    if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
   }
 
   connectedCallback() {

@@ -23,6 +23,7 @@ kv-cache-view .kvc-text mark { background: var(--kv-cat-5); color: #111; }
 
 class KvCacheView extends withHandlers(KvWidget) {
   static events = [];
+  static replayEvents = ['request'];
   static label = 'KV cache, one token at a time';
 
   setup() {
@@ -94,8 +95,6 @@ class KvCacheView extends withHandlers(KvWidget) {
   onModeChange(mode) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
-    if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(['request']);
-    if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
     this.updateButtons();
   }
 

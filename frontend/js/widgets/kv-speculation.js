@@ -41,6 +41,7 @@ kv-speculation .kvs-chart .kvs-cross { stroke: var(--kv-fg-soft); }
 
 class KvSpeculation extends withHandlers(KvWidget) {
   static events = ['spec'];
+  static replayEvents = ['request'];
   static label = 'Speculative decoding: drafts and verification';
 
   setup() {
@@ -97,8 +98,6 @@ class KvSpeculation extends withHandlers(KvWidget) {
   onModeChange(mode) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
-    if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(['request']);
-    if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
     this.runBtn.disabled = mode !== 'live';
     this.requestRender();
   }
