@@ -62,7 +62,7 @@ class LiveServer:
         self.port = free_port()
         args = parser.parse_args(["--model", model_path(), "--port", str(self.port), "--threads", "1",
                                   "--instructor-token", TOKEN, "--num-kv-blocks", "256",
-                                  "--max-num-batched-tokens", "256", *extra_args])
+                                  "--max-num-batched-tokens", "256", "--no-cpu-compile", *extra_args])
         self.app, self.service = build_app(args)
         if configure is not None:
             configure(self.service.config)

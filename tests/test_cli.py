@@ -21,8 +21,9 @@ def test_generate_with_stats_on_the_default_model():
     assert lines[0].startswith("Once upon a time") and len(lines[0]) > len("Once upon a time") + 10
     stats = dict(kv.split("=", 1) for kv in shlex.split(lines[-1]))
     assert set(stats) == {"prompt_tokens", "generated_tokens", "elapsed_seconds", "tokens_per_second",
-                          "device", "dtype", "dtype_reason"}
+                          "device", "dtype", "dtype_reason", "decode"}
     assert stats["dtype_reason"].startswith("auto: ")   # why float32: a tiny model, or no native bf16
+    assert stats["decode"] == "eager"    # one-off generation is not worth compiling for
     assert int(stats["generated_tokens"]) <= 24 and float(stats["tokens_per_second"]) > 0
     assert stats["device"] == "cpu" and stats["dtype"] == "float32"
 

@@ -10,9 +10,10 @@ import time
 
 import torch
 
-from kvscope import cpu_ceilings
+from kvscope import bench_shapes, cpu_ceilings
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
+from kvscope.server.cli_args import add_cpu_compile_argument
 
 
 def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
@@ -57,12 +58,16 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded model)")
+    p.add_argument("--model", action="append", default=None,
+                   help="checkpoint dir, hub id or shape:NAME (random weights; NAME one of "
+                        f"{', '.join(bench_shapes.SHAPES)}); default: the embedded model. "
+                        "Repeatable for `throughput`: each model runs the same workload in turn")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
+    add_cpu_compile_argument(p)
     p.add_argument("--attention-backend", default="auto",
                    choices=["auto", "torch", "blockwise", "triton", "flash_attn"])
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
@@ -83,11 +88,20 @@ def _sync(device: torch.device) -> None:
 
 def _engine(args, **overrides):
     from kvscope.engine import LLMEngine
-    kw = dict(model=args.model, load_format=args.load_format, device=args.device, dtype=args.dtype,
-              seed=args.seed, enforce_eager=args.enforce_eager,
+    if "model" not in overrides:
+        overrides["model"], overrides["load_format"] = _one_model(args)
+    kw = dict(load_format=args.load_format, device=args.device, dtype=args.dtype,
+              seed=args.seed, enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
               attention_backend=args.attention_backend)
     kw.update({k: v for k, v in overrides.items() if v is not None})
     return LLMEngine(**kw)
+
+
+def _one_model(args) -> tuple[str | None, str]:
+    models = args.model or [None]
+    if len(models) > 1:
+        raise ValueError(f"`kvscope bench {args.bench}` takes one --model (only `throughput` takes several)")
+    return bench_shapes.resolve(models[0], args.load_format)
 
 
 def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
@@ -169,16 +183,35 @@ def _defaults(args, engine_device_is_gpu: bool) -> None:
 
 
 def run_throughput(args) -> int:
+    """One run over every --model given (the same workload for each), then a summary."""
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     _defaults(args, gpu)
-    engine = _engine(args, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    models = args.model or [None]
+    rows = []
+    for i, model in enumerate(models):
+        if i:
+            print()
+        rows.append(_throughput_one(args, model))
+    if len(rows) > 1:
+        print("\nsummary (same workload, alternated runs, medians):")
+        for row in rows:
+            print("  " + "  ".join(f"{k} {v}" for k, v in row.items()))
+    return 0
+
+
+def _throughput_one(args, model_arg: str | None) -> dict:
+    model_path, load_format = bench_shapes.resolve(model_arg, args.load_format)
+    engine = _engine(args, model=model_path, load_format=load_format, max_num_seqs=args.max_num_seqs,
+                     max_num_batched_tokens=args.max_num_batched_tokens)
     prompts, outputs = make_workload(args.num_requests, args.input_len, args.output_len,
                                      engine.model_config.vocab_size, args.seed)
     print(f"workload: {len(prompts)} requests, prompts {args.input_len[0]}-{args.input_len[1]} tokens, "
           f"outputs {args.output_len[0]}-{args.output_len[1]} tokens (EOS ignored)")
-    print(f"model: {engine.model_config.name} ({engine.model_config.architecture}), device {engine.device}, "
-          f"dtype {str(engine.dtype).removeprefix('torch.')}, attention {engine.runner.attention_backend}, "
-          f"cuda graphs {'on' if engine.runner.graphs else 'off'}")
+    label = model_arg or engine.model_config.name
+    print(f"model: {label} ({engine.model_config.architecture}, {model_facts(engine).num_params / 1e6:.1f}M "
+          f"parameters), device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+          f"attention {engine.runner.attention_backend}, cuda graphs {'on' if engine.runner.graphs else 'off'}, "
+          f"decode {engine.runner.decode_note}, {cpu_ceilings.threads_phrase()}")
     instr = None
     if args.instrument != "off":
         from kvscope.instrumentation import attach_for_bench
@@ -202,22 +235,27 @@ def run_throughput(args) -> int:
           f"instrumentation {args.instrument}{runs})")
     print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
           f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
+    row = {"model": label, "kvscope": f"{ours_rate:,.0f} tok/s"}
     if hf_runs:
         hf = sorted(hf_runs, key=lambda r: r["elapsed"])[len(hf_runs) // 2]
         hf_rate = hf["generated"] / hf["elapsed"]
         print(f"transformers generate (static batches of {args.hf_batch_size}): {hf['generated']} output "
               f"tokens in {hf['elapsed']:.2f} s = {hf_rate:,.0f} tok/s{runs}")
         print(f"speed-up: {ours_rate / hf_rate:.2f}x")
+        row |= {"transformers": f"{hf_rate:,.0f} tok/s", "speed-up": f"{ours_rate / hf_rate:.2f}x"}
     roof, spec = roofline_tokens_per_s(engine, prompts, outputs, args.max_num_seqs)
     print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
           f"({spec.bandwidth_source}, {spec.name}); kvscope reaches {100 * ours_rate / roof:.1f}%")
     facts = model_facts(engine)
     kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * facts.kv_bytes_per_token
     computed = sum(len(p) for p in prompts) + sum(outputs)
-    for line in cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
-                                    2 * facts.read_weight_bytes / facts.dtype_bytes * computed):
+    lines = cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
+                                2 * facts.read_weight_bytes / facts.dtype_bytes * computed)
+    for line in lines:
         print(line)
-    return 0
+    if lines:
+        row["ceilings"] = lines[-1].removeprefix("achieved: ")
+    return row
 
 
 def run_latency(args) -> int:

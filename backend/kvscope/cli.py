@@ -69,7 +69,8 @@ def cmd_generate(args) -> int:
         rate = len(out.token_ids) / elapsed if elapsed > 0 else 0.0
         print(f"prompt_tokens={len(out.prompt_token_ids)} generated_tokens={len(out.token_ids)} "
               f"elapsed_seconds={elapsed:.3f} tokens_per_second={rate:.1f} "
-              f"device={engine.device} dtype={engine.dtype_choice.name} dtype_reason={shlex.quote(engine.dtype_choice.reason)}")
+              f"device={engine.device} dtype={engine.dtype_choice.name} dtype_reason={shlex.quote(engine.dtype_choice.reason)} "
+              f"decode={shlex.quote(engine.runner.decode_note)}")
         if engine.speculator is not None:
             s = engine.speculator.total
             print(f"spec_proposed={s.proposed} spec_accepted={s.accepted} acceptance_rate={s.acceptance_rate:.3f} "

@@ -23,6 +23,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
     attention_backend: str = "auto"   # auto | torch | blockwise | triton | flash_attn
     enforce_eager: bool = False       # no CUDA graphs
+    cpu_compile: bool = False         # compile CPU decode steps with torch.compile (engine/compiled_decode.py)
     num_threads: int | None = None    # CPU intra-op threads
     speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)

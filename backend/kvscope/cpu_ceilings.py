@@ -20,9 +20,14 @@ class CpuCeilings:
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
-        return (f"CPU ceilings (measured, {torch.get_num_threads()} threads): memory read "
+        return (f"CPU ceilings (measured, {threads_phrase()}): memory read "
                 f"{self.read_bytes_per_s / 1e9:.1f} GB/s, {name} matrix-vector {self.gemv_bytes_per_s / 1e9:.1f} GB/s "
                 f"of weights, {name} matmul {self.matmul_flops / 1e9:.0f} GFLOP/s")
+
+
+def threads_phrase() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread" if n == 1 else f"{n} threads"
 
 
 def _best_seconds(fn, repeats: int) -> float:

@@ -80,9 +80,10 @@ def chromium_path() -> str:
     return str(CHROMIUM)
 
 
-def start_server(workdir: Path, extra_env: dict | None = None,
-                 extra_args: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
-    """`kvscope serve` on a free port with the embedded model; returns (url, process)."""
+def start_server(workdir: Path, extra_env: dict | None = None, extra_args: tuple[str, ...] = (),
+                 compile_decode: bool = False) -> tuple[str, subprocess.Popen]:
+    """`kvscope serve` on a free port with the embedded model; returns (url, process).
+    Decode runs eagerly unless `compile_decode` (compiling costs 10-20 s per server)."""
     for module in ("kvscope.server.main", "kvscope.server.pages", "fastapi", "uvicorn"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"the live server cannot start: {module} is not importable yet")
@@ -94,7 +95,7 @@ def start_server(workdir: Path, extra_env: dict | None = None,
         process = subprocess.Popen(
             [sys.executable, "-m", "kvscope.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
              "--instructor-token", INSTRUCTOR_TOKEN, "--recordings-dir", str(workdir / "recordings"),
-             "--log-level", "warning", *extra_args],
+             "--log-level", "warning", "--cpu-compile" if compile_decode else "--no-cpu-compile", *extra_args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -138,7 +139,8 @@ def instructor_token() -> str:
 
 @pytest.fixture(scope="session")
 def live_server(chromium_path, tmp_path_factory):
-    url, process = start_server(tmp_path_factory.mktemp("server"))
+    # the session's shared server runs as `kvscope serve` does by default: decode compiled
+    url, process = start_server(tmp_path_factory.mktemp("server"), compile_decode=True)
     try:
         yield url
     finally:

@@ -2,17 +2,19 @@
 and samples the next tokens."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 
 from kvscope.config import EngineConfig
+from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import StepInputs, prepare_inputs
+from kvscope.engine.step_inputs import MAX_DECODE_GROUPS, StepBuffers, StepInputs, prepare_inputs
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
@@ -25,7 +27,7 @@ class StepResult:
     logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
-    used_cuda_graph: bool = False
+    path: str = "eager"     # how the forward pass ran: eager | cuda_graph | compiled
 
 
 def pick_attention_backend(requested: str, device: torch.device, block_size: int, head_dim: int) -> str:
@@ -62,13 +64,30 @@ class ModelRunner:
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
+        self.buffers = StepBuffers(device)
         self.graphs = None
+        self.compiled = None
         self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # only these backends read context lengths on the device, which a captured graph needs
         device_side = self.attention_backend in ("triton", "flash_attn")
         if device.type == "cuda" and not config.enforce_eager and device_side and config.tensor_parallel_size == 1:
             self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
+        self.decode_note = "eager"      # how decode steps run, and why (printed in stats and hello)
+        if config.cpu_compile:
+            self._compile_decode()
+
+    def _compile_decode(self) -> None:
+        reason = compile_unavailable(self)
+        if reason is None:
+            try:
+                self.compiled = CompiledDecode(self)
+                self.decode_note = f"compiled (torch.compile, {self.compiled.compile_seconds:.0f} s at start-up)"
+                return
+            except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
+                reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
+        self.decode_note = f"eager: {reason}"
+        logging.getLogger("kvscope.engine").warning("cpu_compile: running eagerly: %s", reason)
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:
@@ -91,7 +110,14 @@ class ModelRunner:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
-        return prepare_inputs(out, self.block_size, self.device, self.attention_backend == "torch")
+        groups = MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
+        if self._may_compile(out):
+            groups = 1    # the compiled step's single padded group
+        return prepare_inputs(out, self.block_size, self.buffers, groups)
+
+    def _may_compile(self, out: SchedulerOutput) -> bool:
+        return (self.compiled is not None and not self.force_eager
+                and all(e.num_new_tokens == 1 for e in out.entries))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
@@ -113,7 +139,10 @@ class ModelRunner:
         result = StepResult()
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
-            result.used_cuda_graph = True
+            result.path = "cuda_graph"
+        elif self._may_compile(out) and CompiledDecode.fits(inputs):
+            hidden = self.compiled.run(inputs)
+            result.path = "compiled"
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)

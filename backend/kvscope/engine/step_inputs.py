@@ -1,17 +1,21 @@
 """One step's model inputs: the scheduled sequences flattened into one batch (tokens,
 positions, slot mapping, and for decodes block tables and context lengths), plus which
-rows of logits are sampled and for whom. Prefills and decodes are prepared separately;
-the decode part is built as whole-batch lists, one tensor each."""
+rows of logits are sampled and for whom.
+
+The host-side arrays are allocated once (StepBuffers) and refilled in place every step,
+with whole-batch numpy operations; the tensors handed to the model are views of them on
+a CPU, or one copy of each on a GPU. A step's inputs are valid until the next step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan
-from kvscope.paging import cdiv, slot_mapping, slot_of
+from kvscope.paging import cdiv
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8
@@ -26,12 +30,37 @@ class StepInputs:
     sample_seqs: list[Sequence] = field(default_factory=list)  # who draws from each of those rows
 
 
-@dataclass
-class _Part:
-    """The prefill or the decode half of a step, before the two are joined."""
-    ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[torch.Tensor] = field(default_factory=list)
+class StepBuffers:
+    """Host arrays that grow to the largest step seen and are reused by every later step."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.tokens = np.zeros((3, 0), dtype=np.int64)        # ids, positions, slots
+        self.tables = np.zeros(0, dtype=np.int32)             # decode block tables, flattened
+        self.lens = np.zeros(0, dtype=np.int32)               # decode context lengths
+        self.offsets = np.zeros(0, dtype=np.int64)            # 0, 1, 2, ... for masks
+
+    def token_arrays(self, n: int) -> np.ndarray:
+        if self.tokens.shape[1] < n:
+            self.tokens = np.zeros((3, max(n, 2 * self.tokens.shape[1])), dtype=np.int64)
+        return self.tokens[:, :n]
+
+    def decode_arrays(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """A [rows, width] block table (contiguous) and [rows] context lengths."""
+        if len(self.tables) < rows * width:
+            self.tables = np.zeros(max(rows * width, 2 * len(self.tables)), dtype=np.int32)
+        if len(self.lens) < rows:
+            self.lens = np.zeros(max(rows, 2 * len(self.lens)), dtype=np.int32)
+        return self.tables[:rows * width].reshape(rows, width), self.lens[:rows]
+
+    def arange(self, n: int) -> np.ndarray:
+        if len(self.offsets) < n:
+            self.offsets = np.arange(max(n, 2 * len(self.offsets)), dtype=np.int64)
+        return self.offsets[:n]
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A view of the array on a CPU; a copy on any other device."""
+        return torch.from_numpy(array).to(self.device)
 
 
 def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
@@ -43,77 +72,90 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
     return prefills + decodes
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device,
-                   decode_groups: bool) -> StepInputs:
-    """Flatten a scheduled step. `decode_groups`: also split decodes into padded groups
-    (what the torch attention backend reads)."""
+def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
+                   max_decode_groups: int) -> StepInputs:
+    """Flatten a scheduled step. `max_decode_groups`: split decodes into up to this many
+    padded groups for the torch attention backend (0: no groups; 1: one group over every
+    decode row, padded to at least two blocks, whose shape a compiled step can share)."""
     ordered = batch_order(out.entries)
     prefills = [e for e in ordered if e.num_new_tokens > 1]
     decodes = ordered[len(prefills):]
-    md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=sum(e.num_new_tokens for e in prefills))
+    num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
+    tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
+    md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
     inputs = StepInputs(None, None, md)
-    pre = _prepare_prefill(prefills, block_size, device, inputs)
-    dec = _prepare_decode(decodes, block_size, device, inputs, len(pre.ids), decode_groups) if decodes else _Part()
-    slots = pre.slots + dec.slots
-    md.slot_mapping = (slots[0] if len(slots) == 1 else torch.cat(slots)).to(device)
-    inputs.input_ids = torch.tensor(pre.ids + dec.ids, dtype=torch.long, device=device)
-    inputs.positions = torch.tensor(pre.positions + dec.positions, dtype=torch.long, device=device)
+    _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
+    if decodes:
+        _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
+                        num_prefill_tokens, max_decode_groups)
+    inputs.input_ids, inputs.positions, md.slot_mapping = (buffers.to_device(a) for a in tokens)
     return inputs
 
 
-def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, device: torch.device,
-                     inputs: StepInputs) -> _Part:
-    part, row = _Part(), 0
+def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: StepBuffers,
+                     tokens: np.ndarray, inputs: StepInputs) -> None:
+    ids, positions, slots = tokens
+    row = 0
     for e in prefills:
         seq, n = e.seq, e.num_new_tokens
         end = e.start + n
-        part.ids += seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
-        part.positions += range(e.start, end)
-        part.slots.append(slot_mapping(seq.block_table, e.start, end, block_size))
-        blocks = torch.tensor(seq.block_table[:cdiv(end, block_size)], dtype=torch.long).to(device) \
-            if e.start else None
+        rows = slice(row, row + n)
+        ids[rows] = seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
+        positions[rows] = buffers.arange(end)[e.start:]
+        table = np.asarray(seq.block_table, dtype=np.int64)
+        slots[rows] = table[positions[rows] // block_size] * block_size + positions[rows] % block_size
+        blocks = buffers.to_device(table[:cdiv(end, block_size)]) if e.start else None
         inputs.metadata.prefills.append(PrefillSpan(row, n, e.start, blocks))
         row += n
         if e.samples:
             _add_samplers(inputs, e, row - 1)
-    return part
 
 
-def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, device: torch.device, inputs: StepInputs,
-                    first_row: int, decode_groups: bool) -> _Part:
-    """One token per sequence: a row of the padded block table, and its position's slot.
-    Built as whole-batch lists turned into one tensor each (no tensor per sequence)."""
+def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
+                    inputs: StepInputs, first_row: int, max_decode_groups: int) -> None:
+    """One token per sequence: a row of the padded block table, and its position's slot."""
+    ids, positions, slots = tokens
     width = max(len(e.seq.block_table) for e in decodes)
-    tables = [e.seq.block_table + [0] * (width - len(e.seq.block_table)) for e in decodes]
-    positions = [e.start for e in decodes]
-    slots = [slot_of(e.seq.block_table, e.start, block_size) for e in decodes]
-    for row, e in enumerate(decodes, first_row):
-        _add_samplers(inputs, e, row)
+    if max_decode_groups == 1:
+        width = max(width, 2)
+    tables, lens = buffers.decode_arrays(len(decodes), width)
+    tables.fill(0)
+    for row, e in enumerate(decodes):
+        tables[row, :len(e.seq.block_table)] = e.seq.block_table
+        ids[row] = e.seq.token_ids[e.start]
+        positions[row] = e.start
+        _add_samplers(inputs, e, first_row + row)
+    np.add(positions, 1, out=lens, casting="unsafe")
+    rows = buffers.arange(len(decodes))
+    slots[:] = tables[rows, positions // block_size] * block_size + positions % block_size
     md = inputs.metadata
-    tables_t = torch.tensor(tables, dtype=torch.int32)
-    lens = torch.tensor(positions, dtype=torch.int32) + 1
-    md.block_tables, md.context_lens = tables_t.to(device), lens.to(device)
-    md.max_context_len = positions[-1] + 1      # decodes are sorted by context length
-    if decode_groups:
-        md.decode_groups = _decode_groups(tables_t, lens, block_size, device)
-    return _Part([e.seq.token_ids[e.start] for e in decodes], positions,
-                 [torch.tensor(slots, dtype=torch.long)])
+    md.block_tables, md.context_lens = buffers.to_device(tables), buffers.to_device(lens)
+    md.max_context_len = int(lens[-1])      # decodes are sorted by context length
+    if max_decode_groups:
+        md.decode_groups = _decode_groups(tables, lens, block_size, buffers, max_decode_groups)
 
 
-def _decode_groups(tables: torch.Tensor, lens: torch.Tensor, block_size: int,
-                   device: torch.device) -> list[DecodeGroup]:
-    """Up to four groups of equal size over rows sorted by context length: padding each
-    group to its own longest context wastes far less than padding the whole batch."""
+def _decode_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, buffers: StepBuffers,
+                   max_groups: int) -> list[DecodeGroup]:
+    """Groups of equal size over rows sorted by context length: padding each group to its
+    own longest context wastes far less than padding the whole batch."""
     n = len(lens)
-    size = cdiv(n, min(MAX_DECODE_GROUPS, cdiv(n, MIN_DECODE_GROUP)))
+    if max_groups == 1:
+        return [_group(slice(None), tables, lens, tables.shape[1], block_size, buffers)]
+    size = cdiv(n, min(max_groups, cdiv(n, MIN_DECODE_GROUP)))
     groups = []
     for start in range(0, n, size):
         rows = slice(start, min(n, start + size))
         width = cdiv(int(lens[rows].max()), block_size)
-        pos = torch.arange(width * block_size)
-        mask = (pos[None, :] < lens[rows, None]).view(rows.stop - start, 1, 1, -1)
-        groups.append(DecodeGroup(rows, tables[rows, :width].to(device), mask.to(device)))
+        groups.append(_group(rows, tables[rows], lens[rows], width, block_size, buffers))
     return groups
+
+
+def _group(rows: slice, tables: np.ndarray, lens: np.ndarray, width: int, block_size: int,
+           buffers: StepBuffers) -> DecodeGroup:
+    mask = buffers.arange(width * block_size)[None, :] < lens[:, None]
+    return DecodeGroup(rows, buffers.to_device(np.ascontiguousarray(tables[:, :width])),
+                       buffers.to_device(mask.reshape(len(lens), 1, 1, -1)))
 
 
 def _add_samplers(inputs: StepInputs, entry: ScheduledSeq, row: int) -> None:

@@ -116,6 +116,7 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "max_num_seqs": engine.config.max_num_seqs, "max_model_len": engine.max_model_len,
             "enable_prefix_caching": bm.enable_prefix_caching,
             "attention_backend": engine.runner.attention_backend,
+            "decode": engine.runner.decode_note,
             "speculative": speculative_facts(engine),
             "tensor_parallel_size": engine.config.tensor_parallel_size,
             "rank_weight_bytes": sum({id(p): p.numel() * p.element_size() for p in engine.model.parameters()}.values()),

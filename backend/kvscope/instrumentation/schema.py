@@ -50,7 +50,7 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
-              "rank_weight_bytes": NAT})
+              "rank_weight_bytes": NAT, "decode": STR})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})

@@ -28,6 +28,13 @@ def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
                         '"prompt_lookup_max": 3}\' or \'{"model": "DIR", "num_speculative_tokens": 3}\'')
 
 
+def add_cpu_compile_argument(p: argparse.ArgumentParser) -> None:
+    """On by default for the long-lived commands (serve, bench); the Python API defaults off."""
+    p.add_argument("--cpu-compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="compile decode steps on a CPU with torch.compile (about 2x faster decode for "
+                        "small models; 10-20 s at start-up); --no-cpu-compile runs eagerly")
+
+
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded kvscope-mini)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -48,6 +55,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=None)
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--enforce-eager", action="store_true")
+    add_cpu_compile_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
     add_decoding_arguments(p)
     p.add_argument("--recordings-dir", default="recordings", help="where record_start writes JSONL")

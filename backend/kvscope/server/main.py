@@ -24,6 +24,7 @@ def engine_from_args(args):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, num_threads=args.threads,
+        cpu_compile=args.cpu_compile,
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))
 
 

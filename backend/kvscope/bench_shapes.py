@@ -1,0 +1,36 @@
+"""Model shapes the benchmarks can build without a download: `--model shape:NAME` writes
+the shape's config.json to a temporary directory and loads random weights (dummy)."""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+          "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+          "bos_token_id": 0, "eos_token_id": 1, "max_position_embeddings": 4096}
+
+SHAPES = {
+    # 33M parameters: big enough that the matmuls, not the per-step overhead, dominate
+    "m30": {**_QWEN3, "vocab_size": 8192, "hidden_size": 512, "num_hidden_layers": 8,
+            "intermediate_size": 1536, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "head_dim": 64, "tie_word_embeddings": False, "torch_dtype": "float32"},
+    # Qwen3-0.6B's shape, stored in bfloat16 as the real checkpoint is
+    "qwen3-0.6b": {**_QWEN3, "vocab_size": 151936, "hidden_size": 1024, "num_hidden_layers": 28,
+                   "intermediate_size": 3072, "num_attention_heads": 16, "num_key_value_heads": 8,
+                   "head_dim": 128, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+                   "max_position_embeddings": 40960},
+}
+PREFIX = "shape:"
+
+
+def resolve(model: str | None, load_format: str) -> tuple[str | None, str]:
+    """(checkpoint directory or hub id, load format) for a --model value."""
+    if model is None or not model.startswith(PREFIX):
+        return model, load_format
+    name = model.removeprefix(PREFIX)
+    if name not in SHAPES:
+        raise ValueError(f"unknown benchmark shape {name!r}; known: {', '.join(sorted(SHAPES))}")
+    directory = Path(tempfile.mkdtemp(prefix=f"kvscope-{name}-"))
+    (directory / "config.json").write_text(json.dumps(SHAPES[name], indent=1))
+    return str(directory), "dummy"

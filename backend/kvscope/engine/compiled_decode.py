@@ -1,0 +1,100 @@
+"""Decode steps on a CPU through torch.compile, the CPU's counterpart of CUDA graphs.
+
+A small model's decode step on a CPU is bound by per-operation overhead, not arithmetic:
+the eager forward pass issues about a thousand small PyTorch calls (norms, RoPE, the
+attention's gathers, residual adds) around a dozen matrix-vector products. Inductor fuses
+them into a few generated C++ kernels, one call per step.
+
+Only decode-only steps take this path, with every decode row in one padded attention
+group, so one graph serves every batch size and context length. PyTorch specialises a
+batch of one, so two graphs are compiled, both at start-up (about 10 s each on 2 cores;
+inductor's on-disk cache makes later starts faster). Once both exist, calls skip
+re-checking dynamo's guards (which cost as much as the fused kernels): only decode-only
+batches of this fixed structure, with no forward hooks, ever reach them."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
+from kvscope.engine.sequence import Sequence
+from kvscope.engine.step_inputs import StepInputs, prepare_inputs
+from kvscope.layers.context import step_metadata
+from kvscope.sampling_params import SamplingParams
+
+log = logging.getLogger("kvscope.engine")
+
+
+def compile_unavailable(runner) -> str | None:
+    """Why this runner cannot compile its decode step (None when it can)."""
+    if runner.device.type != "cpu":
+        return "compiled decode is for CPUs (a GPU captures CUDA graphs)"
+    if runner.attention_backend != "torch":
+        return f"the {runner.attention_backend} attention backend runs eagerly"
+    if runner.config.tensor_parallel_size > 1:
+        return "tensor-parallel ranks run eagerly"
+    return None
+
+
+class CompiledDecode:
+    def __init__(self, runner):
+        self.runner = runner
+        # the C++ wrapper calls the kernels without a Python call per kernel
+        self.forward = torch.compile(runner.model.model, dynamic=True, fullgraph=True,
+                                     options={"cpp_wrapper": True})
+        self.guarded = True     # until both graphs exist
+        start = time.perf_counter()
+        self._warm_up()
+        self.compile_seconds = time.perf_counter() - start
+        self.guarded = not hasattr(torch.compiler, "set_stance")
+
+    @staticmethod
+    def fits(inputs: StepInputs) -> bool:
+        """Decode rows only (no prompt, no drafts), each sampled once from its own row."""
+        md = inputs.metadata
+        return not md.prefills and inputs.sample_rows == list(range(md.num_decodes))
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        with step_metadata(inputs.metadata):
+            if not self.guarded:
+                try:
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                        return self.forward(inputs.input_ids, inputs.positions)
+                except RuntimeError as exc:   # raised before the graph runs: nothing was written
+                    if "skip_guard_eval_unsafe" not in str(exc):
+                        raise
+                    # global state a graph depends on changed (e.g. torch.set_num_threads)
+                    log.warning("compiled decode: global state changed; checking guards from now on")
+                    self.guarded = True
+            return self.forward(inputs.input_ids, inputs.positions)
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile both graphs on decode steps that write and read only the scratch block,
+        prepared exactly as real steps are, with every size marked as varying (so no real
+        step recompiles)."""
+        runner = self.runner
+        scratch = runner.num_blocks                  # the extra block past the pool
+        for batch in (1, 2):
+            out = SchedulerOutput(step=-1)
+            for _ in range(batch):   # three blocks: no size equals another, which dynamo would tie
+                seq = Sequence([0] * (2 * runner.block_size + 1), SamplingParams(), seq_id=-1)
+                seq.block_table = [scratch] * 3
+                out.entries.append(ScheduledSeq(seq, 1, 2 * runner.block_size, samples=True))
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, max_decode_groups=1)
+            _mark_sizes_dynamic(inputs, batch > 1)
+            self.run(inputs)
+        log.info("decode step compiled for this CPU")
+
+
+def _mark_sizes_dynamic(inputs: StepInputs, batch_dynamic: bool) -> None:
+    """The context width always varies; the batch size only in the graph for batches > 1."""
+    md, group = inputs.metadata, inputs.metadata.decode_groups[0]
+    rows = [0] if batch_dynamic else []
+    if batch_dynamic:
+        for tensor in (inputs.input_ids, inputs.positions, md.slot_mapping, md.context_lens):
+            torch._dynamo.mark_dynamic(tensor, 0)
+    torch._dynamo.mark_dynamic(group.block_tables, [*rows, 1])
+    torch._dynamo.mark_dynamic(group.mask, [*rows, 3])

@@ -1,0 +1,126 @@
+"""Compiled CPU decode (engine/compiled_decode.py) against the eager engine and
+transformers: the same greedy tokens, the same log-probabilities within float32 noise,
+the same seeded samples; every decode step of a plain batch takes the compiled graph,
+whatever the batch size or context length, and none recompiles after start-up."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_models import VOCAB, hf_greedy, make_checkpoint
+from kvscope import LLM, SamplingParams
+from kvscope.engine.observer import EngineObserver
+
+PROMPT_LENS = [1, 5, 15, 16, 17, 33, 70, 130]   # contexts of one block up to nine
+MAX_NEW = 40
+
+
+class PathCounter(EngineObserver):
+    """How each step's forward pass ran, by whether the step had a prompt in it."""
+
+    def __init__(self):
+        self.paths: dict[tuple[bool, str], int] = {}
+
+    def on_step(self, record) -> None:
+        key = (any(e.num_new_tokens > 1 for e in record.scheduled.entries), record.result.path)
+        self.paths[key] = self.paths.get(key, 0) + 1
+
+
+def prompts_of(lens, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in lens]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint):
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=16)
+    return LLM(str(checkpoint), cpu_compile=True, **kw), LLM(str(checkpoint), **kw)
+
+
+def greedy(max_new=MAX_NEW, logprobs=None):
+    return SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True, logprobs=logprobs)
+
+
+def test_the_runner_compiled_its_decode_step(engines):
+    compiled, eager = engines
+    assert compiled.engine.runner.compiled is not None
+    assert compiled.engine.runner.decode_note.startswith("compiled")
+    assert eager.engine.runner.compiled is None and eager.engine.runner.decode_note == "eager"
+
+
+def test_batched_greedy_equals_eager_and_transformers(engines, checkpoint):
+    compiled, eager = engines
+    prompts = prompts_of(PROMPT_LENS)
+    counter = PathCounter()
+    compiled.engine.add_observer(counter)
+    try:
+        outs = compiled.generate(prompts, greedy(logprobs=3))
+    finally:
+        compiled.engine.remove_observer(counter)
+    assert all(o.finish_reason == "length" for o in outs), [o.error for o in outs]
+    refs = eager.generate(prompts, greedy(logprobs=3))
+    hf = hf_greedy(checkpoint, prompts[:3], MAX_NEW)
+    for out, ref, p in zip(outs, refs, prompts):
+        assert out.token_ids == ref.token_ids, f"prompt of {len(p)} tokens diverged"
+        got = torch.tensor([lp["logprob"] for lp in out.logprobs])
+        want = torch.tensor([lp["logprob"] for lp in ref.logprobs])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    assert [o.token_ids for o in outs[:3]] == hf
+    # decode-only steps ran compiled at every batch size the run went through (8 down to 1)
+    assert counter.paths.get((False, "compiled"), 0) >= MAX_NEW - 1
+    assert (False, "eager") not in counter.paths
+    assert (True, "compiled") not in counter.paths
+
+
+def test_one_request_at_a_time_uses_the_batch_of_one_graph(engines):
+    compiled, eager = engines
+    for n in (1, 16, 47):          # one block, exactly one full block, three blocks
+        p = prompts_of([n], seed=n)
+        assert compiled.generate(p, greedy(70))[0].token_ids == eager.generate(p, greedy(70))[0].token_ids
+
+
+def test_seeded_sampling_equals_eager(engines):
+    compiled, eager = engines
+    params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=s, max_tokens=30, ignore_eos=True)
+              for s in range(4)]
+    prompts = prompts_of([9, 21, 40, 3], seed=11)
+    assert [o.token_ids for o in compiled.generate(prompts, params)] == \
+        [o.token_ids for o in eager.generate(prompts, params)]
+
+
+def test_forward_hooks_force_the_eager_path(engines):
+    """Instrumentation's hooks must see every layer, so a forced-eager step is not compiled."""
+    compiled, _ = engines
+    runner = compiled.engine.runner
+    counter = PathCounter()
+    compiled.engine.add_observer(counter)
+    runner.force_eager = True
+    try:
+        compiled.generate(prompts_of([20]), greedy(5))
+    finally:
+        runner.force_eager = False
+        compiled.engine.remove_observer(counter)
+    assert set(counter.paths) == {(True, "eager"), (False, "eager")}
+
+
+def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch):
+    from kvscope.engine import model_runner
+
+    def no_compiler(runner):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(model_runner, "CompiledDecode", no_compiler)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True)
+    assert llm.engine.runner.compiled is None
+    assert llm.engine.runner.decode_note == "eager: torch.compile failed (RuntimeError: no C++ compiler found)"
+    assert llm.generate(prompts_of([8]), greedy(4))[0].finish_reason == "length"
+
+
+def test_backends_that_cannot_compile_say_why(checkpoint):
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="blockwise")
+    assert llm.engine.runner.decode_note == "eager: the blockwise attention backend runs eagerly"
