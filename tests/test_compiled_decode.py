@@ -9,6 +9,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
+from kvscope.engine.compiled_decode import MAX_COMPILED_BATCH
 from kvscope.engine.observer import EngineObserver
 
 PROMPT_LENS = [1, 5, 15, 16, 17, 33, 70, 130]   # contexts of one block up to nine
@@ -38,7 +39,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(checkpoint):
-    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=16)
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=24)
     return LLM(str(checkpoint), cpu_compile=True, **kw), LLM(str(checkpoint), **kw)
 
 
@@ -82,6 +83,21 @@ def test_one_request_at_a_time_uses_the_batch_of_one_graph(engines):
     for n in (1, 16, 47):          # one block, exactly one full block, three blocks
         p = prompts_of([n], seed=n)
         assert compiled.generate(p, greedy(70))[0].token_ids == eager.generate(p, greedy(70))[0].token_ids
+
+
+def test_large_batches_run_eagerly_then_compiled_as_they_shrink(engines):
+    compiled, eager = engines
+    n = MAX_COMPILED_BATCH + 4
+    prompts = prompts_of([5 + 7 * i for i in range(n)], seed=5)
+    params = [greedy(10 + 3 * i) for i in range(n)]     # requests end one by one
+    counter = PathCounter()
+    compiled.engine.add_observer(counter)
+    try:
+        outs = compiled.generate(prompts, params)
+    finally:
+        compiled.engine.remove_observer(counter)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params)]
+    assert counter.paths.get((False, "eager"), 0) > 0 and counter.paths.get((False, "compiled"), 0) > 0
 
 
 def test_seeded_sampling_equals_eager(engines):

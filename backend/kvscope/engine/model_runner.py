@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvscope.config import EngineConfig
-from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable
+from kvscope.engine.compiled_decode import MAX_COMPILED_BATCH, CompiledDecode, compile_unavailable
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
@@ -117,6 +117,7 @@ class ModelRunner:
 
     def _may_compile(self, out: SchedulerOutput) -> bool:
         return (self.compiled is not None and not self.force_eager
+                and len(out.entries) <= MAX_COMPILED_BATCH
                 and all(e.num_new_tokens == 1 for e in out.entries))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
