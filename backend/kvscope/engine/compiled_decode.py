@@ -32,6 +32,17 @@ log = logging.getLogger("kvscope.engine")
 MAX_COMPILED_BATCH = 16
 
 
+class DecodeLogits(torch.nn.Module):
+    """The forward pass and the LM head in one graph: a decode step scores every row."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions)).float()
+
+
 def compile_unavailable(runner) -> str | None:
     """Why this runner cannot compile its decode step (None when it can)."""
     if runner.device.type != "cpu":
@@ -47,7 +58,7 @@ class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
         # the C++ wrapper calls the kernels without a Python call per kernel
-        self.forward = torch.compile(runner.model.model, dynamic=True, fullgraph=True,
+        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist
         start = time.perf_counter()

@@ -138,18 +138,20 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
+        logits = None
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
             result.path = "cuda_graph"
         elif self._may_compile(out) and CompiledDecode.fits(inputs):
-            hidden = self.compiled.run(inputs)
+            logits = self.compiled.run(inputs)    # every row is sampled: the graph scores them all
             result.path = "compiled"
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)
         if not seqs:
             return result
-        logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
+        if logits is None:
+            logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
         drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
         plain, plain_rows, row = [], [], 0
         while row < len(seqs):     # rows of a sequence with drafts go to the verifier
