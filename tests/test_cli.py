@@ -55,3 +55,22 @@ def test_bench_throughput_prints_both_engines_and_the_roofline():
     assert re.search(r"kvscope: \d+ output tokens in [\d.]+ s = [\d,]+ tok/s", out), out
     assert re.search(r"transformers generate .*= [\d,]+ tok/s", out), out
     assert re.search(r"speed-up: [\d.]+x", out) and "bandwidth roofline" in out
+    assert "decode compiled (torch.compile" in out, out     # bench measures what serve runs
+
+
+def test_bench_throughput_runs_several_models_in_one_run():
+    from kvscope.default_model import default_model_path
+    proc = kvscope("bench", "throughput", "--model", default_model_path(), "--model", "shape:m30",
+                   "--num-requests", "2", "--input-len", "8", "8", "--output-len", "2", "2", "--device", "cpu",
+                   "--no-hf", "--no-cpu-compile", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = proc.stdout.split("summary")[1].strip().splitlines()[1:]
+    assert [line.split()[1] for line in summary] == [default_model_path(), "shape:m30"], proc.stdout
+    assert all(re.search(r"kvscope [\d,]+ tok/s .*% of the matmul ceiling", line) for line in summary)
+    assert "33.6M parameters" in proc.stdout
+
+
+def test_unknown_bench_shape_is_one_clear_line():
+    proc = kvscope("bench", "latency", "--model", "shape:nope", "--device", "cpu")
+    assert proc.returncode != 0 and "unknown benchmark shape 'nope'; known: m30, qwen3-0.6b" in proc.stderr
+    assert "Traceback" not in proc.stderr

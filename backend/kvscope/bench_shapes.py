@@ -31,6 +31,7 @@ def resolve(model: str | None, load_format: str) -> tuple[str | None, str]:
     name = model.removeprefix(PREFIX)
     if name not in SHAPES:
         raise ValueError(f"unknown benchmark shape {name!r}; known: {', '.join(sorted(SHAPES))}")
-    directory = Path(tempfile.mkdtemp(prefix=f"kvscope-{name}-"))
+    directory = Path(tempfile.mkdtemp(prefix="kvscope-shape-")) / name   # the model is named after it
+    directory.mkdir()
     (directory / "config.json").write_text(json.dumps(SHAPES[name], indent=1))
     return str(directory), "dummy"
