@@ -137,6 +137,14 @@ def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch)
     assert llm.generate(prompts_of([8]), greedy(4))[0].finish_reason == "length"
 
 
+def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_model_len=24)
+    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
+    assert llm.engine.runner.decode_note.startswith("compiled"), llm.engine.runner.decode_note
+    p = prompts_of([6])
+    assert llm.generate(p, greedy(18))[0].token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].token_ids
+
+
 def test_backends_that_cannot_compile_say_why(checkpoint):
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="blockwise")
     assert llm.engine.runner.decode_note == "eager: the blockwise attention backend runs eagerly"

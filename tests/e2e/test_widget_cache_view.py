@@ -32,7 +32,10 @@ def test_cache_grows_one_token_per_step(page, live_server, screenshot, assert_cl
             page.keyboard.press("n")          # the keyboard shortcut does the same
         else:
             next_button.click()
-        page.wait_for_function("([el, n]) => el.exportData().history.length > n && el.dataset.state !== 'waiting'",
+        # the token has arrived and the (deferred) render has drawn it
+        page.wait_for_function("([el, n]) => el.exportData().history.length > n && el.dataset.state !== 'waiting'"
+                               " && el.querySelector('[data-figure=tokens_in_cache]').textContent"
+                               " === String(el.exportData().tokens_in_cache)",
                                arg=[widget.element_handle(), before])
         data = widget.evaluate("el => el.exportData()")
         counts.append(data["tokens_in_cache"])

@@ -93,12 +93,13 @@ class CompiledDecode:
         step recompiles)."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
+        position = min(2 * runner.block_size, runner.max_model_len - 1)
         for batch in (1, 2):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # three blocks: no size equals another, which dynamo would tie
-                seq = Sequence([0] * (2 * runner.block_size + 1), SamplingParams(), seq_id=-1)
+                seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table = [scratch] * 3
-                out.entries.append(ScheduledSeq(seq, 1, 2 * runner.block_size, samples=True))
+                out.entries.append(ScheduledSeq(seq, 1, position, samples=True))
             inputs = prepare_inputs(out, runner.block_size, runner.buffers, max_decode_groups=1)
             _mark_sizes_dynamic(inputs, batch > 1)
             self.run(inputs)
