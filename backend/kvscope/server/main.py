@@ -62,12 +62,18 @@ def build_app(args):
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
+
+    from kvscope.engine.devices import resolve_device
+    if args.cpu_compile and resolve_device(args.device).type == "cpu":
+        print("kvscope: compiling the decode step for this CPU (10-35 s the first time, less after; "
+              "--no-cpu-compile skips it)", flush=True)
     app, service = build_app(args)
     cfg = service.config
     url = f"http://{'localhost' if cfg.host in ('127.0.0.1', '::1') else cfg.host}:{cfg.port}"
     hello = service.hello
     print(f"kvscope: {hello['model']['name']} ({hello['model']['num_params']:,} parameters, {hello['model']['dtype']}) "
-          f"on {hello['device']['name']}; {hello['engine']['num_blocks']} KV blocks of {hello['engine']['block_size']}")
+          f"on {hello['device']['name']}; {hello['engine']['num_blocks']} KV blocks of {hello['engine']['block_size']}; "
+          f"decode {hello['engine']['decode']}")
     print(f"kvscope: serving {url}  (WebSocket {url.replace('http', 'ws')}/ws, OpenAI API {url}/v1)")
     print(f"kvscope: instructor token: {cfg.instructor_token}   console: {url}/console?token={cfg.instructor_token}")
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):

@@ -36,7 +36,7 @@ VALUE_KEYS = frozenset(
     + [f"device.{k}" for k in ("type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops")]
     + [f"engine.{k}" for k in (
         "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
-        "max_model_len", "enable_prefix_caching", "attention_backend")]
+        "max_model_len", "enable_prefix_caching", "attention_backend", "decode")]
     # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
     + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte", "derived.weight_bytes_int8",
        "derived.weight_bytes_int4"]
