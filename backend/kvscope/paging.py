@@ -2,7 +2,7 @@
 which cache slot (block id * block_size + offset) a position's K/V live in."""
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 
 def cdiv(a: int, b: int) -> int:
@@ -10,11 +10,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def slot_of(block_table: list[int], pos: int, block_size: int) -> int:
-    return block_table[pos // block_size] * block_size + pos % block_size
-
-
-def slot_mapping(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
-    """Slots of positions [start, end), as a CPU tensor (slot_of for a range)."""
-    pos = torch.arange(start, end)
-    return torch.tensor(block_table, dtype=torch.long)[pos // block_size] * block_size + pos % block_size
+def slots(blocks: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Cache slots of `positions`, given the block holding each (its block table's entry
+    at position // block_size)."""
+    return blocks * block_size + positions % block_size

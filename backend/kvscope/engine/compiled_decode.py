@@ -3,14 +3,16 @@
 A small model's decode step on a CPU is bound by per-operation overhead, not arithmetic:
 the eager forward pass issues about a thousand small PyTorch calls (norms, RoPE, the
 attention's gathers, residual adds) around a dozen matrix-vector products. Inductor fuses
-them into a few generated C++ kernels, one call per step.
+each layer's small operations into four generated C++ kernels, and a C++ wrapper calls
+them and the matmuls: about 40 calls a step, none of them through Python.
 
 Only decode-only steps of up to MAX_COMPILED_BATCH rows take this path, with every decode
-row in one padded attention group, so one graph serves every batch size and context length. PyTorch specialises a
-batch of one, so two graphs are compiled, both at start-up (about 10 s each on 2 cores;
-inductor's on-disk cache makes later starts faster). Once both exist, calls skip
-re-checking dynamo's guards (which cost as much as the fused kernels): only decode-only
-batches of this fixed structure, with no forward hooks, ever reach them."""
+row in one padded attention group, so one graph serves every batch size and context
+length. PyTorch specialises a batch of one, so two graphs are compiled, both at start-up
+(10-35 s in all on 2 cores; inductor's on-disk cache makes later starts faster). Once both
+exist, calls skip re-checking dynamo's guards (which cost as much as the fused kernels):
+only decode-only batches of this fixed structure, with no forward hooks, reach them, and
+if global state a graph depends on changes anyway, the guards come back on."""
 from __future__ import annotations
 
 import logging
@@ -57,7 +59,6 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # the C++ wrapper calls the kernels without a Python call per kernel
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist

@@ -20,6 +20,8 @@ from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
 
+log = logging.getLogger("kvscope.engine")
+
 
 @dataclass
 class StepResult:
@@ -87,7 +89,7 @@ class ModelRunner:
             except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
                 reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
         self.decode_note = f"eager: {reason}"
-        logging.getLogger("kvscope.engine").warning("cpu_compile: running eagerly: %s", reason)
+        log.warning("cpu_compile: running eagerly: %s", reason)
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:

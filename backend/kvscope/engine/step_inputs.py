@@ -15,7 +15,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan
-from kvscope.paging import cdiv
+from kvscope.paging import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8
@@ -94,7 +94,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
 
 def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: StepBuffers,
                      tokens: np.ndarray, inputs: StepInputs) -> None:
-    ids, positions, slots = tokens
+    ids, positions, slot_mapping = tokens
     row = 0
     for e in prefills:
         seq, n = e.seq, e.num_new_tokens
@@ -103,7 +103,7 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
         ids[rows] = seq.token_ids[e.start:end - len(e.spec_token_ids)] + e.spec_token_ids
         positions[rows] = buffers.arange(end)[e.start:]
         table = np.asarray(seq.block_table, dtype=np.int64)
-        slots[rows] = table[positions[rows] // block_size] * block_size + positions[rows] % block_size
+        slot_mapping[rows] = slots(table[positions[rows] // block_size], positions[rows], block_size)
         blocks = buffers.to_device(table[:cdiv(end, block_size)]) if e.start else None
         inputs.metadata.prefills.append(PrefillSpan(row, n, e.start, blocks))
         row += n
@@ -114,7 +114,7 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
                     inputs: StepInputs, first_row: int, max_decode_groups: int) -> None:
     """One token per sequence: a row of the padded block table, and its position's slot."""
-    ids, positions, slots = tokens
+    ids, positions, slot_mapping = tokens
     width = max(len(e.seq.block_table) for e in decodes)
     if max_decode_groups == 1:
         width = max(width, 2)
@@ -127,7 +127,7 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
         _add_samplers(inputs, e, first_row + row)
     np.add(positions, 1, out=lens, casting="unsafe")
     rows = buffers.arange(len(decodes))
-    slots[:] = tables[rows, positions // block_size] * block_size + positions % block_size
+    slot_mapping[:] = slots(tables[rows, positions // block_size], positions, block_size)
     md = inputs.metadata
     md.block_tables, md.context_lens = buffers.to_device(tables), buffers.to_device(lens)
     md.max_context_len = int(lens[-1])      # decodes are sorted by context length
