@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from kvscope.server.cli_args import add_cpu_compile_argument
+
 PROMPTS = [
     "Once upon a time, a little fox found a shiny stone by the river.",
     "The old lighthouse keeper climbed the stairs every evening and",
@@ -43,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--families", default="step,kv,request,memory", help="what each viewer subscribes to")
     p.add_argument("--stalled", type=int, default=0, help="extra viewers that never read")
     p.add_argument("--threads", type=int, default=1, help="engine threads of the server this starts")
+    add_cpu_compile_argument(p)
     p.add_argument("--duration", type=float, default=None,
                    help="soak: keep M requests in flight for this many seconds (instead of --requests)")
     p.add_argument("--tokenize-flood", type=float, default=0,
@@ -80,7 +83,8 @@ def free_port() -> int:
 def start_server(args) -> tuple[subprocess.Popen, str, str]:
     port, token = free_port(), secrets.token_urlsafe(8)
     cmd = [sys.executable, "-m", "kvscope.server.main", "--port", str(port), "--instructor-token", token,
-           "--threads", str(args.threads), "--log-level", "warning"]
+           "--threads", str(args.threads), "--log-level", "warning",
+           "--cpu-compile" if args.cpu_compile else "--no-cpu-compile"]
     if args.model:
         cmd += ["--model", args.model]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
