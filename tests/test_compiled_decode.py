@@ -109,6 +109,15 @@ def test_seeded_sampling_equals_eager(engines):
         [o.token_ids for o in eager.generate(prompts, params)]
 
 
+def test_choices_forking_from_a_one_token_prompt_equal_eager(engines):
+    """A one-token prompt is a decode-shaped step whose row the forks draw from too."""
+    compiled, eager = engines
+    params = SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=12, ignore_eos=True)
+    p = prompts_of([1], seed=8)
+    got = [o.token_ids for o in compiled.generate(p, params)]
+    assert got == [o.token_ids for o in eager.generate(p, params)] and len(got) == 3
+
+
 def test_forward_hooks_force_the_eager_path(engines):
     """Instrumentation's hooks must see every layer, so a forced-eager step is not compiled."""
     compiled, _ = engines

@@ -67,12 +67,6 @@ class CompiledDecode:
         self.compile_seconds = time.perf_counter() - start
         self.guarded = not hasattr(torch.compiler, "set_stance")
 
-    @staticmethod
-    def fits(inputs: StepInputs) -> bool:
-        """Decode rows only (no prompt, no drafts), each sampled once from its own row."""
-        md = inputs.metadata
-        return not md.prefills and inputs.sample_rows == list(range(md.num_decodes))
-
     def run(self, inputs: StepInputs) -> torch.Tensor:
         with step_metadata(inputs.metadata):
             if not self.guarded:

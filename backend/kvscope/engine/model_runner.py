@@ -14,7 +14,7 @@ from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import MAX_DECODE_GROUPS, StepBuffers, StepInputs, prepare_inputs
+from kvscope.engine.step_inputs import MAX_DECODE_GROUPS, StepBuffers, prepare_inputs
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
@@ -111,16 +111,12 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
-    def prepare(self, out: SchedulerOutput) -> StepInputs:
-        groups = MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
-        if self._may_compile(out):
-            groups = 1    # the compiled step's single padded group
-        return prepare_inputs(out, self.block_size, self.buffers, groups)
-
-    def _may_compile(self, out: SchedulerOutput) -> bool:
+    def _runs_compiled(self, out: SchedulerOutput) -> bool:
+        """Decode rows only (no prompt, no drafts), each sampled once from its own row (no
+        choices forking from it), in a batch small enough to gain from compiling."""
         return (self.compiled is not None and not self.force_eager
                 and len(out.entries) <= MAX_COMPILED_BATCH
-                and all(e.num_new_tokens == 1 for e in out.entries))
+                and all(e.num_new_tokens == 1 and not e.forks for e in out.entries))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
@@ -135,7 +131,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
-        inputs = self.prepare(out)
+        compiled = self._runs_compiled(out)
+        # the compiled step reads its decode rows as one padded group
+        groups = 1 if compiled else MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
+        inputs = prepare_inputs(out, self.block_size, self.buffers, groups)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
@@ -144,7 +143,7 @@ class ModelRunner:
         if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
             result.path = "cuda_graph"
-        elif self._may_compile(out) and CompiledDecode.fits(inputs):
+        elif compiled:
             logits = self.compiled.run(inputs)    # every row is sampled: the graph scores them all
             result.path = "compiled"
         else:
