@@ -9,7 +9,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.engine.compiled_decode import MAX_COMPILED_BATCH
+from kvscope.engine.compiled_decode import MAX_REFERENCE_COMPILED_BATCH
 from kvscope.engine.observer import EngineObserver
 
 PROMPT_LENS = [1, 5, 15, 16, 17, 33, 70, 130]   # contexts of one block up to nine
@@ -37,9 +37,10 @@ def checkpoint(tmp_path_factory):
     return make_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3"))
 
 
-@pytest.fixture(scope="module")
-def engines(checkpoint):
-    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=24)
+@pytest.fixture(scope="module", params=["cpu_paged", "torch"])
+def engines(checkpoint, request):
+    """Compiled and eager, with the C kernel (the CPU's default) or the reference attention."""
+    kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=24, attention_backend=request.param)
     return LLM(str(checkpoint), cpu_compile=True, **kw), LLM(str(checkpoint), **kw)
 
 
@@ -85,9 +86,9 @@ def test_one_request_at_a_time_uses_the_batch_of_one_graph(engines):
         assert compiled.generate(p, greedy(70))[0].token_ids == eager.generate(p, greedy(70))[0].token_ids
 
 
-def test_large_batches_run_eagerly_then_compiled_as_they_shrink(engines):
+def test_every_decode_batch_compiles_with_the_kernel_and_small_ones_with_the_reference(engines):
     compiled, eager = engines
-    n = MAX_COMPILED_BATCH + 4
+    n = MAX_REFERENCE_COMPILED_BATCH + 4
     prompts = prompts_of([5 + 7 * i for i in range(n)], seed=5)
     params = [greedy(10 + 3 * i) for i in range(n)]     # requests end one by one
     counter = PathCounter()
@@ -97,7 +98,11 @@ def test_large_batches_run_eagerly_then_compiled_as_they_shrink(engines):
     finally:
         compiled.engine.remove_observer(counter)
     assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params)]
-    assert counter.paths.get((False, "eager"), 0) > 0 and counter.paths.get((False, "compiled"), 0) > 0
+    assert counter.paths.get((False, "compiled"), 0) > 0
+    if compiled.engine.runner.attention_backend == "torch":   # batches above the limit pad too much
+        assert counter.paths.get((False, "eager"), 0) > 0
+    else:
+        assert (False, "eager") not in counter.paths
 
 
 def test_seeded_sampling_equals_eager(engines):
@@ -151,9 +156,12 @@ def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
     llm = LLM(str(checkpoint), cpu_compile=True, **kw)
     assert llm.engine.runner.decode_note.startswith("compiled"), llm.engine.runner.decode_note
     p = prompts_of([6])
-    assert llm.generate(p, greedy(18))[0].token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].token_ids
+    out = llm.generate(p, greedy(18))[0]
+    assert out.token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].token_ids, out.error
 
 
-def test_backends_that_cannot_compile_say_why(checkpoint):
-    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="blockwise")
-    assert llm.engine.runner.decode_note == "eager: the blockwise attention backend runs eagerly"
+def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="triton")
+    assert llm.engine.runner.decode_note == "eager: the triton attention backend runs eagerly"

@@ -1,6 +1,7 @@
 """The engine against Hugging Face transformers on small random-weight models, float32 on
 CPU: greedy outputs must be token-identical, whatever the block size, prefix-cache hits,
-preemption or chunking."""
+preemption or chunking. The CPU's default attention is the C kernel (cpu_paged); the
+readable reference it is tested against (torch) must match transformers too."""
 from __future__ import annotations
 
 import pytest
@@ -37,10 +38,12 @@ def assert_no_leak(llm: LLM):
     bm.check_invariants([])
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_greedy_matches_transformers(family, block_size):
+def test_greedy_matches_transformers(family, block_size, backend):
     _, directory, prompts, reference = family
-    llm = LLM(str(directory), device="cpu", dtype="float32", block_size=block_size)
+    llm = LLM(str(directory), device="cpu", dtype="float32", block_size=block_size, attention_backend=backend)
+    assert llm.engine.runner.attention_backend == ("cpu_paged" if backend == "auto" else backend)
     outs = greedy(llm, prompts)
     for out, ref, prompt in zip(outs, reference, prompts):
         assert out.token_ids == ref, f"prompt of {len(prompt)} tokens diverged"

@@ -11,6 +11,7 @@ import time
 import torch
 
 from kvscope import bench_shapes, cpu_ceilings
+from kvscope.config import ATTENTION_BACKENDS
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.cli_args import add_cpu_compile_argument
@@ -70,7 +71,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true")
     add_cpu_compile_argument(p)
     p.add_argument("--attention-backend", default="auto",
-                   choices=["auto", "torch", "blockwise", "triton", "flash_attn"])
+                   choices=ATTENTION_BACKENDS)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "cpu_paged", "triton", "flash_attn")
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None          # checkpoint dir or hub id; None = the embedded default
@@ -21,7 +24,7 @@ class EngineConfig:
     kv_cache_mib: int | None = None   # CPU budget (default 512) or explicit GPU budget
     gpu_memory_utilization: float = 0.90
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
-    attention_backend: str = "auto"   # auto | torch | blockwise | triton | flash_attn
+    attention_backend: str = "auto"   # auto | torch | cpu_paged | triton | flash_attn
     enforce_eager: bool = False       # no CUDA graphs
     cpu_compile: bool = False         # compile CPU decode steps with torch.compile (engine/compiled_decode.py)
     num_threads: int | None = None    # CPU intra-op threads
@@ -43,5 +46,5 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
-        if self.attention_backend not in ("auto", "torch", "blockwise", "triton", "flash_attn"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention_backend {self.attention_backend!r}")

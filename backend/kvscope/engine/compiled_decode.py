@@ -6,10 +6,12 @@ attention's gathers, residual adds) around a dozen matrix-vector products. Induc
 each layer's small operations into four generated C++ kernels, and a C++ wrapper calls
 them and the matmuls: about 40 calls a step, none of them through Python.
 
-Only decode-only steps of up to MAX_COMPILED_BATCH rows take this path, with every decode
-row in one padded attention group, so one graph serves every batch size and context
-length. PyTorch specialises a batch of one, so two graphs are compiled, both at start-up
-(10-35 s in all on 2 cores; inductor's on-disk cache makes later starts faster). Once both
+Decode-only steps take this path. Attention is the C kernel (layers/cpu_paged_attention.py),
+a custom op opaque to inductor that reads every row's own context, so one graph serves
+every batch size and context length; with the reference attention, steps of up to
+MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one padded attention group.
+PyTorch specialises a batch of one, so two graphs are compiled, both at start-up (10-35 s
+in all on 2 cores; inductor's on-disk cache makes later starts faster). Once both
 exist, calls skip re-checking dynamo's guards (which cost as much as the fused kernels):
 only decode-only batches of this fixed structure, with no forward hooks, reach them, and
 if global state a graph depends on changes anyway, the guards come back on."""
@@ -28,10 +30,11 @@ from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
 
-# Larger decode batches run eagerly: their matmuls dominate, and the eager path's up to four
-# attention groups pad far less than the compiled path's one. Embedded model, 1 thread,
-# step time compiled/eager: 0.81x at batch 1, 0.91x at 16, 1.03x at 32, 1.23x at 64.
-MAX_COMPILED_BATCH = 16
+# With the reference attention, larger decode batches run eagerly: their matmuls dominate,
+# and the eager path's up to four attention groups pad far less than the compiled path's one.
+# Embedded model, 1 thread, step time compiled/eager: 0.81x at batch 1, 0.91x at 16, 1.03x
+# at 32, 1.23x at 64. The C kernel pads nothing, so with it every decode batch compiles.
+MAX_REFERENCE_COMPILED_BATCH = 16
 
 
 class DecodeLogits(torch.nn.Module):
@@ -49,19 +52,28 @@ def compile_unavailable(runner) -> str | None:
     """Why this runner cannot compile its decode step (None when it can)."""
     if runner.device.type != "cpu":
         return "compiled decode is for CPUs (a GPU captures CUDA graphs)"
-    if runner.attention_backend != "torch":
+    if runner.attention_backend not in ("torch", "cpu_paged"):
         return f"the {runner.attention_backend} attention backend runs eagerly"
     if runner.config.tensor_parallel_size > 1:
         return "tensor-parallel ranks run eagerly"
     return None
 
 
+# Graphs live in one cache per code object, shared by every engine in the process. Each
+# engine adds two per attention backend and model shape; a process that builds many
+# engines (a test run) would pass dynamo's default limit of 8, and past it a fullgraph
+# compile fails instead of adding one.
+RECOMPILE_LIMIT = 64
+
+
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist
+        self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
         self.compile_seconds = time.perf_counter() - start
@@ -95,18 +107,26 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table = [scratch] * 3
                 out.entries.append(ScheduledSeq(seq, 1, position, samples=True))
-            inputs = prepare_inputs(out, runner.block_size, runner.buffers, max_decode_groups=1)
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, decode_groups(runner))
             _mark_sizes_dynamic(inputs, batch > 1)
             self.run(inputs)
         log.info("decode step compiled for this CPU")
 
 
+def decode_groups(runner) -> int:
+    """The reference backend's compiled step reads its decode rows as one padded group; the
+    C kernel reads each row's own context and needs none."""
+    return 1 if runner.attention_backend == "torch" else 0
+
+
 def _mark_sizes_dynamic(inputs: StepInputs, batch_dynamic: bool) -> None:
     """The context width always varies; the batch size only in the graph for batches > 1."""
-    md, group = inputs.metadata, inputs.metadata.decode_groups[0]
+    md = inputs.metadata
     rows = [0] if batch_dynamic else []
     if batch_dynamic:
         for tensor in (inputs.input_ids, inputs.positions, md.slot_mapping, md.context_lens):
             torch._dynamo.mark_dynamic(tensor, 0)
-    torch._dynamo.mark_dynamic(group.block_tables, [*rows, 1])
-    torch._dynamo.mark_dynamic(group.mask, [*rows, 3])
+    torch._dynamo.mark_dynamic(md.block_tables, [*rows, 1])
+    for group in md.decode_groups:
+        torch._dynamo.mark_dynamic(group.block_tables, [*rows, 1])
+        torch._dynamo.mark_dynamic(group.mask, [*rows, 3])

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 import torch
 
 from kvscope.config import EngineConfig
-from kvscope.engine.compiled_decode import MAX_COMPILED_BATCH, CompiledDecode, compile_unavailable
+from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable, decode_groups
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import MAX_DECODE_GROUPS, StepBuffers, prepare_inputs
+from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
@@ -32,14 +33,20 @@ class StepResult:
     path: str = "eager"     # how the forward pass ran: eager | cuda_graph | compiled
 
 
-def pick_attention_backend(requested: str, device: torch.device, block_size: int, head_dim: int) -> str:
+def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
+                           head_dim: int) -> str:
     triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
     if requested == "auto":
         if device.type != "cuda":
-            return "torch"
+            # the C kernel reads K/V in place; where it cannot be built, the reference gathers
+            return "torch" if cpu_paged_attention.unavailable(dtype) else "cpu_paged"
         if HAS_FLASH_ATTN and block_size % 256 == 0:
             return "flash_attn"
         return "triton" if triton_fits else "torch"
+    if requested == "cpu_paged":
+        reason = "it runs on CPUs" if device.type != "cpu" else cpu_paged_attention.unavailable(dtype)
+        if reason:
+            raise ValueError(f"attention_backend='cpu_paged' cannot run here: {reason}")
     if requested == "triton" and not triton_fits:
         raise ValueError("attention_backend='triton' needs the triton package, and a head_dim and "
                          "block_size that are powers of two")
@@ -61,7 +68,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
-        self.attention_backend = pick_attention_backend(config.attention_backend, device, self.block_size,
+        self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self._allocate_kv_cache()
@@ -115,7 +122,7 @@ class ModelRunner:
         """Decode rows only (no prompt, no drafts), each sampled once from its own row (no
         choices forking from it), in a batch small enough to gain from compiling."""
         return (self.compiled is not None and not self.force_eager
-                and len(out.entries) <= MAX_COMPILED_BATCH
+                and len(out.entries) <= (self.compiled.max_batch or len(out.entries))
                 and all(e.num_new_tokens == 1 and not e.forks for e in out.entries))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -132,8 +139,7 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         compiled = self._runs_compiled(out)
-        # the compiled step reads its decode rows as one padded group
-        groups = 1 if compiled else MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
+        groups = decode_groups(self) if compiled else MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
         inputs = prepare_inputs(out, self.block_size, self.buffers, groups)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvscope.layers import blockwise_attention, torch_attention
+from kvscope.layers import cpu_paged_attention, torch_attention
 from kvscope.layers.context import get_metadata
 
 try:
@@ -53,6 +53,7 @@ class PagedAttention(nn.Module):
                                           cache_seqlens=md.context_lens, block_table=md.block_tables,
                                           softmax_scale=self.scale, causal=True)
             return out.squeeze(1)
-        if self.backend == "blockwise":
-            return blockwise_attention.decode_attention(q, self.k_cache, self.v_cache, md, self.scale)
+        if self.backend == "cpu_paged":
+            return cpu_paged_attention.decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
+                                                        md.context_lens, self.scale)
         return torch_attention.decode_attention(q, self.k_cache, self.v_cache, md, self.scale)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvscope.config import ATTENTION_BACKENDS
+
 CPU_DEFAULT_KV_BLOCKS = 1024   # a pool small enough to draw, big enough for a classroom
 
 
@@ -53,7 +55,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--prefill-chunk-size", type=int, default=None)
-    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--enforce-eager", action="store_true")
     add_cpu_compile_argument(p)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")

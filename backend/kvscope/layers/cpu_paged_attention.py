@@ -1,0 +1,82 @@
+"""Gather-free paged decode attention on a CPU: a small C kernel (cpu_paged_attention.c)
+reads each sequence's keys and values in place through its block table, with an online
+softmax, instead of copying its whole context out of the pool first as the readable
+reference (torch_attention.py) does. It is built with this machine's C compiler the first
+time it is needed (native_build.py) and called through ctypes, which lets go of the GIL.
+
+Under torch.compile the kernel is a custom op (kvscope::paged_decode_attention), opaque to
+inductor, so a compiled decode step fuses everything around attention and calls the
+kernel for attention itself."""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from kvscope.native_build import NativeBuildError, load
+
+SOURCE = Path(__file__).with_suffix(".c")
+DTYPES = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | str:
+    """The built kernel, or why it could not be built."""
+    try:
+        lib = load(SOURCE)
+    except NativeBuildError as exc:
+        return str(exc)
+    for name in DTYPES.values():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = _ARGTYPES, None
+    return lib
+
+
+def unavailable(dtype: torch.dtype) -> str | None:
+    """Why the kernel cannot run for this dtype here (None when it can); builds it once."""
+    if dtype not in DTYPES:
+        return f"the CPU paged-attention kernel takes float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
+    lib = _library()
+    return lib if isinstance(lib, str) else None
+
+
+def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+        context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [B, H, D]; caches: [num_blocks, block_size, KVH, D]; block_tables: [B, width] int32;
+    context_lens: [B] int32 (each >= 1) → [B, H, D]."""
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.is_contiguous()
+    assert block_tables.dtype == context_lens.dtype == torch.int32 and k_cache.dtype == q.dtype
+    getattr(lib, DTYPES[q.dtype])(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
+        block_size, block_tables.shape[1], scale, torch.get_num_threads())
+    return out
+
+
+@torch.library.custom_op("kvscope::paged_decode_attention", mutates_args=())
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    return run(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@paged_decode_attention.register_fake
+def _(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return torch.empty_like(q)
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
+    # eagerly, the plain call: a custom op's dispatch costs more than the kernel at batch 1
+    if torch.compiler.is_compiling():
+        return paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return run(q, k_cache, v_cache, block_tables, context_lens, scale)

@@ -1,0 +1,151 @@
+"""The CPU's gather-free paged attention kernel (layers/cpu_paged_attention.c) against the
+readable reference (random paged caches, ragged contexts, every supported shape and
+dtype) and, inside the engine, against transformers greedy."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_models import VOCAB, hf_greedy, make_checkpoint
+from kvscope import LLM, SamplingParams
+from kvscope.layers import cpu_paged_attention, torch_attention
+from kvscope.layers.context import AttentionMetadata, DecodeGroup
+from kvscope.paging import cdiv
+
+
+def random_decode_step(block_size: int, context_lens: list[int], seed: int, heads=8, kv_heads=2,
+                       head_dim=16, dtype=torch.float32):
+    """A shuffled paged cache and one query per sequence, with the reference's metadata (one
+    padded group) and the kernel's (block tables + lengths) side by side."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [cdiv(n, block_size) for n in context_lens]
+    num_blocks = sum(widths) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    ids = torch.randperm(num_blocks, generator=g).tolist()
+    width = max(widths)
+    tables = []
+    for w in widths:
+        tables.append(ids[:w] + [0] * (width - w))
+        ids = ids[w:]
+    tables = torch.tensor(tables, dtype=torch.int32)
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    mask = (torch.arange(width * block_size)[None, :] < lens[:, None]).view(len(lens), 1, 1, -1)
+    md = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_tables=tables,
+                           context_lens=lens, max_context_len=max(context_lens),
+                           decode_groups=[DecodeGroup(slice(0, len(lens)), tables, mask)])
+    q = torch.randn(len(context_lens), heads, head_dim, generator=g).to(dtype)
+    return q, k_cache, v_cache, md
+
+
+def kernel(q, k_cache, v_cache, md, scale):
+    return cpu_paged_attention.decode_attention(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def built():
+    assert cpu_paged_attention.unavailable(torch.float32) is None, "the kernel should build on the test machines"
+
+
+# lengths ending mid-block, on a block boundary, a single token, and several chunks of 256
+def ragged(block_size):
+    return [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 2, 97, 250, 600]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 48, 256])
+def test_equals_reference_on_ragged_contexts(block_size):
+    lens = [n for n in ragged(block_size) if n > 0]
+    q, k_cache, v_cache, md = random_decode_step(block_size, lens, seed=block_size)
+    scale = 16 ** -0.5
+    expected = torch_attention.decode_attention(q, k_cache, v_cache, md, scale)
+    torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [
+    (4, 4, 32), (8, 4, 64), (16, 4, 128), (16, 2, 64), (8, 1, 32),   # specialised shapes
+    (6, 2, 48), (12, 1, 40), (3, 3, 8),                               # the generic loop
+])
+def test_equals_reference_for_every_head_layout(heads, kv_heads, head_dim):
+    q, k_cache, v_cache, md = random_decode_step(16, [3, 40, 300], seed=heads * head_dim,
+                                                 heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    scale = head_dim ** -0.5
+    expected = torch_attention.decode_attention(q, k_cache, v_cache, md, scale)
+    torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_within_rounding_of_a_float32_reference():
+    q, k_cache, v_cache, md = random_decode_step(16, [5, 77, 260], seed=9, head_dim=64, dtype=torch.bfloat16)
+    expected = torch_attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), md, 0.125)
+    got = kernel(q, k_cache, v_cache, md, 0.125)
+    assert got.dtype == torch.bfloat16
+    # the kernel accumulates in float32 and rounds once: within one bf16 step of the exact result
+    torch.testing.assert_close(got.float(), expected, atol=8e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_give_the_same_result(threads):
+    q, k_cache, v_cache, md = random_decode_step(8, [1, 9, 33, 64, 130], seed=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = kernel(q, k_cache, v_cache, md, 0.25)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, torch_attention.decode_attention(q, k_cache, v_cache, md, 0.25),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_ignores_cache_contents_past_each_context():
+    q, k_cache, v_cache, md = random_decode_step(8, [5, 13, 40], seed=1)
+    before = kernel(q, k_cache, v_cache, md, 0.25)
+    # stale K/V of earlier sequences (finite, as the cache only ever holds model outputs)
+    for row, n in enumerate(md.context_lens.tolist()):
+        last = md.block_tables[row, (n - 1) // 8]
+        k_cache[last, (n - 1) % 8 + 1:] = 1e4
+        v_cache[last, (n - 1) % 8 + 1:] = -1e4
+    torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
+
+
+def test_other_dtypes_are_refused_with_a_reason():
+    assert "float16" in cpu_paged_attention.unavailable(torch.float16)
+    with pytest.raises(ValueError, match="cpu_paged"):
+        LLM(None, device="cpu", dtype="float16", attention_backend="cpu_paged")
+
+
+MAX_NEW = 16
+
+
+def greedy(llm: LLM, prompts):
+    return [o.token_ids for o in llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3"))
+
+
+def test_engine_matches_transformers_with_prefix_hits_and_chunking(checkpoint):
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, VOCAB - 2, (40,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in (1, 7, 30, 90)]
+    reference = hf_greedy(checkpoint, prompts, MAX_NEW)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", block_size=8,
+              attention_backend="cpu_paged", max_num_batched_tokens=32)
+    assert llm.engine.runner.attention_backend == "cpu_paged"
+    outs = greedy(llm, prompts[:1]) + greedy(llm, prompts[1:])   # the first fills the prefix cache
+    assert outs == reference
+    bm = llm.engine.block_manager
+    assert bm.num_prefix_hits >= 3 * (40 // 8), "the shared prefix should have been reused"
+
+
+def test_engine_matches_transformers_under_preemption(checkpoint):
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, VOCAB - 2, (n,), generator=g).tolist() for n in (3, 20, 41, 64, 100)]
+    reference = hf_greedy(checkpoint, prompts, MAX_NEW)
+    # 18 blocks of 8 tokens cannot hold all five sequences at once (they need 41)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", block_size=8,
+              attention_backend="cpu_paged", num_kv_blocks=18)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert [o.token_ids for o in outs] == reference
+    assert sum(o.num_preemptions for o in outs) > 0
