@@ -149,3 +149,29 @@ def test_engine_matches_transformers_under_preemption(checkpoint):
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
     assert [o.token_ids for o in outs] == reference
     assert sum(o.num_preemptions for o in outs) > 0
+
+
+def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path):
+    from kvscope import native_build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
+        native_build.load(cpu_paged_attention.SOURCE)
+    cpu_paged_attention._library.cache_clear()
+    try:
+        llm = LLM(None, device="cpu")
+        assert llm.engine.runner.attention_backend == "torch"
+        with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
+            LLM(None, device="cpu", attention_backend="cpu_paged")
+    finally:
+        cpu_paged_attention._library.cache_clear()
+
+
+def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):
+    from kvscope import native_build
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    native_build.load(cpu_paged_attention.SOURCE)
+    built = list((tmp_path / "kvscope" / "native").glob("cpu_paged_attention-*.so"))
+    assert len(built) == 1
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))   # a cached build needs no compiler
+    native_build.load(cpu_paged_attention.SOURCE)

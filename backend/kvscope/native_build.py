@@ -2,10 +2,10 @@
 compiler, and load it with ctypes.
 
 The library is built once per machine and source: it is cached under
-$XDG_CACHE_HOME/kvscope/native (default ~/.cache), named by a hash of the source, the
-flags, the compiler and the CPU, so later starts load it at once. Flag sets are tried from
-the fastest down (-march=native, OpenMP, glibc's vectorised exp), so a compiler or libc
-without one of them still gets a working build."""
+$XDG_CACHE_HOME/kvscope/native (default ~/.cache), named by a hash of the source, the flags
+and the CPU, so later starts load it at once, with no compiler needed. Flag sets are tried
+from the fastest down (-march=native, OpenMP, glibc's vectorised exp), so a compiler or
+libc without one of them still gets a working build."""
 from __future__ import annotations
 
 import ctypes
@@ -39,28 +39,33 @@ def compiler() -> str | None:
 
 
 def load(source: Path) -> ctypes.CDLL:
-    """The library built from `source`, from the cache or freshly compiled."""
+    """The library built from `source`: the cached build if there is one, else a fresh one."""
+    targets = [(flags, cache_dir() / f"{source.stem}-{_key(source, flags)}.so") for flags in FLAG_SETS]
+    errors = []
+    for flags, target in targets:
+        if target.exists():
+            try:
+                return ctypes.CDLL(str(target))
+            except OSError as exc:
+                errors.append(f"{' '.join(flags)}: {exc}")
     cc = compiler()
     if cc is None:
         raise NativeBuildError("no C compiler found (set CC, or install gcc or clang)")
-    errors = []
-    for flags in FLAG_SETS:
-        target = cache_dir() / f"{source.stem}-{_key(source, cc, flags)}.so"
-        if not target.exists():
-            error = _compile(cc, source, flags, target)
-            if error:
-                errors.append(error)
-                continue
-        try:
-            return ctypes.CDLL(str(target))
-        except OSError as exc:   # e.g. built against a vector maths library this libc lacks
-            errors.append(f"{' '.join(flags)}: {exc}")
+    for flags, target in targets:
+        error = _compile(cc, source, flags, target)
+        if error is None:
+            try:
+                return ctypes.CDLL(str(target))
+            except OSError as exc:   # e.g. built against a vector maths library this libc lacks
+                target.unlink(missing_ok=True)
+                error = f"{' '.join(flags)}: {exc}"
+        errors.append(error)
     raise NativeBuildError(f"could not build {source.name} with {cc}: {errors[-1]}")
 
 
-def _key(source: Path, cc: str, flags: tuple[str, ...]) -> str:
+def _key(source: Path, flags: tuple[str, ...]) -> str:
     h = hashlib.sha256(source.read_bytes())
-    h.update(" ".join((cc, *flags, platform.machine(), _cpu_flags())).encode())
+    h.update(" ".join((*flags, platform.machine(), _cpu_flags())).encode())
     return h.hexdigest()[:16]
 
 
@@ -78,8 +83,11 @@ def _cpu_flags() -> str:
 def _compile(cc: str, source: Path, flags: tuple[str, ...], target: Path) -> str | None:
     """Compile into a temporary file, then rename: processes building at once never load a
     half-written library. Returns the compiler's complaint, or None."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    except OSError as exc:   # e.g. a read-only home: set XDG_CACHE_HOME
+        return f"cannot write {target.parent}: {exc}"
     os.close(fd)
     compiler_flags = [f for f in flags if not f.startswith("-l")]
     libraries = [f for f in flags if f.startswith("-l")]
