@@ -157,14 +157,14 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
         native_build.load(cpu_paged_attention.SOURCE)
-    cpu_paged_attention._library.cache_clear()
+    cpu_paged_attention._kernels.cache_clear()
     try:
         llm = LLM(None, device="cpu")
         assert llm.engine.runner.attention_backend == "torch"
         with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:
-        cpu_paged_attention._library.cache_clear()
+        cpu_paged_attention._kernels.cache_clear()
 
 
 def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):
