@@ -93,6 +93,19 @@ def test_freed_blocks_stay_cached_until_reused_then_lru_evicts():
     assert bm.match_prefix(again) == a_blocks[:1]
 
 
+def test_reset_prefix_cache_forgets_free_blocks_and_keeps_blocks_in_use():
+    bm = BlockManager(16, BS)
+    done, running = seq_of(range(9)), seq_of(range(100, 109))
+    admit(bm, done)
+    admit(bm, running)
+    bm.free(done)
+    bm.reset_prefix_cache()
+    again, twin = seq_of(range(9)), seq_of(range(100, 109))
+    assert admit(bm, again) == []                            # computed again
+    assert admit(bm, twin) == running.block_table[:2]        # still shared
+    bm.check_invariants([running, again, twin])
+
+
 def test_out_of_blocks_is_refused_not_overcommitted():
     bm = BlockManager(2, BS)
     assert not bm.can_allocate([], 12)       # 3 blocks wanted, 2 exist

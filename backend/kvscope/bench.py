@@ -111,6 +111,8 @@ def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
     bm = engine.block_manager
     if watcher is not None:
         watcher.watch_first = True
+    bm.reset_prefix_cache()   # each run computes its prompts, as transformers does
+    hits_before = bm.num_prefix_hits
     seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
             for p, o in zip(prompts, outputs)]
     peak_used, steps = 0, 0
@@ -124,7 +126,7 @@ def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
     elapsed = time.perf_counter() - start
     generated = sum(s.num_output_tokens for s in seqs)
     return {"elapsed": elapsed, "generated": generated, "steps": steps, "peak_used_blocks": peak_used,
-            "preemptions": sum(s.num_preemptions for s in seqs),
+            "preemptions": sum(s.num_preemptions for s in seqs), "prefix_hits": bm.num_prefix_hits - hits_before,
             "failed": sum(s.finish_reason == "error" for s in seqs)}
 
 
@@ -235,6 +237,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
+          f"{ours['prefix_hits']} prefix-cache blocks reused, "
           f"instrumentation {args.instrument}{runs})")
     print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
           f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")

@@ -87,6 +87,17 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix held by a free block, so the same prompts are computed
+        again (a benchmark's repeats must not be served from the previous run's cache).
+        Blocks in use keep theirs: their sequences still own those contents."""
+        for block_id in self.free_ids:
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                if self.hash_to_block.get(block.hash) == block_id:
+                    del self.hash_to_block[block.hash]
+                block.hash, block.token_ids = None, ()
+
     # -- allocation --------------------------------------------------------------------
     def can_allocate(self, hits: list[int], num_tokens: int) -> bool:
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
