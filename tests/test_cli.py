@@ -56,6 +56,16 @@ def test_bench_throughput_prints_both_engines_and_the_roofline():
     assert re.search(r"transformers generate .*= [\d,]+ tok/s", out), out
     assert re.search(r"speed-up: [\d.]+x", out) and "bandwidth roofline" in out
     assert "decode compiled (torch.compile" in out, out     # bench measures what serve runs
+    assert "attention cpu_paged" in out and " 0 prefix-cache blocks reused" in out, out   # every run starts cold
+
+
+def test_bench_attention_compares_the_kernel_with_the_reference():
+    proc = kvscope("bench", "attention", "--batch", "1", "8", "--repeats", "1", "--pool-mib", "8", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = re.findall(r"batch +(\d+): reference +[\d,]+ µs, kernel +[\d,]+ µs \([\d.]+x faster, reads K/V at "
+                      r"[\d.]+ GB/s; max difference ([\d.e+-]+)\)", proc.stdout)
+    assert [b for b, _ in rows] == ["1", "8"], proc.stdout
+    assert all(float(err) < 1e-5 for _, err in rows), proc.stdout
 
 
 def test_bench_throughput_runs_several_models_in_one_run():

@@ -48,6 +48,8 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     par.set_defaults(run=run_parallel)
     from kvscope.bench_spec import add_arguments as add_spec_arguments
     add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
+    from kvscope.bench_attention import add_arguments as add_attention_arguments
+    add_attention_arguments(sub.add_parser("attention", help="CPU decode attention: the C kernel vs the reference"))
     from kvscope.bench_tp import add_arguments as add_tp_arguments
     add_tp_arguments(sub.add_parser("tp", help="tensor parallel: step time for N processes vs one"))
     try:
