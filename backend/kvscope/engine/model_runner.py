@@ -38,8 +38,11 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
     triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
     if requested == "auto":
         if device.type != "cuda":
-            # the C kernel reads K/V in place; where it cannot be built, the reference gathers
-            return "torch" if cpu_paged_attention.unavailable(dtype) else "cpu_paged"
+            # the C kernel reads K/V in place; where it cannot run, the reference gathers
+            reason = cpu_paged_attention.unavailable(dtype)
+            if reason and dtype in cpu_paged_attention.DTYPES:
+                log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
+            return "torch" if reason else "cpu_paged"
         if HAS_FLASH_ATTN and block_size % 256 == 0:
             return "flash_attn"
         return "triton" if triton_fits else "torch"
