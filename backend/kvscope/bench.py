@@ -164,6 +164,12 @@ def run_hf_static(model, prompts, outputs, batch_size: int, device) -> dict:
     return {"elapsed": time.perf_counter() - start, "generated": sum(outputs)}
 
 
+def kv_read_bytes(prompts, outputs, bytes_per_token: int) -> float:
+    """K/V a run reads while decoding: each output token attends to its prompt and, on
+    average, half of its own output."""
+    return sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * bytes_per_token
+
+
 def roofline_tokens_per_s(engine, prompts, outputs, concurrency: int) -> float:
     """Upper bound from memory bandwidth alone: every decode step reads all weights once
     (shared by the batch) plus each sequence's KV cache."""
@@ -173,7 +179,7 @@ def roofline_tokens_per_s(engine, prompts, outputs, concurrency: int) -> float:
     kv_per_token = engine.model_config.kv_elements_per_token * engine.runner.k_caches[0].element_size()
     total_out = sum(outputs)
     steps = total_out / max(1, min(concurrency, len(prompts)))
-    kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * kv_per_token
+    kv_read = kv_read_bytes(prompts, outputs, kv_per_token)
     seconds = (steps * weights + kv_read) / spec.peak_bandwidth_bytes_per_s
     return total_out / seconds, spec
 
@@ -258,7 +264,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     print(f"bandwidth roofline: {roof:,.0f} tok/s at {spec.peak_bandwidth_bytes_per_s / 1e9:,.0f} GB/s "
           f"({spec.bandwidth_source}, {spec.name}); kvscope reaches {100 * ours_rate / roof:.1f}%")
     facts = model_facts(engine)
-    kv_read = sum(o * (len(p) + o / 2) for p, o in zip(prompts, outputs)) * facts.kv_bytes_per_token
+    kv_read = kv_read_bytes(prompts, outputs, facts.kv_bytes_per_token)
     computed = sum(len(p) for p in prompts) + sum(outputs)
     lines = cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
                                 2 * facts.read_weight_bytes / facts.dtype_bytes * computed)

@@ -24,7 +24,7 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_inputs import StepInputs, prepare_inputs
+from kvscope.engine.step_inputs import StepInputs, decode_groups_for, prepare_inputs
 from kvscope.layers.context import step_metadata
 from kvscope.sampling_params import SamplingParams
 
@@ -73,11 +73,15 @@ class CompiledDecode:
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist
+        # the reference pads every row to the longest context; the kernel pads nothing
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
         self.compile_seconds = time.perf_counter() - start
         self.guarded = not hasattr(torch.compiler, "set_stance")
+
+    def fits(self, batch: int) -> bool:
+        return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         with step_metadata(inputs.metadata):
@@ -107,16 +111,11 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table = [scratch] * 3
                 out.entries.append(ScheduledSeq(seq, 1, position, samples=True))
-            inputs = prepare_inputs(out, runner.block_size, runner.buffers, decode_groups(runner))
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers,
+                                    decode_groups_for(runner.attention_backend, compiled=True))
             _mark_sizes_dynamic(inputs, batch > 1)
             self.run(inputs)
         log.info("decode step compiled for this CPU")
-
-
-def decode_groups(runner) -> int:
-    """The reference backend's compiled step reads its decode rows as one padded group; the
-    C kernel reads each row's own context and needs none."""
-    return 1 if runner.attention_backend == "torch" else 0
 
 
 def _mark_sizes_dynamic(inputs: StepInputs, batch_dynamic: bool) -> None:

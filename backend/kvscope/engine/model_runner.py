@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import torch
 
 from kvscope.config import EngineConfig
-from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable, decode_groups
+from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import MAX_DECODE_GROUPS, StepBuffers, prepare_inputs
+from kvscope.engine.step_inputs import StepBuffers, decode_groups_for, prepare_inputs
 from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
@@ -125,7 +125,7 @@ class ModelRunner:
         """Decode rows only (no prompt, no drafts), each sampled once from its own row (no
         choices forking from it), in a batch small enough to gain from compiling."""
         return (self.compiled is not None and not self.force_eager
-                and len(out.entries) <= (self.compiled.max_batch or len(out.entries))
+                and self.compiled.fits(len(out.entries))
                 and all(e.num_new_tokens == 1 and not e.forks for e in out.entries))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -142,8 +142,7 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         compiled = self._runs_compiled(out)
-        groups = decode_groups(self) if compiled else MAX_DECODE_GROUPS if self.attention_backend == "torch" else 0
-        inputs = prepare_inputs(out, self.block_size, self.buffers, groups)
+        inputs = prepare_inputs(out, self.block_size, self.buffers, decode_groups_for(self.attention_backend, compiled))
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))

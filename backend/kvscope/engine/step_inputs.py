@@ -21,6 +21,15 @@ MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8
 
 
+def decode_groups_for(attention_backend: str, compiled: bool) -> int:
+    """How many padded groups the decode rows need: only the reference backend gathers into
+    groups, one in a compiled step (a shape the graph shares across batches), up to
+    MAX_DECODE_GROUPS eagerly. The kernels read each row's own context and need none."""
+    if attention_backend != "torch":
+        return 0
+    return 1 if compiled else MAX_DECODE_GROUPS
+
+
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
