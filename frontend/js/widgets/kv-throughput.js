@@ -226,7 +226,14 @@ class KvThroughput extends KvWidget {
         nodes.push(mark);
       });
     }
-    pts.forEach((p) => nodes.push(svg('text', { x: x(p.throughput), y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'middle', class: 'kvw-soft' }, `×${p.concurrency}`)));
+    // Runs whose throughput lands within a label's width share one label ("×2 ×4"), not a smudge.
+    const labels = [];
+    for (const p of [...pts].sort((a, b) => a.throughput - b.throughput || a.concurrency - b.concurrency)) {
+      const last = labels[labels.length - 1];
+      if (last && x(p.throughput) - last.at < 24) last.text += ` ×${p.concurrency}`;
+      else labels.push({ at: x(p.throughput), text: `×${p.concurrency}` });
+    }
+    labels.forEach((l) => nodes.push(svg('text', { x: l.at, y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'middle', class: 'kvw-soft' }, l.text)));
     if (!pts.length) nodes.push(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' }, this.isLive ? 'Press Run: each run adds a point per latency.' : 'Loading the recorded runs…'));
     this.dataset.shown = this.isLive ? 'live' : 'recorded';
     this.chart.replaceChildren(...nodes);
