@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p
+from kvscope.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p, row_argmax
 from kvscope.sampling_params import SamplingParams
 
 
@@ -25,6 +25,17 @@ def test_temperature_zero_is_argmax():
     logits = torch.randn(5, 50)
     batch = SamplingBatch([SamplingParams(temperature=0.0)] * 5, [None] * 5)
     assert torch.equal(Sampler(torch.device("cpu"))(logits, batch), logits.argmax(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_argmax_matches_torch_and_takes_the_first_of_ties(dtype):
+    logits = torch.randn(64, 2048).to(dtype)
+    logits[3, [7, 900]] = 50.0          # a tie: the first index wins, as in torch
+    logits[5, -1] = float("inf")
+    got = row_argmax(logits)
+    assert got.dtype == torch.int64 and torch.equal(got, logits.argmax(dim=1))
+    assert got[3] == 7 and got[5] == 2047
+    assert torch.equal(row_argmax(logits[:, ::2]), logits[:, ::2].argmax(dim=1))   # a strided view
 
 
 def test_top_k_never_leaves_the_k_most_likely():

@@ -12,6 +12,7 @@ from kvscope.config import EngineConfig
 from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable
 from kvscope.engine.cuda_graphs import DecodeGraphs
 from kvscope.engine.distributed import StepPlan
+from kvscope.engine.host_memory import keep_freed_activations
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, decode_groups_for, prepare_inputs
@@ -74,6 +75,8 @@ class ModelRunner:
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        if device.type == "cpu":
+            keep_freed_activations()
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
@@ -172,7 +175,8 @@ class ModelRunner:
                 plain_rows.append(row)
             row += k + 1
         if plain:
-            logits = logits[plain_rows]
+            if len(plain_rows) < logits.shape[0]:   # indexing copies every row: only when some left
+                logits = logits[plain_rows]
             batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
             self._collect(result, plain, logits, self.sampler(logits, batch))
         return result

@@ -63,13 +63,22 @@ def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return logits
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest value (the first, on ties). On a CPU through numpy:
+    torch's argmax over a 2,048-wide row runs at a twentieth of numpy's speed (233 against
+    10 µs for 64 rows, 1 thread), a cost every greedy decode step pays."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(x.contiguous().numpy().argmax(axis=1))
+    return x.argmax(dim=1)
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits: [B, V] float32 → token ids [B]."""
-        greedy = logits.argmax(dim=1)
+        greedy = row_argmax(logits)
         if all(p.greedy for p in batch.params):
             return greedy
         probs = filtered_logits(logits, batch.params).softmax(dim=1)
@@ -81,7 +90,7 @@ class Sampler:
         if unseeded:
             noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device) \
                 .exponential_(generator=self.generator)
-        drawn = (probs / noise).argmax(dim=1)
+        drawn = row_argmax(probs / noise)
         is_greedy = torch.tensor([p.greedy for p in batch.params], device=logits.device)
         return torch.where(is_greedy, greedy, drawn)
 
