@@ -106,6 +106,36 @@ def test_ignores_cache_contents_past_each_context():
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
 
 
+@pytest.mark.parametrize("block_size", [1, 4, 16, 48])
+@pytest.mark.parametrize("start,q_len", [(1, 1), (37, 5), (300, 16)])
+def test_a_short_span_read_in_place_equals_the_gathering_reference(block_size, start, q_len):
+    """A draft verification or short chunk: each query attends causally to the cached
+    context and to the span's earlier rows, all already in the cache."""
+    from kvscope.layers.context import PrefillSpan
+    g = torch.Generator().manual_seed(block_size + q_len)
+    ctx = start + q_len
+    num_blocks = cdiv(ctx, block_size) + 5
+    k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
+    v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
+    blocks = torch.randperm(num_blocks, generator=g)[:cdiv(ctx, block_size)]
+    flat = blocks[:, None] * block_size + torch.arange(block_size)
+    new = flat.reshape(-1)[start:ctx]           # the span's own slots
+    k, v = k_cache.view(-1, 2, 16)[new], v_cache.view(-1, 2, 16)[new]
+    q = torch.randn(q_len, 8, 16, generator=g)
+    assert cpu_paged_attention.reads_span_in_place(start, q_len)
+    expected = torch_attention.prefill_attention(q, k, v, k_cache, v_cache,
+                                                 PrefillSpan(0, q_len, start, blocks), 0.25)
+    got = cpu_paged_attention.span_attention(q, k_cache, v_cache, blocks, start, 0.25)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_long_spans_and_uncached_prompts_gather():
+    limit = cpu_paged_attention.MAX_IN_PLACE_SPAN
+    assert not cpu_paged_attention.reads_span_in_place(0, 4)          # a whole prompt: nothing cached
+    assert not cpu_paged_attention.reads_span_in_place(100, limit + 1)
+    assert cpu_paged_attention.reads_span_in_place(100, limit)
+
+
 def test_other_dtypes_are_refused_with_a_reason():
     assert "float16" in cpu_paged_attention.unavailable(torch.float16)
     with pytest.raises(ValueError, match="cpu_paged"):

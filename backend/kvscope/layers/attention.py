@@ -36,8 +36,12 @@ class PagedAttention(nn.Module):
         out = torch.empty_like(q)
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
-            out[rows] = torch_attention.prefill_attention(
-                q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
+            if self.backend == "cpu_paged" and cpu_paged_attention.reads_span_in_place(span.start, span.q_len):
+                out[rows] = cpu_paged_attention.span_attention(q[rows], self.k_cache, self.v_cache,
+                                                               span.context_blocks, span.start, self.scale)
+            else:
+                out[rows] = torch_attention.prefill_attention(
+                    q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
         if md.num_decodes:
             q_dec = q[md.num_prefill_tokens:]
             out[md.num_prefill_tokens:] = self._decode(q_dec, md)
