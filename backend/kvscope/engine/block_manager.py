@@ -125,9 +125,10 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        if needed + self._is_shared_write(seq) > self.num_free_blocks:
+        shared = self._is_shared_write(seq)
+        if needed + shared > self.num_free_blocks:
             raise RuntimeError(f"out of KV blocks: need {needed}, {self.num_free_blocks} free")
-        if self._is_shared_write(seq):
+        if shared:
             self._copy_on_write(seq)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block(seq.seq_id))

@@ -90,8 +90,9 @@ class Scheduler:
         """n counts the known tokens computed, then as many drafts as fit."""
         known = seq.num_tokens - seq.num_computed_tokens
         samples = n >= known
-        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples, list(seq.forks) if samples else [],
-                            list(drafts[:max(0, n - known)]))
+        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples,
+                            list(seq.forks) if samples and seq.forks else [],
+                            list(drafts[:max(0, n - known)]) if drafts else [])
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
@@ -104,11 +105,15 @@ class Scheduler:
             if seq.held or budget == 0:
                 kept.append(seq)
                 continue
-            drafts, seq.spec_token_ids = seq.spec_token_ids, []
+            drafts = seq.spec_token_ids
+            if drafts:
+                seq.spec_token_ids = []
             n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
-            while not bm.can_append(seq, n) and queue:
+            fits = bm.can_append(seq, n)
+            while not fits and queue:
                 self._preempt(queue.pop(), out)
-            if not bm.can_append(seq, n):
+                fits = bm.can_append(seq, n)
+            if not fits:
                 self._preempt(seq, out)
                 continue
             out.entries.append(self._entry(seq, n, drafts))
@@ -175,13 +180,16 @@ class Scheduler:
             # the known tokens' K/V are in; the drafts' count only once accepted (below)
             seq.num_computed_tokens += entry.num_new_tokens - len(entry.spec_token_ids)
             self.block_manager.commit(seq)
-            forked = self._fork(seq, entry.forks)
-            for s in (seq, *forked):
+            forked = self._fork(seq, entry.forks)   # before the parent's token can finish it
+            self._append(seq, sampled[seq.seq_id], on_token, finished)
+            for s in forked:
                 self._append(s, sampled[s.seq_id], on_token, finished)
         return finished
 
     def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
         """The prompt is computed: the other choices start sharing its blocks."""
+        if not forks:
+            return forks
         forked = [c for c in forks if not c.is_finished]
         for child in forked:
             self.block_manager.fork(parent, child)

@@ -7,6 +7,7 @@ with whole-batch numpy operations; the tensors handed to the model are views of 
 a CPU, or one copy of each on a GPU. A step's inputs are valid until the next step."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,16 +125,22 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
                     inputs: StepInputs, first_row: int, max_decode_groups: int) -> None:
     """One token per sequence: a row of the padded block table, and its position's slot."""
     ids, positions, slot_mapping = tokens
-    width = max(len(e.seq.block_table) for e in decodes)
-    if max_decode_groups == 1:
-        width = max(width, 2)
+    block_tables = [e.seq.block_table for e in decodes]
+    widths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(decodes))
+    width = max(int(widths.max()), 2 if max_decode_groups == 1 else 1)
     tables, lens = buffers.decode_arrays(len(decodes), width)
+    # every row's blocks in one flat array, dropped into the padded table in one assignment
     tables.fill(0)
-    for row, e in enumerate(decodes):
-        tables[row, :len(e.seq.block_table)] = e.seq.block_table
-        ids[row] = e.seq.token_ids[e.start]
-        positions[row] = e.start
-        _add_samplers(inputs, e, first_row + row)
+    tables[buffers.arange(width)[None, :] < widths[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum()))
+    ids[:] = [e.seq.token_ids[e.start] for e in decodes]
+    positions[:] = [e.start for e in decodes]
+    if any(e.forks or e.spec_token_ids for e in decodes):
+        for row, e in enumerate(decodes):
+            _add_samplers(inputs, e, first_row + row)
+    else:   # one row and one sampler each, in order
+        inputs.sample_rows += range(first_row, first_row + len(decodes))
+        inputs.sample_seqs += [e.seq for e in decodes]
     np.add(positions, 1, out=lens, casting="unsafe")
     rows = buffers.arange(len(decodes))
     slot_mapping[:] = slots(tables[rows, positions // block_size], positions, block_size)
