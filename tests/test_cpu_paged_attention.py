@@ -106,34 +106,62 @@ def test_ignores_cache_contents_past_each_context():
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
 
 
+def attend_step(specs, block_size, backend, in_place, seed=3):
+    """One layer's attention over a scheduled step of (start, tokens) entries, with random
+    caches and queries: the rows and the metadata the engine would use."""
+    from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
+    from kvscope.engine.sequence import Sequence
+    from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
+    from kvscope.layers.attention import PagedAttention
+    from kvscope.layers.context import step_metadata
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(cdiv(start + n, block_size) for start, n in specs) + 4
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    out = SchedulerOutput(step=0)
+    for start, n in specs:
+        seq = Sequence(list(range(start + n)), SamplingParams())
+        seq.block_table = [free.pop() for _ in range(cdiv(start + n, block_size))]
+        out.entries.append(ScheduledSeq(seq, n, start, samples=True))
+    rows = sum(n for _, n in specs)
+    layer = PagedAttention(8, 2, 16, 0)
+    layer.k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
+    layer.v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
+    layer.backend = backend
+    q, k, v = (torch.randn(rows, heads, 16, generator=g) for heads in (8, 2, 2))
+    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), 0 if in_place else 4, in_place)
+    with step_metadata(inputs.metadata):
+        return layer(q, k, v), inputs.metadata
+
+
+# spans then decodes: a fresh short prompt, a short span over cached context (a prefix hit,
+# a chunk, a draft verification), a prompt too long to read in place, three decode rows
+MIXED = [(0, 9), (37, 5), (0, 150), (20, 1), (63, 1), (5, 1)]
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 16, 48])
-@pytest.mark.parametrize("start,q_len", [(1, 1), (37, 5), (300, 16)])
-def test_a_short_span_read_in_place_equals_the_gathering_reference(block_size, start, q_len):
-    """A draft verification or short chunk: each query attends causally to the cached
-    context and to the span's earlier rows, all already in the cache."""
-    from kvscope.layers.context import PrefillSpan
-    g = torch.Generator().manual_seed(block_size + q_len)
-    ctx = start + q_len
-    num_blocks = cdiv(ctx, block_size) + 5
-    k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
-    v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
-    blocks = torch.randperm(num_blocks, generator=g)[:cdiv(ctx, block_size)]
-    flat = blocks[:, None] * block_size + torch.arange(block_size)
-    new = flat.reshape(-1)[start:ctx]           # the span's own slots
-    k, v = k_cache.view(-1, 2, 16)[new], v_cache.view(-1, 2, 16)[new]
-    q = torch.randn(q_len, 8, 16, generator=g)
-    assert cpu_paged_attention.reads_span_in_place(start, q_len)
-    expected = torch_attention.prefill_attention(q, k, v, k_cache, v_cache,
-                                                 PrefillSpan(0, q_len, start, blocks), 0.25)
-    got = cpu_paged_attention.span_attention(q, k_cache, v_cache, blocks, start, 0.25)
+def test_a_mixed_step_read_in_place_equals_the_gathering_reference(block_size):
+    got, md = attend_step(MIXED, block_size, "cpu_paged", in_place=True)
+    expected, _ = attend_step(MIXED, block_size, "torch", in_place=False)
+    assert [s.q_len for s in md.prefills] == [150], "only the long prompt should gather"
+    assert isinstance(md.in_place.rows, torch.Tensor) and len(md.in_place.rows) == 9 + 5 + 3
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
-def test_long_spans_and_uncached_prompts_gather():
-    limit = cpu_paged_attention.MAX_IN_PLACE_SPAN
-    assert not cpu_paged_attention.reads_span_in_place(0, 4)          # a whole prompt: nothing cached
-    assert not cpu_paged_attention.reads_span_in_place(100, limit + 1)
-    assert cpu_paged_attention.reads_span_in_place(100, limit)
+def test_short_spans_and_decodes_take_one_call_over_every_row():
+    specs = [(0, 9), (37, 5), (3, 1), (70, 1)]
+    got, md = attend_step(specs, 4, "cpu_paged", in_place=True)
+    expected, _ = attend_step(specs, 4, "torch", in_place=False)
+    assert md.prefills == [] and md.in_place.rows == slice(None)
+    assert md.in_place.context_lens.tolist() == [*range(1, 10), *range(38, 43), 4, 71]
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+def test_which_spans_read_in_place():
+    limit = cpu_paged_attention.MAX_IN_PLACE_READS
+    assert cpu_paged_attention.reads_span_in_place(0, 127)            # 8,128 positions
+    assert not cpu_paged_attention.reads_span_in_place(0, 128)        # 8,256
+    assert cpu_paged_attention.reads_span_in_place(500, 15)           # a verification over 500 cached
+    assert not cpu_paged_attention.reads_span_in_place(limit, 1 + 1)
 
 
 def test_other_dtypes_are_refused_with_a_reason():

@@ -145,7 +145,9 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         compiled = self._runs_compiled(out)
-        inputs = prepare_inputs(out, self.block_size, self.buffers, decode_groups_for(self.attention_backend, compiled))
+        in_place = self.attention_backend == "cpu_paged" and not compiled
+        inputs = prepare_inputs(out, self.block_size, self.buffers, decode_groups_for(self.attention_backend, compiled),
+                                in_place)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))

@@ -15,7 +15,8 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan
+from kvscope.layers.context import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan
+from kvscope.layers.cpu_paged_attention import reads_span_in_place
 from kvscope.paging import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
@@ -83,10 +84,12 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
-                   max_decode_groups: int) -> StepInputs:
+                   max_decode_groups: int, in_place: bool = False) -> StepInputs:
     """Flatten a scheduled step. `max_decode_groups`: split decodes into up to this many
     padded groups for the torch attention backend (0: no groups; 1: one group over every
-    decode row, padded to at least two blocks, whose shape a compiled step can share)."""
+    decode row, padded to at least two blocks, whose shape a compiled step can share).
+    `in_place`: plan one CPU-kernel call for the decode rows and the short spans (an eager
+    step with the cpu_paged backend)."""
     ordered = batch_order(out.entries)
     prefills = [e for e in ordered if e.num_new_tokens > 1]
     decodes = ordered[len(prefills):]
@@ -94,18 +97,21 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
     tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
     md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
     inputs = StepInputs(None, None, md)
-    _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
+    span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
     if decodes:
         _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
                         num_prefill_tokens, max_decode_groups)
+    if in_place:
+        _plan_in_place(md, span_tables, buffers)
     inputs.input_ids, inputs.positions, md.slot_mapping = (buffers.to_device(a) for a in tokens)
     return inputs
 
 
 def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: StepBuffers,
-                     tokens: np.ndarray, inputs: StepInputs) -> None:
+                     tokens: np.ndarray, inputs: StepInputs) -> list[np.ndarray]:
+    """Fills the spans' rows; returns each span's blocks (those holding its context)."""
     ids, positions, slot_mapping = tokens
-    row = 0
+    row, span_tables = 0, []
     for e in prefills:
         seq, n = e.seq, e.num_new_tokens
         end = e.start + n
@@ -114,11 +120,47 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
         positions[rows] = buffers.arange(end)[e.start:]
         table = np.asarray(seq.block_table, dtype=np.int64)
         slot_mapping[rows] = slots(table[positions[rows] // block_size], positions[rows], block_size)
-        blocks = buffers.to_device(table[:cdiv(end, block_size)]) if e.start else None
+        span_tables.append(table[:cdiv(end, block_size)])
+        blocks = buffers.to_device(span_tables[-1]) if e.start else None
         inputs.metadata.prefills.append(PrefillSpan(row, n, e.start, blocks))
         row += n
         if e.samples:
             _add_samplers(inputs, e, row - 1)
+    return span_tables
+
+
+def _plan_in_place(md: AttentionMetadata, span_tables: list[np.ndarray], buffers: StepBuffers) -> None:
+    """Hand the decode rows and every span short enough (cpu_paged_attention's rule) to one
+    kernel call: a span's query i is a row whose context ends at its own position. Longer
+    spans stay in `md.prefills`."""
+    short = [i for i, s in enumerate(md.prefills) if reads_span_in_place(s.start, s.q_len)]
+    num_decodes = md.num_decodes
+    if not short:
+        if num_decodes:
+            md.in_place = InPlaceRows(slice(md.num_prefill_tokens, None), md.block_tables, md.context_lens)
+        return
+    spans = [md.prefills[i] for i in short]
+    decode_tables = md.block_tables.numpy() if num_decodes else np.zeros((0, 1), dtype=np.int32)
+    width = max(max(len(span_tables[i]) for i in short), decode_tables.shape[1])
+    num_rows = sum(s.q_len for s in spans) + num_decodes
+    tables = np.zeros((num_rows, width), dtype=np.int32)
+    lens = np.empty(num_rows, dtype=np.int32)
+    row = 0
+    for i, span in zip(short, spans):
+        tables[row:row + span.q_len, :len(span_tables[i])] = span_tables[i]
+        lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
+        row += span.q_len
+    tables[row:, :decode_tables.shape[1]] = decode_tables
+    if num_decodes:
+        lens[row:] = md.context_lens.numpy()
+    if len(short) == len(md.prefills):   # every row, in order
+        rows = slice(None)
+    else:
+        rows = torch.from_numpy(np.concatenate(
+            [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s in spans]
+            + [buffers.arange(md.num_prefill_tokens + num_decodes)[md.num_prefill_tokens:]]))
+    md.in_place = InPlaceRows(rows, torch.from_numpy(tables), torch.from_numpy(lens))
+    md.prefills = [s for i, s in enumerate(md.prefills) if i not in set(short)]
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,

@@ -34,15 +34,15 @@ class PagedAttention(nn.Module):
         v_flat.index_copy_(0, md.slot_mapping, v)
 
         out = torch.empty_like(q)
+        if md.in_place is not None:   # decode rows and short spans: one kernel call
+            r = md.in_place
+            out[r.rows] = cpu_paged_attention.run(q[r.rows], self.k_cache, self.v_cache, r.block_tables,
+                                                  r.context_lens, self.scale)
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
-            if self.backend == "cpu_paged" and cpu_paged_attention.reads_span_in_place(span.start, span.q_len):
-                out[rows] = cpu_paged_attention.span_attention(q[rows], self.k_cache, self.v_cache,
-                                                               span.context_blocks, span.start, self.scale)
-            else:
-                out[rows] = torch_attention.prefill_attention(
-                    q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
-        if md.num_decodes:
+            out[rows] = torch_attention.prefill_attention(
+                q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
+        if md.num_decodes and md.in_place is None:
             q_dec = q[md.num_prefill_tokens:]
             out[md.num_prefill_tokens:] = self._decode(q_dec, md)
         return out.view(q.shape[0], -1)

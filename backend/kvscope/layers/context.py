@@ -27,8 +27,19 @@ class DecodeGroup:
 
 
 @dataclass
+class InPlaceRows:
+    """Rows the CPU kernel attends in one call per layer (an eager step with the cpu_paged
+    backend): every decode row, and every span short enough to read its context in place,
+    one row per query, each with its own block table and context length."""
+    rows: slice | torch.Tensor                  # into the step's flattened tokens
+    block_tables: torch.Tensor                  # [rows, width] int32
+    context_lens: torch.Tensor                  # [rows] int32
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
+    # spans for scaled_dot_product_attention: all of them, or with `in_place` the rest
     prefills: list[PrefillSpan] = field(default_factory=list)
     num_prefill_tokens: int = 0
     # decode rows (one new token each) follow the prefill rows
@@ -36,6 +47,7 @@ class AttentionMetadata:
     context_lens: torch.Tensor | None = None    # [num_decodes]
     max_context_len: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
+    in_place: InPlaceRows | None = None         # cpu_paged, eager steps: decodes and short spans
 
     @property
     def num_decodes(self) -> int:
