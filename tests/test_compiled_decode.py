@@ -105,6 +105,23 @@ def test_every_decode_batch_compiles_with_the_kernel_and_small_ones_with_the_ref
         assert (False, "eager") not in counter.paths
 
 
+def test_a_batch_of_short_contexts_runs_the_graph_without_recompiling(engines):
+    """Every context within one block: the decode table is one block wide, a size dynamo
+    specialises; the step pads it to two so the batch graph's guards still hold (before,
+    a class of short prompts forced a recompile mid-serving and guard checks ever after)."""
+    compiled, eager = engines
+    prompts = prompts_of([2, 3, 4], seed=9)
+    counter = PathCounter()
+    compiled.engine.add_observer(counter)
+    try:
+        outs = compiled.generate(prompts, greedy(8))      # contexts of at most 12 tokens
+    finally:
+        compiled.engine.remove_observer(counter)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, greedy(8))]
+    assert counter.paths.get((False, "compiled"), 0) >= 7 and (False, "eager") not in counter.paths
+    assert compiled.engine.runner.compiled.guarded is False, "a guard failed: the graph was recompiled"
+
+
 def test_seeded_sampling_equals_eager(engines):
     compiled, eager = engines
     params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=s, max_tokens=30, ignore_eos=True)

@@ -106,7 +106,7 @@ def test_ignores_cache_contents_past_each_context():
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
 
 
-def attend_step(specs, block_size, backend, in_place, seed=3):
+def attend_step(specs, block_size, backend, seed=3):
     """One layer's attention over a scheduled step of (start, tokens) entries, with random
     caches and queries: the rows and the metadata the engine would use."""
     from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
@@ -128,7 +128,7 @@ def attend_step(specs, block_size, backend, in_place, seed=3):
     layer.v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
     layer.backend = backend
     q, k, v = (torch.randn(rows, heads, 16, generator=g) for heads in (8, 2, 2))
-    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), 0 if in_place else 4, in_place)
+    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), backend)
     with step_metadata(inputs.metadata):
         return layer(q, k, v), inputs.metadata
 
@@ -140,8 +140,8 @@ MIXED = [(0, 9), (37, 5), (0, 150), (20, 1), (63, 1), (5, 1)]
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 48])
 def test_a_mixed_step_read_in_place_equals_the_gathering_reference(block_size):
-    got, md = attend_step(MIXED, block_size, "cpu_paged", in_place=True)
-    expected, _ = attend_step(MIXED, block_size, "torch", in_place=False)
+    got, md = attend_step(MIXED, block_size, "cpu_paged")
+    expected, _ = attend_step(MIXED, block_size, "torch")
     assert [s.q_len for s in md.prefills] == [150], "only the long prompt should gather"
     assert isinstance(md.in_place.rows, torch.Tensor) and len(md.in_place.rows) == 9 + 5 + 3
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
@@ -149,8 +149,8 @@ def test_a_mixed_step_read_in_place_equals_the_gathering_reference(block_size):
 
 def test_short_spans_and_decodes_take_one_call_over_every_row():
     specs = [(0, 9), (37, 5), (3, 1), (70, 1)]
-    got, md = attend_step(specs, 4, "cpu_paged", in_place=True)
-    expected, _ = attend_step(specs, 4, "torch", in_place=False)
+    got, md = attend_step(specs, 4, "cpu_paged")
+    expected, _ = attend_step(specs, 4, "torch")
     assert md.prefills == [] and md.in_place.rows == slice(None)
     assert md.in_place.context_lens.tolist() == [*range(1, 10), *range(38, 43), 4, 71]
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)

@@ -13,7 +13,7 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_inputs import StepBuffers, decode_groups_for, prepare_inputs
+from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import cpu_paged_attention, torch_attention
 from kvscope.paging import cdiv
 from kvscope.sampling_params import SamplingParams
@@ -42,8 +42,7 @@ def decode_step(args, batch: int, num_blocks: int, rng: random.Random):
         seq = Sequence([0] * length, SamplingParams())
         seq.block_table = [free.pop() for _ in range(cdiv(length, args.block_size))]
         out.entries.append(ScheduledSeq(seq, 1, length - 1, samples=True))
-    return prepare_inputs(out, args.block_size, StepBuffers(torch.device("cpu")),
-                          decode_groups_for("torch", compiled=False)).metadata
+    return prepare_inputs(out, args.block_size, StepBuffers(torch.device("cpu")), "torch").metadata
 
 
 def _time(fn, calls: int) -> float:

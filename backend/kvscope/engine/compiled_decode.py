@@ -24,7 +24,7 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_inputs import StepInputs, decode_groups_for, prepare_inputs
+from kvscope.engine.step_inputs import StepInputs, prepare_inputs
 from kvscope.layers.context import step_metadata
 from kvscope.sampling_params import SamplingParams
 
@@ -111,8 +111,7 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table = [scratch] * 3
                 out.entries.append(ScheduledSeq(seq, 1, position, samples=True))
-            inputs = prepare_inputs(out, runner.block_size, runner.buffers,
-                                    decode_groups_for(runner.attention_backend, compiled=True))
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend, compiled=True)
             _mark_sizes_dynamic(inputs, batch > 1)
             self.run(inputs)
         log.info("decode step compiled for this CPU")

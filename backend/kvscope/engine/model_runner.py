@@ -15,7 +15,7 @@ from kvscope.engine.distributed import StepPlan
 from kvscope.engine.host_memory import keep_freed_activations
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import StepBuffers, decode_groups_for, prepare_inputs
+from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
@@ -145,9 +145,7 @@ class ModelRunner:
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
         self.copy_blocks(out.block_copies)
         compiled = self._runs_compiled(out)
-        in_place = self.attention_backend == "cpu_paged" and not compiled
-        inputs = prepare_inputs(out, self.block_size, self.buffers, decode_groups_for(self.attention_backend, compiled),
-                                in_place)
+        inputs = prepare_inputs(out, self.block_size, self.buffers, self.attention_backend, compiled)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))

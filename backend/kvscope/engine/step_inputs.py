@@ -83,13 +83,15 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
     return prefills + decodes
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
-                   max_decode_groups: int, in_place: bool = False) -> StepInputs:
-    """Flatten a scheduled step. `max_decode_groups`: split decodes into up to this many
-    padded groups for the torch attention backend (0: no groups; 1: one group over every
-    decode row, padded to at least two blocks, whose shape a compiled step can share).
-    `in_place`: plan one CPU-kernel call for the decode rows and the short spans (an eager
-    step with the cpu_paged backend)."""
+def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, attention_backend: str,
+                   compiled: bool = False) -> StepInputs:
+    """Flatten a scheduled step for this attention backend, eager or `compiled` (a decode
+    step through the compiled graph). The reference backend gets its padded decode groups
+    (decode_groups_for); an eager step with the CPU kernel gets one kernel call planned for
+    its decode rows and short spans. A compiled step's block table is at least two blocks
+    wide: its graph was traced with a width that varies, and dynamo specialises sizes 0 and
+    1, so a width of 1 would fail the graph's guards and force a recompile mid-serving."""
+    max_decode_groups = decode_groups_for(attention_backend, compiled)
     ordered = batch_order(out.entries)
     prefills = [e for e in ordered if e.num_new_tokens > 1]
     decodes = ordered[len(prefills):]
@@ -100,8 +102,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers,
     span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
     if decodes:
         _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
-                        num_prefill_tokens, max_decode_groups)
-    if in_place:
+                        num_prefill_tokens, max_decode_groups, 2 if compiled else 1)
+    if attention_backend == "cpu_paged" and not compiled:
         _plan_in_place(md, span_tables, buffers)
     inputs.input_ids, inputs.positions, md.slot_mapping = (buffers.to_device(a) for a in tokens)
     return inputs
@@ -164,12 +166,12 @@ def _plan_in_place(md: AttentionMetadata, span_tables: list[np.ndarray], buffers
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
-                    inputs: StepInputs, first_row: int, max_decode_groups: int) -> None:
+                    inputs: StepInputs, first_row: int, max_decode_groups: int, min_width: int) -> None:
     """One token per sequence: a row of the padded block table, and its position's slot."""
     ids, positions, slot_mapping = tokens
     block_tables = [e.seq.block_table for e in decodes]
     widths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(decodes))
-    width = max(int(widths.max()), 2 if max_decode_groups == 1 else 1)
+    width = max(int(widths.max()), min_width)
     tables, lens = buffers.decode_arrays(len(decodes), width)
     # every row's blocks in one flat array, dropped into the padded table in one assignment
     tables.fill(0)
