@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from widget_checks import wait_idle
+from widget_checks import wait_idle, wait_waiting
 
 OPS = [
     ({"op": "reset"}, "Reset"),
@@ -160,7 +160,7 @@ def test_live_pool_shows_a_parallel_sampling_fork(page, live_server, instructor,
             f"{live_server}/v1/completions", json=body, timeout=60,
             headers={"Authorization": f"Bearer {instructor_token}"}))
         request.start()
-        page.wait_for_timeout(300)     # the request reaches the paused engine
+        wait_waiting(live_server)      # the request reaches the paused engine
         instructor({"type": "step"}, until="step")
         page.wait_for_function("el => Object.keys(el.exportData().pool.tables).length === 3", arg=handle)
         tables = list(widget.evaluate("el => el.exportData().pool.tables").values())

@@ -21,6 +21,18 @@ def check_exports(widget, image_type: str) -> None:
     assert out["data_type"] == "application/json" and out["widget"] == widget.evaluate("el => el.localName")
 
 
+def wait_waiting(url: str, n: int = 1, timeout: float = 30) -> None:
+    """Until at least n requests wait in the live engine's queue (a request posted while the
+    engine is paused has arrived)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+            if json.load(r)["waiting"] >= n:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} requests reached the engine")
+
+
 def wait_idle(url: str, timeout: float = 30) -> None:
     """Until the live engine has no running or waiting request."""
     deadline = time.monotonic() + timeout
