@@ -135,34 +135,29 @@ def _plan_in_place(md: AttentionMetadata, span_tables: list[np.ndarray], buffers
     """Hand the decode rows and every span short enough (cpu_paged_attention's rule) to one
     kernel call: a span's query i is a row whose context ends at its own position. Longer
     spans stay in `md.prefills`."""
-    short = [i for i, s in enumerate(md.prefills) if reads_span_in_place(s.start, s.q_len)]
-    num_decodes = md.num_decodes
-    if not short:
-        if num_decodes:
+    short = [reads_span_in_place(s.start, s.q_len) for s in md.prefills]
+    if not any(short):
+        if md.num_decodes:
             md.in_place = InPlaceRows(slice(md.num_prefill_tokens, None), md.block_tables, md.context_lens)
         return
-    spans = [md.prefills[i] for i in short]
-    decode_tables = md.block_tables.numpy() if num_decodes else np.zeros((0, 1), dtype=np.int32)
-    width = max(max(len(span_tables[i]) for i in short), decode_tables.shape[1])
-    num_rows = sum(s.q_len for s in spans) + num_decodes
-    tables = np.zeros((num_rows, width), dtype=np.int32)
-    lens = np.empty(num_rows, dtype=np.int32)
+    spans = [(s, t) for s, t, ok in zip(md.prefills, span_tables, short) if ok]
+    decode_tables = md.block_tables.numpy() if md.num_decodes else np.zeros((0, 1), dtype=np.int32)
+    width = max(decode_tables.shape[1], *(len(t) for _, t in spans))
+    tables = np.zeros((sum(s.q_len for s, _ in spans) + md.num_decodes, width), dtype=np.int32)
+    lens = np.empty(len(tables), dtype=np.int32)
     row = 0
-    for i, span in zip(short, spans):
-        tables[row:row + span.q_len, :len(span_tables[i])] = span_tables[i]
+    for span, table in spans:
+        tables[row:row + span.q_len, :len(table)] = table
         lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
         row += span.q_len
     tables[row:, :decode_tables.shape[1]] = decode_tables
-    if num_decodes:
+    if md.num_decodes:
         lens[row:] = md.context_lens.numpy()
-    if len(short) == len(md.prefills):   # every row, in order
-        rows = slice(None)
-    else:
-        rows = torch.from_numpy(np.concatenate(
-            [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s in spans]
-            + [buffers.arange(md.num_prefill_tokens + num_decodes)[md.num_prefill_tokens:]]))
+    rows = slice(None) if all(short) else torch.from_numpy(np.concatenate(
+        [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in spans]
+        + [buffers.arange(md.num_prefill_tokens + md.num_decodes)[md.num_prefill_tokens:]]))
     md.in_place = InPlaceRows(rows, torch.from_numpy(tables), torch.from_numpy(lens))
-    md.prefills = [s for i, s in enumerate(md.prefills) if i not in set(short)]
+    md.prefills = [s for s, ok in zip(md.prefills, short) if not ok]
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
@@ -179,12 +174,8 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
         itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum()))
     ids[:] = [e.seq.token_ids[e.start] for e in decodes]
     positions[:] = [e.start for e in decodes]
-    if any(e.forks or e.spec_token_ids for e in decodes):
-        for row, e in enumerate(decodes):
-            _add_samplers(inputs, e, first_row + row)
-    else:   # one row and one sampler each, in order
-        inputs.sample_rows += range(first_row, first_row + len(decodes))
-        inputs.sample_seqs += [e.seq for e in decodes]
+    for row, e in enumerate(decodes):
+        _add_samplers(inputs, e, first_row + row)
     np.add(positions, 1, out=lens, casting="unsafe")
     rows = buffers.arange(len(decodes))
     slot_mapping[:] = slots(tables[rows, positions // block_size], positions, block_size)
