@@ -29,6 +29,13 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as tor
     return (uint16_t)((c.u + 0x7fff + ((c.u >> 16) & 1)) >> 16);
 }
 
+/* Blocks lie anywhere in the pool, a page or less each, so the hardware prefetcher, which
+ * follows a stream within a page, starts cold at every block. While a block is read, the
+ * same rows of the block read next are requested, one row per row read. */
+#define PREFETCH_ROW(T, row, D)                                                                 \
+    for (int pl = 0; pl < ((int)sizeof(T) * (D) + 63) / 64; pl++)                               \
+        __builtin_prefetch((const char *)(row) + 64 * pl, 0, 3);
+
 #define LOAD_F32(x) (x)
 #define STORE_F32(x) (x)
 
@@ -61,8 +68,11 @@ static inline __attribute__((always_inline)) void NAME##_task(                  
         for (int i = 0; i < n; i += BS) {                /* scores: q . k for each position */ \
             const T *kb = k_cache + ((long)table[(start + i) / BS] * BS * n_kv_heads + kvh) * D; \
             const int count = n - i < BS ? n - i : BS;                                           \
+            const T *next = i + BS < n ? k_cache + ((long)table[(start + i) / BS + 1] * BS * n_kv_heads + kvh) * D \
+                                       : v_cache + ((long)table[start / BS] * BS * n_kv_heads + kvh) * D; \
             for (int t = 0; t < count; t++) {                                                    \
                 const T *k = kb + t * slot_stride;                                               \
+                PREFETCH_ROW(T, next + t * slot_stride, D)                                       \
                 for (int g = 0; g < G; g++) {                                                    \
                     float s = 0.f;                                                               \
                     for (int d = 0; d < D; d++) s += qs[g * D + d] * LOAD(k[d]);                 \
@@ -82,8 +92,12 @@ static inline __attribute__((always_inline)) void NAME##_task(                  
         for (int i = 0; i < n; i += BS) {                /* values weighted by probability */   \
             const T *vb = v_cache + ((long)table[(start + i) / BS] * BS * n_kv_heads + kvh) * D; \
             const int count = n - i < BS ? n - i : BS;                                           \
+            const T *next = i + BS < n ? v_cache + ((long)table[(start + i) / BS + 1] * BS * n_kv_heads + kvh) * D \
+                          : start + n < len ? k_cache + ((long)table[(start + n) / BS] * BS * n_kv_heads + kvh) * D \
+                          : vb;                                                                  \
             for (int t = 0; t < count; t++) {                                                    \
                 const T *v = vb + t * slot_stride;                                               \
+                PREFETCH_ROW(T, next + t * slot_stride, D)                                       \
                 for (int g = 0; g < G; g++) {                                                    \
                     const float w = p[g * CH + i + t];                                           \
                     for (int d = 0; d < D; d++) acc[g * D + d] += w * LOAD(v[d]);                \
