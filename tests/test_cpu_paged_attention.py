@@ -65,8 +65,10 @@ def test_equals_reference_on_ragged_contexts(block_size):
     (4, 4, 32), (8, 4, 64), (16, 4, 128), (16, 2, 64), (8, 1, 32),   # specialised shapes
     (6, 2, 48), (12, 1, 40), (3, 3, 8),                               # the generic loop
 ])
-def test_equals_reference_for_every_head_layout(heads, kv_heads, head_dim):
-    q, k_cache, v_cache, md = random_decode_step(16, [3, 40, 300], seed=heads * head_dim,
+# few sequences: one task per KV head; many: each sequence's KV heads in one task
+@pytest.mark.parametrize("lens", [[3, 40, 300], [3, 40, 300, 1, 17, 64, 129, 8, 33]])
+def test_equals_reference_for_every_head_layout(heads, kv_heads, head_dim, lens):
+    q, k_cache, v_cache, md = random_decode_step(16, lens, seed=heads * head_dim,
                                                  heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     scale = head_dim ** -0.5
     expected = torch_attention.decode_attention(q, k_cache, v_cache, md, scale)

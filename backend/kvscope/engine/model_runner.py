@@ -16,7 +16,7 @@ from kvscope.engine.host_memory import keep_freed_activations
 from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers import cpu_paged_attention
+from kvscope.layers import cpu_paged_attention, packed_linear
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
@@ -77,6 +77,8 @@ class ModelRunner:
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         if device.type == "cpu":
             keep_freed_activations()
+            if config.tensor_parallel_size == 1:   # a rank's slices stay as they are
+                packed_linear.pack_model(model)
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
