@@ -61,17 +61,23 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.detach().contiguous()
     packed = torch.empty(get_size(B_MATRIX, PACK_ROWS, n, k), dtype=torch.uint8)
     pack_fn(ROW_MAJOR, B_MATRIX, TRANS, PACK_ROWS, n, k, 1.0, weight.data_ptr(), k, packed.data_ptr())
+    _COMPUTE[0] = _mkl()[2]
     return packed
 
 
+_COMPUTE = [None]   # cblas_sgemm_compute, bound by the first pack
+
+
 def _run(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    # on every matmul of a decode step: kept to the fewest Python operations
     k = x.shape[-1]
-    rows = x.reshape(-1, k).contiguous()
-    out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
-    if rows.shape[0]:
-        _mkl()[2](ROW_MAJOR, NO_TRANS, PACKED, rows.shape[0], out_features, k, rows.data_ptr(), k,
-                  packed.data_ptr(), out_features, 0.0, out.data_ptr(), out_features)
-    return out.view(*x.shape[:-1], out_features)
+    rows = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, k).contiguous()
+    m = rows.shape[0]
+    out = torch.empty(m, out_features, dtype=x.dtype)
+    if m:
+        _COMPUTE[0](ROW_MAJOR, NO_TRANS, PACKED, m, out_features, k, rows.data_ptr(), k,
+                    packed.data_ptr(), out_features, 0.0, out.data_ptr(), out_features)
+    return out if rows is x else out.view(*x.shape[:-1], out_features)
 
 
 # under torch.compile an operator opaque to inductor, as the attention kernel is
