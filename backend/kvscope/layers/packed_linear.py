@@ -10,10 +10,11 @@ packed copy (cblas_sgemm_compute); PyTorch's CPU build carries both, but its own
 Only float32 weights on a CPU, one rank, and only where libtorch exports the routines (x86
 builds with MKL); elsewhere every layer keeps F.linear. The packed copies sit beside the
 weights (the embedding and the reference baselines still read those), so a model whose
-copies would pass MAX_PACKED_BYTES keeps F.linear too: doubling a large model's memory
-is too high a price, and there the weights' own traffic, not the copy, bounds a step. Results equal F.linear's from 34
-rows up and differ in the last bits below that (MKL's small-batch path sums in another
-order), as two batch sizes of F.linear itself do."""
+copies would pass MAX_PACKED_BYTES keeps F.linear too: doubling a large model's memory is
+too high a price, and there the weights' own traffic, not the copy, bounds a step. Weights
+are packed once, after loading; nothing in the engine changes them later. Products agree
+with F.linear's to float32 rounding (MKL sums a few rows in another order), as F.linear at
+two batch sizes does with itself."""
 from __future__ import annotations
 
 import ctypes
