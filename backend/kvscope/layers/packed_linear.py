@@ -95,17 +95,16 @@ def _(x, packed, out_features):
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through the packed copy when the layer has one."""
-    if not torch.compiler.is_compiling():
-        out = F.linear(x, weight, bias) if packed is None else _run(x, packed, weight.shape[0])
-    elif packed is None or (x.dim() == 2 and x.shape[0] == 1):
-        # a compiled graph calls its matmuls straight from C++, while the operator above
-        # passes through Python (about 5 µs a call): for one row that costs more than the
-        # repacking saves (batch 1, embedded model: 1.48 against 1.21 ms a token). The
-        # batch-1 graph is compiled on its own, so this adds no guard to the others.
+    compiling = torch.compiler.is_compiling()
+    # A compiled graph calls its matmuls straight from C++, while the operator passes
+    # through Python (about 5 µs a call): for one row that costs more than the repacking
+    # saves (batch 1, embedded model: 1.48 against 1.21 ms a token). The batch-1 graph is
+    # compiled on its own, so this adds no guard to the others.
+    if packed is None or (compiling and x.dim() == 2 and x.shape[0] == 1):
         return F.linear(x, weight, bias)
-    else:
-        out = torch.ops.kvscope.packed_linear(x, packed, weight.shape[0])
-    return out if bias is None or packed is None else out + bias
+    out = (torch.ops.kvscope.packed_linear(x, packed, weight.shape[0]) if compiling
+           else _run(x, packed, weight.shape[0]))
+    return out if bias is None else out + bias
 
 
 def pack_model(model: torch.nn.Module) -> int:
