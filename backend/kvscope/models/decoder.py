@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvscope.layers import cpu_fused
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.parallel import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, TPGroup,
                                      VocabParallelEmbedding, split)
@@ -23,6 +24,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if cpu_fused.applies(x):
+            return cpu_fused.rms_norm(x, self.weight, self.eps)
         # normalised in float32 as transformers does, in one fused op (fewer kernels per step)
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
@@ -44,10 +47,17 @@ class SelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, layer_idx)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
+        if cpu_fused.applies(qkv):
+            normed = self.q_norm is not None
+            q, k = cpu_fused.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+                                          self.q_norm.weight if normed else None,
+                                          self.k_norm.weight if normed else None,
+                                          self.q_norm.eps if normed else 0.0, *rope)
+            return self.o_proj(self.attn(q, k, v))
+        q = qkv[:, :self.q_size].view(-1, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, *rope)
@@ -62,7 +72,10 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp, "intermediate_size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_fused.applies(gate_up):
+            return self.down_proj(cpu_fused.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
