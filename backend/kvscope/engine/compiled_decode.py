@@ -25,6 +25,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
+from kvscope.layers import cpu_ops
 from kvscope.layers.context import step_metadata
 from kvscope.sampling_params import SamplingParams
 
@@ -70,6 +71,7 @@ class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self.cpp_operators = cpu_ops.install() is None   # else the operators' Python kernels serve
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist

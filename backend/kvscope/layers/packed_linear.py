@@ -81,10 +81,11 @@ def _run(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tens
     return out if rows is x else out.view(*x.shape[:-1], out_features)
 
 
-# under torch.compile an operator opaque to inductor, as the attention kernel is
+# under torch.compile an operator opaque to inductor, as the attention kernel is; this
+# Python kernel serves every backend until cpu_ops.py loads the C++ CPU kernel
 _ops = torch.library.Library("kvscope", "FRAGMENT")
 _ops.define("packed_linear(Tensor x, Tensor packed, int out_features) -> Tensor")
-_ops.impl("packed_linear", _run, "CPU")
+_ops.impl("packed_linear", _run, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("kvscope::packed_linear")
@@ -96,10 +97,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through the packed copy when the layer has one."""
     compiling = torch.compiler.is_compiling()
-    # A compiled graph calls its matmuls straight from C++, while the operator passes
-    # through Python (about 5 µs a call): for one row that costs more than the repacking
-    # saves (batch 1, embedded model: 1.48 against 1.21 ms a token). The batch-1 graph is
-    # compiled on its own, so this adds no guard to the others.
+    # A compiled graph calls aten's matmul directly, while the operator goes through the
+    # dispatcher's boxed path (a few µs more a call, and more again in its Python kernel):
+    # for one row that costs more than the repacking saves (batch 1, embedded model: 1.48
+    # against 1.21 ms a token with the Python kernel), and a single row is multiplied
+    # without a repack anyway. The batch-1 graph is compiled on its own, so this adds no
+    # guard to the others.
     if packed is None or (compiling and x.dim() == 2 and x.shape[0] == 1):
         return F.linear(x, weight, bias)
     out = (torch.ops.kvscope.packed_linear(x, packed, weight.shape[0]) if compiling
