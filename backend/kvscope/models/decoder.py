@@ -49,7 +49,7 @@ class SelfAttention(nn.Module):
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
-        if cpu_fused.applies(qkv):
+        if cpu_fused.applies(qkv) and self.head_dim <= cpu_fused.MAX_HEAD_DIM:
             normed = self.q_norm is not None
             q, k = cpu_fused.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           self.q_norm.weight if normed else None,
