@@ -71,7 +71,7 @@ class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        self.cpp_operators = cpu_ops.install() is None   # else the operators' Python kernels serve
+        cpu_ops.install()   # the custom operators' C++ kernels; where they cannot build, Python's serve
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         self.guarded = True     # until both graphs exist
