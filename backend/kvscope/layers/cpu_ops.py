@@ -52,8 +52,3 @@ def install() -> str | None:
 
 def _address(fn) -> int | None:
     return ctypes.cast(fn, ctypes.c_void_p).value if fn is not None else None
-
-
-def kernel_is_cpp(op: str) -> bool:
-    """Whether the CPU kernel for torch.ops.kvscope.<op> is the C++ one (for tests)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"kvscope::{op}", "CPU")

@@ -48,20 +48,23 @@ class SelfAttention(nn.Module):
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        q, k = self._rotated_queries_and_keys(qkv, rope)
         v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
+        return self.o_proj(self.attn(q, k, v))
+
+    def _rotated_queries_and_keys(self, qkv: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k out of the packed qkv rows, normalised (Qwen3) and rotated by RoPE."""
+        normed = self.q_norm is not None
         if cpu_fused.applies(qkv) and self.head_dim <= cpu_fused.MAX_HEAD_DIM:
-            normed = self.q_norm is not None
-            q, k = cpu_fused.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+            return cpu_fused.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
                                           self.q_norm.weight if normed else None,
                                           self.k_norm.weight if normed else None,
                                           self.q_norm.eps if normed else 0.0, *rope)
-            return self.o_proj(self.attn(q, k, v))
         q = qkv[:, :self.q_size].view(-1, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if normed:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
-        return self.o_proj(self.attn(q, k, v))
+        return apply_rotary(q, k, *rope)
 
 
 class MLP(nn.Module):
