@@ -1,6 +1,7 @@
-"""The CPU's gather-free paged attention kernel (layers/cpu_paged_attention.c) against the
-readable reference (random paged caches, ragged contexts, every supported shape and
-dtype) and, inside the engine, against transformers greedy."""
+"""The CPU's gather-free paged attention kernels (layers/cpu_paged_attention.c), the row
+kernel and the tile kernel, against the readable reference (random paged caches, ragged
+contexts, every supported shape and dtype) and, inside the engine, against transformers
+greedy."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
 from kvscope.layers import cpu_paged_attention, torch_attention
-from kvscope.layers.context import AttentionMetadata, DecodeGroup
+from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
 from kvscope.paging import cdiv
 
 
@@ -135,35 +136,139 @@ def attend_step(specs, block_size, backend, seed=3):
         return layer(q, k, v), inputs.metadata
 
 
-# spans then decodes: a fresh short prompt, a short span over cached context (a prefix hit,
-# a chunk, a draft verification), a prompt too long to read in place, three decode rows
-MIXED = [(0, 9), (37, 5), (0, 150), (20, 1), (63, 1), (5, 1)]
+# spans then decodes: a fresh prompt of a few tokens, a short span over cached context (a
+# prefix hit, a chunk, a draft verification), a long prompt, a long chunk over cached
+# context, three decode rows
+MIXED = [(0, 5), (37, 5), (0, 150), (40, 33), (20, 1), (63, 1), (5, 1)]
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 48])
 def test_a_mixed_step_read_in_place_equals_the_gathering_reference(block_size):
     got, md = attend_step(MIXED, block_size, "cpu_paged")
     expected, _ = attend_step(MIXED, block_size, "torch")
-    assert [s.q_len for s in md.prefills] == [150], "only the long prompt should gather"
-    assert isinstance(md.in_place.rows, torch.Tensor) and len(md.in_place.rows) == 9 + 5 + 3
+    assert md.prefills == [], "no span should gather"
+    assert md.tiled.q_lens.tolist() == [150, 33] and md.tiled.starts.tolist() == [0, 40]
+    assert md.tiled.q_starts.tolist() == [10, 160]
+    assert isinstance(md.in_place.rows, torch.Tensor) and len(md.in_place.rows) == 5 + 5 + 3
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
 def test_short_spans_and_decodes_take_one_call_over_every_row():
-    specs = [(0, 9), (37, 5), (3, 1), (70, 1)]
+    specs = [(0, 7), (37, 5), (3, 1), (70, 1)]
     got, md = attend_step(specs, 4, "cpu_paged")
     expected, _ = attend_step(specs, 4, "torch")
-    assert md.prefills == [] and md.in_place.rows == slice(None)
-    assert md.in_place.context_lens.tolist() == [*range(1, 10), *range(38, 43), 4, 71]
+    assert md.prefills == [] and md.tiled is None and md.in_place.rows == slice(None)
+    assert md.in_place.context_lens.tolist() == [*range(1, 8), *range(38, 43), 4, 71]
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
-def test_which_spans_read_in_place():
-    limit = cpu_paged_attention.MAX_IN_PLACE_READS
-    assert cpu_paged_attention.reads_span_in_place(0, 127)            # 8,128 positions
-    assert not cpu_paged_attention.reads_span_in_place(0, 128)        # 8,256
-    assert cpu_paged_attention.reads_span_in_place(500, 15)           # a verification over 500 cached
-    assert not cpu_paged_attention.reads_span_in_place(limit, 1 + 1)
+def test_which_spans_take_the_tile_kernel():
+    assert not cpu_paged_attention.tiles_span(1)
+    assert not cpu_paged_attention.tiles_span(cpu_paged_attention.MIN_TILED_SPAN - 1)
+    assert cpu_paged_attention.tiles_span(cpu_paged_attention.MIN_TILED_SPAN)
+
+
+def random_spans(specs, block_size, seed, heads=8, kv_heads=2, head_dim=16, dtype=torch.float32):
+    """Spans of (start, q_len) over a shuffled paged cache, their queries packed one after
+    another: the tile kernel's inputs and the reference's PrefillSpans."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [cdiv(start + n, block_size) for start, n in specs]
+    num_blocks = sum(widths) + 2
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.zeros(len(specs), max(widths), dtype=torch.int32)
+    spans, row = [], 0
+    for i, ((start, n), w) in enumerate(zip(specs, widths)):
+        tables[i, :w] = torch.tensor(free[:w])
+        free = free[w:]
+        spans.append(PrefillSpan(row, n, start, tables[i, :w].long()))
+        row += n
+    q = torch.randn(row, heads, head_dim, generator=g).to(dtype)
+    tiled = TiledSpans(tables, *(torch.tensor(c, dtype=torch.int32) for c in
+                                 zip(*((s.q_start, s.q_len, s.start) for s in spans))))
+    return q, k_cache, v_cache, spans, tiled
+
+
+def spans_reference(q, k_cache, v_cache, spans, scale):
+    out = torch.empty_like(q)
+    for span in spans:
+        rows = slice(span.q_start, span.q_start + span.q_len)
+        k = torch_attention.gather_context(k_cache, span.context_blocks, span.start + span.q_len)
+        v = torch_attention.gather_context(v_cache, span.context_blocks, span.start + span.q_len)
+        out[rows] = torch_attention.prefill_attention(q[rows], k[span.start:], v[span.start:], k_cache, v_cache,
+                                                      span, scale)
+    return out
+
+
+def tile_kernel(q, k_cache, v_cache, tiled, scale):
+    out = torch.full_like(q, float("nan"))   # every row of every span must be written
+    cpu_paged_attention.prefill(q, k_cache, v_cache, tiled, scale, out)
+    return out
+
+
+# tiles cut short (7, 17, 33) or whole (16, 64); fresh prompts and spans over cached context,
+# cached lengths ending mid-block and on a block boundary
+SPANS = [(0, 7), (0, 16), (5, 17), (32, 33), (0, 150), (200, 64), (3, 1)]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 48])
+def test_tile_kernel_equals_reference_over_cached_context(block_size):
+    q, k_cache, v_cache, spans, tiled = random_spans(SPANS, block_size, seed=block_size)
+    expected = spans_reference(q, k_cache, v_cache, spans, 0.25)
+    torch.testing.assert_close(tile_kernel(q, k_cache, v_cache, tiled, 0.25), expected, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [
+    (4, 4, 32), (8, 4, 64), (16, 4, 128), (16, 2, 64), (8, 1, 32),   # specialised shapes
+    (6, 2, 48), (12, 1, 40), (3, 3, 8), (4, 2, 256),                  # the generic loop, padded dims
+])
+def test_tile_kernel_for_every_head_layout(heads, kv_heads, head_dim):
+    q, k_cache, v_cache, spans, tiled = random_spans([(0, 40), (19, 21), (70, 9)], 16, seed=head_dim,
+                                                     heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    scale = head_dim ** -0.5
+    expected = spans_reference(q, k_cache, v_cache, spans, scale)
+    torch.testing.assert_close(tile_kernel(q, k_cache, v_cache, tiled, scale), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_tile_kernel_in_bfloat16_within_rounding_of_a_float32_reference():
+    q, k_cache, v_cache, spans, tiled = random_spans([(0, 50), (30, 20)], 16, seed=2, head_dim=64,
+                                                     dtype=torch.bfloat16)
+    expected = spans_reference(q.float(), k_cache.float(), v_cache.float(), spans, 0.125)
+    got = tile_kernel(q, k_cache, v_cache, tiled, 0.125)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=8e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tile_kernel_threads_give_the_same_result(threads):
+    q, k_cache, v_cache, spans, tiled = random_spans(SPANS, 8, seed=6)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = tile_kernel(q, k_cache, v_cache, tiled, 0.25)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, spans_reference(q, k_cache, v_cache, spans, 0.25), atol=2e-6, rtol=1e-5)
+
+
+def test_tile_kernel_sees_no_key_past_each_query():
+    """Large keys and values written past each span's context, and past each query within
+    it (causality), change nothing."""
+    q, k_cache, v_cache, spans, tiled = random_spans([(0, 20), (9, 30)], 8, seed=8)
+    before = tile_kernel(q, k_cache, v_cache, tiled, 0.25)
+    for span in spans:
+        end = span.start + span.q_len
+        last = span.context_blocks[(end - 1) // 8]
+        k_cache[last, (end - 1) % 8 + 1:] = 1e4
+        v_cache[last, (end - 1) % 8 + 1:] = -1e4
+    torch.testing.assert_close(tile_kernel(q, k_cache, v_cache, tiled, 0.25), before)
+    # a query's output depends on keys up to its own position only: change the last key of
+    # the first span and only its last row moves
+    k_cache[spans[0].context_blocks[19 // 8], 19 % 8] += 5.0
+    after = tile_kernel(q, k_cache, v_cache, tiled, 0.25)
+    torch.testing.assert_close(after[:19], before[:19])
+    assert not torch.allclose(after[19], before[19])
 
 
 def test_other_dtypes_are_refused_with_a_reason():
@@ -218,6 +323,7 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
         native_build.load(cpu_paged_attention.SOURCE)
     cpu_paged_attention._kernels.cache_clear()
+    cpu_paged_attention._prefill_kernels.cache_clear()
     try:
         llm = LLM(None, device="cpu")
         assert llm.engine.runner.attention_backend == "torch"
@@ -225,6 +331,7 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:
         cpu_paged_attention._kernels.cache_clear()
+        cpu_paged_attention._prefill_kernels.cache_clear()
 
 
 def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):

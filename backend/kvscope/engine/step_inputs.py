@@ -15,8 +15,8 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.context import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan
-from kvscope.layers.cpu_paged_attention import reads_span_in_place
+from kvscope.layers.context import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
+from kvscope.layers.cpu_paged_attention import tiles_span
 from kvscope.paging import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
@@ -87,8 +87,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
                    compiled: bool = False) -> StepInputs:
     """Flatten a scheduled step for this attention backend, eager or `compiled` (a decode
     step through the compiled graph). The reference backend gets its padded decode groups
-    (decode_groups_for); an eager step with the CPU kernel gets one kernel call planned for
-    its decode rows and short spans. A compiled step's block table is at least two blocks
+    (decode_groups_for); an eager step with the CPU kernels gets one row-kernel call planned
+    for its decode rows and short spans, and one tile-kernel call for its other spans. A compiled step's block table is at least two blocks
     wide: its graph was traced with a width that varies, and dynamo specialises sizes 0 and
     1, so a width of 1 would fail the graph's guards and force a recompile mid-serving."""
     max_decode_groups = decode_groups_for(attention_backend, compiled)
@@ -104,7 +104,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
         _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
                         num_prefill_tokens, max_decode_groups, 2 if compiled else 1)
     if attention_backend == "cpu_paged" and not compiled:
-        _plan_in_place(md, span_tables, buffers)
+        _plan_cpu_kernels(md, span_tables, buffers)
     inputs.input_ids, inputs.positions, md.slot_mapping = (buffers.to_device(a) for a in tokens)
     return inputs
 
@@ -131,33 +131,44 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
     return span_tables
 
 
-def _plan_in_place(md: AttentionMetadata, span_tables: list[np.ndarray], buffers: StepBuffers) -> None:
-    """Hand the decode rows and every span short enough (cpu_paged_attention's rule) to one
-    kernel call: a span's query i is a row whose context ends at its own position. Longer
-    spans stay in `md.prefills`."""
-    short = [reads_span_in_place(s.start, s.q_len) for s in md.prefills]
-    if not any(short):
+def _plan_cpu_kernels(md: AttentionMetadata, span_tables: list[np.ndarray], buffers: StepBuffers) -> None:
+    """Split the spans between cpu_paged_attention's kernels (its rule, tiles_span): the
+    longer ones to the tile kernel, the rest with the decode rows to the row kernel, where a
+    span's query i is a row whose context ends at its own position. No span is left for SDPA."""
+    tiled = [tiles_span(s.q_len) for s in md.prefills]
+    if any(tiled):
+        md.tiled = _tiled_spans([(s, t) for s, t, ok in zip(md.prefills, span_tables, tiled) if ok])
+    short = [(s, t) for s, t, ok in zip(md.prefills, span_tables, tiled) if not ok]
+    md.prefills = []
+    if not short:
         if md.num_decodes:
             md.in_place = InPlaceRows(slice(md.num_prefill_tokens, None), md.block_tables, md.context_lens)
         return
-    spans = [(s, t) for s, t, ok in zip(md.prefills, span_tables, short) if ok]
     decode_tables = md.block_tables.numpy() if md.num_decodes else np.zeros((0, 1), dtype=np.int32)
-    width = max(decode_tables.shape[1], *(len(t) for _, t in spans))
-    tables = np.zeros((sum(s.q_len for s, _ in spans) + md.num_decodes, width), dtype=np.int32)
+    width = max(decode_tables.shape[1], *(len(t) for _, t in short))
+    tables = np.zeros((sum(s.q_len for s, _ in short) + md.num_decodes, width), dtype=np.int32)
     lens = np.empty(len(tables), dtype=np.int32)
     row = 0
-    for span, table in spans:
+    for span, table in short:
         tables[row:row + span.q_len, :len(table)] = table
         lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
         row += span.q_len
     tables[row:, :decode_tables.shape[1]] = decode_tables
     if md.num_decodes:
         lens[row:] = md.context_lens.numpy()
-    rows = slice(None) if all(short) else torch.from_numpy(np.concatenate(
-        [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in spans]
+    rows = slice(None) if md.tiled is None else torch.from_numpy(np.concatenate(
+        [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in short]
         + [buffers.arange(md.num_prefill_tokens + md.num_decodes)[md.num_prefill_tokens:]]))
     md.in_place = InPlaceRows(rows, torch.from_numpy(tables), torch.from_numpy(lens))
-    md.prefills = [s for s, ok in zip(md.prefills, short) if not ok]
+
+
+def _tiled_spans(spans: list[tuple[PrefillSpan, np.ndarray]]) -> TiledSpans:
+    tables = np.zeros((len(spans), max(len(t) for _, t in spans)), dtype=np.int32)
+    for row, (_, table) in enumerate(spans):
+        tables[row, :len(table)] = table
+    q_starts, q_lens, starts = (torch.tensor(column, dtype=torch.int32)
+                                for column in zip(*((s.q_start, s.q_len, s.start) for s, _ in spans)))
+    return TiledSpans(torch.from_numpy(tables), q_starts, q_lens, starts)
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,

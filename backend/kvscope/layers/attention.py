@@ -38,6 +38,8 @@ class PagedAttention(nn.Module):
             r = md.in_place
             out[r.rows] = cpu_paged_attention.run(q[r.rows], self.k_cache, self.v_cache, r.block_tables,
                                                   r.context_lens, self.scale)
+        if md.tiled is not None:      # the other spans: one call, written into their rows
+            cpu_paged_attention.prefill(q.contiguous(), self.k_cache, self.v_cache, md.tiled, self.scale, out)
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             out[rows] = torch_attention.prefill_attention(

@@ -37,9 +37,19 @@ class InPlaceRows:
 
 
 @dataclass
+class TiledSpans:
+    """Spans the CPU tile kernel attends in one call per layer (an eager step with the
+    cpu_paged backend): every span of at least MIN_TILED_SPAN tokens."""
+    block_tables: torch.Tensor                  # [spans, width] int32: blocks holding each context
+    q_starts: torch.Tensor                      # [spans] int32: first row in the step's tokens
+    q_lens: torch.Tensor                        # [spans] int32
+    starts: torch.Tensor                        # [spans] int32: position of the first query
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
-    # spans for scaled_dot_product_attention: all of them, or with `in_place` the rest
+    # spans for scaled_dot_product_attention (none where the CPU kernels take them all)
     prefills: list[PrefillSpan] = field(default_factory=list)
     num_prefill_tokens: int = 0
     # decode rows (one new token each) follow the prefill rows
@@ -48,6 +58,7 @@ class AttentionMetadata:
     max_context_len: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
     in_place: InPlaceRows | None = None         # cpu_paged, eager steps: decodes and short spans
+    tiled: TiledSpans | None = None             # cpu_paged, eager steps: the other spans
 
     @property
     def num_decodes(self) -> int:

@@ -1,19 +1,26 @@
-/* Paged decode attention for CPUs: one query per sequence reads its keys and values where
- * they lie in the block pool, following its block table; nothing is copied out first.
+/* Paged attention for CPUs: queries read their keys and values where they lie in the block
+ * pool, following their block tables; nothing is copied out first. Two kernels:
  *
- * A sequence is one task, run in parallel with the others (or one task per KV head when
- * there are too few sequences to keep every thread busy). The query heads that share a KV
- * head (grouped-query attention) are handled together, so each key and value is loaded
- * once for all of them. Positions are taken a chunk at a time (CHUNK tokens, whole blocks):
- * scores for the chunk, then an online-softmax update (running max and sum, the
- * accumulator rescaled when the max grows), then the values weighted by the chunk's
- * probabilities. Long chunks keep the exponentials in vectorised loops.
+ * paged_decode_*: one query row at a time, each with its own context (decode rows, and
+ * spans of a few tokens). A sequence is one task, run in parallel with the others (or one
+ * task per KV head when there are too few sequences to keep every thread busy). The query
+ * heads that share a KV head (grouped-query attention) are handled together, so each key
+ * and value is loaded once for all of them. Positions are taken a chunk at a time (CHUNK
+ * tokens, whole blocks): scores for the chunk, then an online-softmax update (running max
+ * and sum, the accumulator rescaled when the max grows), then the values weighted by the
+ * chunk's probabilities. Long chunks keep the exponentials in vectorised loops.
+ *
+ * paged_prefill_*: causal attention for spans (prompts, chunks), a tile of TILE query
+ * positions at a time, so each key is loaded once for the whole tile instead of once per
+ * query. Further below.
  *
  * Layouts (all contiguous): q, out [n_seqs, n_heads, head_dim]; k_cache, v_cache
  * [num_blocks, block_size, n_kv_heads, head_dim]; block_tables [n_seqs, table_width] int32;
  * context_lens [n_seqs] int32, each >= 1. Query head h reads KV head h / (n_heads / n_kv_heads). */
 #include <stdint.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define CHUNK 256
 
@@ -149,3 +156,173 @@ void NAME(const T *q, const T *k_cache, const T *v_cache, const int32_t *block_t
 
 DEFINE_KERNEL(paged_decode_f32, float, LOAD_F32, STORE_F32)
 DEFINE_KERNEL(paged_decode_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+
+
+/* ---- spans: causal attention over a tile of query positions ---------------------------------
+ * A task is one KV head and a tile of up to TILE consecutive positions of one span, whose
+ * rows are those positions times the query heads of that KV head. Keys come KEYS at a time
+ * (read through the block table, transposed into a local buffer), and each ROWS rows score
+ * them together: their sums are independent, so the multiply-adds overlap instead of
+ * waiting on each other. A row sees keys up to its own position (causal), and a chunk
+ * past every row of the tile is never read. GCC/clang vector types give the 16-lane
+ * arithmetic on any target; -march=native turns each into one AVX-512 instruction.
+ *
+ * Layouts: q, out [tokens, n_heads, head_dim]; span s has q_lens[s] rows from q_starts[s],
+ * at positions starts[s] .. starts[s] + q_lens[s] - 1, and its context (positions 0 ..
+ * starts[s] + q_lens[s] - 1, this step's keys already written) in block_tables row s. */
+
+#define TILE 16
+#define KEYS 16
+#define ROWS 8
+
+typedef float vf __attribute__((vector_size(KEYS * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(KEYS * sizeof(int32_t))));
+
+static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vselect(vi keep, vf a, vf b) { return (vf)(((vi)a & keep) | ((vi)b & ~keep)); }
+static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
+static inline vf vadd(vf a, vf b) { return a + b; }
+#if defined(__clang__) || __GNUC__ >= 12
+/* lane reductions in four halvings (a loop over lanes compiles to sixteen scalar steps) */
+#define REDUCE(OP, x)                                                                            \
+    x = OP(x, __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)); \
+    x = OP(x, __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3));   \
+    x = OP(x, __builtin_shufflevector(x, x, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1));   \
+    x = OP(x, __builtin_shufflevector(x, x, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0));   \
+    return x[0];
+#else
+#define REDUCE(OP, x)                                                                            \
+    vf acc = x;                                                                                  \
+    for (int i = 1; i < KEYS; i++) acc[0] = OP(acc, __extension__ (vf){x[i]})[0];                \
+    return acc[0];
+#endif
+static inline float hmax(vf x) { REDUCE(vmax, x) }
+static inline float hsum(vf x) { REDUCE(vadd, x) }
+
+/* query row r's element d, stored ROWS rows at a time as [d][row]: the rows scored
+ * together read consecutive floats */
+#define QIDX(r, d) (((r) / ROWS * DP + (d)) * ROWS + (r) % ROWS)
+
+#define DEFINE_PREFILL(NAME, T, LOAD, STORE)                                                     \
+static inline __attribute__((always_inline)) void NAME##_task(                                  \
+        const T *q, const T *k_cache, const T *v_cache, const int32_t *table, T *out,            \
+        int first, int count, int n_heads, int n_kv_heads, int group, int head_dim,              \
+        int block_size, int kvh, float scale) {                                                  \
+    /* head_dim padded with zeros to whole vectors: padded dims add 0 to scores and outputs */ \
+    const int D = head_dim, DP = (head_dim + KEYS - 1) / KEYS * KEYS, DV = DP / KEYS, G = group; \
+    const int RP = (count * G + ROWS - 1) / ROWS * ROWS;                                         \
+    const long row_stride = (long)n_heads * D, slot_stride = (long)n_kv_heads * D;               \
+    float qs[RP * DP], row_max[RP], row_sum[RP], kt[DP * KEYS], p[ROWS * KEYS], m_new[ROWS], resc[ROWS]; \
+    vf acc[RP * DV], vv[KEYS * DV];                                                              \
+    float *vflat = (float *)vv;                                                                  \
+    const vi iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};                      \
+    memset(qs, 0, sizeof qs);                                                                    \
+    memset(vv, 0, sizeof vv);                                                                    \
+    memset(acc, 0, sizeof acc);                                                                  \
+    for (int i = 0; i < count; i++)                                                              \
+        for (int g = 0; g < G; g++)                                                              \
+            for (int d = 0; d < D; d++)                                                          \
+                qs[QIDX(i * G + g, d)] = LOAD(q[i * row_stride + (kvh * G + g) * D + d]) * scale; \
+    for (int r = 0; r < RP; r++) { row_max[r] = -3.0e38f; row_sum[r] = 0.f; }                    \
+    const int end = first + count;            /* the tile's last row sees keys 0 .. end - 1 */  \
+    for (int k0 = 0; k0 < end; k0 += KEYS) {                                                     \
+        const int n = end - k0 < KEYS ? end - k0 : KEYS;                                         \
+        for (int j = 0; j < n; j++) {                                                            \
+            const int pos = k0 + j;                                                              \
+            const long slot = (long)table[pos / block_size] * block_size + pos % block_size;     \
+            const T *k = k_cache + slot * slot_stride + kvh * D, *v = v_cache + slot * slot_stride + kvh * D; \
+            for (int d = 0; d < D; d++) { kt[d * KEYS + j] = LOAD(k[d]); vflat[j * DP + d] = LOAD(v[d]); } \
+        }                                                                                        \
+        for (int j = n; j < KEYS; j++)       /* past the context: finite, and masked below */   \
+            for (int d = 0; d < D; d++) { kt[d * KEYS + j] = 0.f; vflat[j * DP + d] = 0.f; }     \
+        const int i0 = k0 > first ? k0 - first : 0;   /* rows before i0 see none of the chunk */\
+        for (int r0 = i0 * G / ROWS * ROWS; r0 < RP; r0 += ROWS) {                               \
+            vf s[ROWS];                                                                          \
+            for (int b = 0; b < ROWS; b++) s[b] = (vf){0};                                       \
+            for (int d = 0; d < D; d++) {                                                        \
+                const vf k = vload(kt + d * KEYS);                                               \
+                for (int b = 0; b < ROWS; b++) s[b] += qs[QIDX(r0 + b, d)] * k;                  \
+            }                                                                                    \
+            for (int b = 0; b < ROWS; b++) {                                                     \
+                const int visible = first + (r0 + b) / G - k0 + 1;   /* keys this row sees */   \
+                if (visible < KEYS)                                                              \
+                    s[b] = vselect(iota < visible, s[b], (vf){0} - 3.0e38f);                     \
+                const float m = hmax(s[b]);                                                      \
+                m_new[b] = m > row_max[r0 + b] ? m : row_max[r0 + b];                            \
+                /* within exp's fast range (glibc's vector exp takes a slow path per lane      \
+                 * outside it): a masked key weighs e^-87, 1e-38 of the row's largest */        \
+                const vf x = s[b] - m_new[b];                                                    \
+                vstore(p + b * KEYS, vselect(x > -87.f, x, (vf){0} - 87.f));                     \
+            }                                                                                    \
+            _Pragma("omp simd")                                                                  \
+            for (int x = 0; x < ROWS * KEYS; x++) p[x] = expf(p[x]);                             \
+            _Pragma("omp simd")                                                                  \
+            for (int b = 0; b < ROWS; b++) resc[b] = expf(row_max[r0 + b] - m_new[b]);           \
+            vf a[ROWS * DV];                                                                     \
+            for (int b = 0; b < ROWS; b++) {                                                     \
+                row_sum[r0 + b] = row_sum[r0 + b] * resc[b] + hsum(vload(p + b * KEYS));         \
+                row_max[r0 + b] = m_new[b];                                                      \
+                for (int dv = 0; dv < DV; dv++) a[b * DV + dv] = acc[(r0 + b) * DV + dv] * resc[b]; \
+            }                                                                                    \
+            for (int j = 0; j < KEYS; j++)                                                       \
+                for (int b = 0; b < ROWS; b++) {                                                 \
+                    const float w = p[b * KEYS + j];                                             \
+                    for (int dv = 0; dv < DV; dv++) a[b * DV + dv] += w * vv[j * DV + dv];       \
+                }                                                                                \
+            memcpy(acc + r0 * DV, a, sizeof a);                                                  \
+        }                                                                                        \
+    }                                                                                            \
+    for (int i = 0; i < count; i++)                                                              \
+        for (int g = 0; g < G; g++) {                                                            \
+            const float inv = 1.f / row_sum[i * G + g];                                          \
+            const float *ar = (const float *)(acc + (i * G + g) * DV);                           \
+            for (int d = 0; d < D; d++)                                                          \
+                out[i * row_stride + (kvh * G + g) * D + d] = STORE(ar[d] * inv);                \
+        }                                                                                        \
+}                                                                                                \
+                                                                                                 \
+static void NAME##_tile(const T *q, const T *k_cache, const T *v_cache, const int32_t *table,    \
+        T *out, int first, int count, int n_heads, int n_kv_heads, int group, int head_dim,      \
+        int block_size, int kvh, float scale) {                                                  \
+    PREFILL_SHAPES(NAME##_task)                                                                  \
+    NAME##_task(q, k_cache, v_cache, table, out, first, count, n_heads, n_kv_heads, group,       \
+                head_dim, block_size, kvh, scale);                                               \
+}                                                                                                \
+                                                                                                 \
+void NAME(const T *q, const T *k_cache, const T *v_cache, const int32_t *block_tables,           \
+          const int32_t *q_starts, const int32_t *q_lens, const int32_t *starts, T *out,         \
+          int n_spans, int n_heads, int n_kv_heads, int head_dim, int block_size,                \
+          int table_width, float scale, int n_threads) {                                         \
+    int n_tiles = 0;                                                                             \
+    for (int s = 0; s < n_spans; s++) n_tiles += (q_lens[s] + TILE - 1) / TILE;                  \
+    int *tile_span = malloc(sizeof(int) * (n_tiles + 1)), *tile_first = malloc(sizeof(int) * (n_tiles + 1)); \
+    for (int s = 0, t = 0; s < n_spans; s++)                                                     \
+        for (int i = 0; i < q_lens[s]; i += TILE, t++) { tile_span[t] = s; tile_first[t] = i; }  \
+    const int G = n_heads / n_kv_heads, n_tasks = n_tiles * n_kv_heads;                          \
+    /* a span's last tiles read the most keys: they go first, the short ones fill in */        \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(n_threads) if(n_threads > 1)")   \
+    for (int task = n_tasks - 1; task >= 0; task--) {                                            \
+        const int t = task / n_kv_heads, kvh = task % n_kv_heads, s = tile_span[t], i = tile_first[t]; \
+        const int count = q_lens[s] - i < TILE ? q_lens[s] - i : TILE;                           \
+        const long row = (long)(q_starts[s] + i) * n_heads * head_dim;                          \
+        NAME##_tile(q + row, k_cache, v_cache, block_tables + (long)s * table_width, out + row,  \
+                    starts[s] + i, count, n_heads, n_kv_heads, G, head_dim, block_size, kvh, scale); \
+    }                                                                                            \
+    free(tile_span);                                                                             \
+    free(tile_first);                                                                            \
+}
+
+#define PREFILL_SHAPE(TASK, DIM, GROUP)                                                          \
+    if (head_dim == DIM && group == GROUP) {                                                     \
+        TASK(q, k_cache, v_cache, table, out, first, count, n_heads, n_kv_heads, GROUP, DIM,     \
+             block_size, kvh, scale);                                                            \
+        return;                                                                                  \
+    }
+#define PREFILL_SHAPES(TASK)                                                                     \
+    PREFILL_SHAPE(TASK, 32, 1) PREFILL_SHAPE(TASK, 32, 2) PREFILL_SHAPE(TASK, 32, 4) PREFILL_SHAPE(TASK, 32, 8) \
+    PREFILL_SHAPE(TASK, 64, 1) PREFILL_SHAPE(TASK, 64, 2) PREFILL_SHAPE(TASK, 64, 4) PREFILL_SHAPE(TASK, 64, 8) \
+    PREFILL_SHAPE(TASK, 128, 1) PREFILL_SHAPE(TASK, 128, 2) PREFILL_SHAPE(TASK, 128, 4) PREFILL_SHAPE(TASK, 128, 8)
+
+DEFINE_PREFILL(paged_prefill_f32, float, LOAD_F32, STORE_F32)
+DEFINE_PREFILL(paged_prefill_bf16, uint16_t, bf16_to_f32, f32_to_bf16)

@@ -1,11 +1,14 @@
-"""Gather-free paged decode attention on a CPU: a small C kernel (cpu_paged_attention.c)
-reads each sequence's keys and values in place through its block table, with an online
-softmax, instead of copying its whole context out of the pool first as the readable
-reference (torch_attention.py) does. It is built with this machine's C compiler the first
-time it is needed (native_build.py) and called through ctypes, which lets go of the GIL.
+"""Gather-free paged attention on a CPU: small C kernels (cpu_paged_attention.c) read each
+sequence's keys and values in place through its block table, with an online softmax,
+instead of copying its whole context out of the pool first as the readable reference
+(torch_attention.py) does. One kernel takes query rows one at a time (decode rows, spans of
+a few tokens); the other takes longer spans (prompts, chunks) a tile of positions at a
+time, loading each key once per tile. They are built with this machine's C compiler the
+first time they are needed (native_build.py) and called through ctypes, which lets go of
+the GIL.
 
-Under torch.compile the kernel is a custom op (kvscope::paged_decode_attention), opaque to
-inductor, so a compiled decode step fuses everything around attention and calls the
+Under torch.compile the row kernel is a custom op (kvscope::paged_decode_attention), opaque
+to inductor, so a compiled decode step fuses everything around attention and calls the
 kernel for attention itself."""
 from __future__ import annotations
 
@@ -15,25 +18,38 @@ from pathlib import Path
 
 import torch
 
+from kvscope.layers.context import TiledSpans
 from kvscope.native_build import NativeBuildError, load
 
 SOURCE = Path(__file__).with_suffix(".c")
 DTYPES = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+PREFILL_DTYPES = {torch.float32: "paged_prefill_f32", torch.bfloat16: "paged_prefill_bf16"}
 _ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+_PREFILL_ARGTYPES = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
 
 
-@functools.cache
-def _kernels() -> dict[torch.dtype, object] | str:
-    """The built kernel's entry point per dtype, or why it could not be built."""
+def _entry_points(names: dict[torch.dtype, str], argtypes: list) -> dict[torch.dtype, object] | str:
+    """The built library's entry points per dtype, or why it could not be built."""
     try:
         lib = load(SOURCE)
     except NativeBuildError as exc:
         return str(exc)
     kernels = {}
-    for dtype, name in DTYPES.items():
+    for dtype, name in names.items():
         kernels[dtype] = fn = getattr(lib, name)
-        fn.argtypes, fn.restype = _ARGTYPES, None
+        fn.argtypes, fn.restype = argtypes, None
     return kernels
+
+
+@functools.cache
+def _kernels() -> dict[torch.dtype, object] | str:
+    """The row kernel per dtype, or why it could not be built."""
+    return _entry_points(DTYPES, _ARGTYPES)
+
+
+@functools.cache
+def _prefill_kernels() -> dict[torch.dtype, object] | str:
+    return _entry_points(PREFILL_DTYPES, _PREFILL_ARGTYPES)
 
 
 def unavailable(dtype: torch.dtype) -> str | None:
@@ -78,20 +94,34 @@ def _(q, k_cache, v_cache, block_tables, context_lens, scale):
     return torch.empty_like(q)
 
 
-# A span (a prompt, a chunk, a draft verification) reads its context in place when it is
-# short: one kernel row per query, batched with the step's decode rows into one call per
-# layer, so each span costs what it reads and no fixed per-call overhead (a separate
-# scaled_dot_product_attention call costs about 45 µs however small). A span that would
-# read more gathers its context once and uses SDPA, which reuses each key across its many
-# queries. Break-even measured on one layer of the embedded model, 1 thread: 8K positions
-# read (a 128-token prompt, or 16 queries over 500 cached tokens).
-MAX_IN_PLACE_READS = 8192
+def prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spans: TiledSpans, scale: float,
+            out: torch.Tensor) -> None:
+    """Causal attention for `spans` of the step's rows, read in place, written into `out`.
+    q, out: [tokens, H, D] contiguous; each span's keys (this step's included) are already in
+    the caches, at the positions its block table gives."""
+    kernels = _prefill_kernels()
+    if isinstance(kernels, str):
+        raise RuntimeError(kernels)
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert k_cache.dtype == q.dtype == out.dtype and spans.block_tables.dtype == torch.int32
+    kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
+                     spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),
+                     len(spans.q_lens), num_heads, num_kv_heads, head_dim, block_size, spans.block_tables.shape[1],
+                     scale, torch.get_num_threads())
 
 
-def reads_span_in_place(start: int, q_len: int) -> bool:
-    """Whether the kernel takes this span: its queries at positions start .. start + q_len - 1
-    read q_len * start + q_len * (q_len + 1) / 2 cached positions in all."""
-    return q_len * start + q_len * (q_len + 1) // 2 <= MAX_IN_PLACE_READS
+# Which kernel takes a span (a prompt, a chunk, a draft verification): the row kernel, one
+# row per query, batched with the step's decode rows into one call per layer, or the tile
+# kernel, which loads each key once for up to 16 queries. Measured on one layer of the
+# embedded model, 1 thread, µs rows/tiles: 8 queries from position 0, 20/23; 8 over 100
+# cached, 110/76; 16 from 0, 42/34; 64 from 0, 312/213; 4 over 500 cached, 233/188.
+MIN_TILED_SPAN = 8
+
+
+def tiles_span(q_len: int) -> bool:
+    return q_len >= MIN_TILED_SPAN
 
 
 def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
