@@ -78,7 +78,11 @@ class CompiledDecode:
         # the reference pads every row to the longest context; the kernel pads nothing
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
-        self._warm_up()
+        # the model's float attributes (norm eps, attention scale) are constants; as graph
+        # inputs (dynamo's default) the first trace was thrown away and redone with them
+        # fixed: 705 calls traced instead of 428, start-up 7.0-8.3 s instead of 5.4-6.0
+        with torch._dynamo.config.patch(specialize_float=True):
+            self._warm_up()
         self.compile_seconds = time.perf_counter() - start
         self.guarded = not hasattr(torch.compiler, "set_stance")
 
