@@ -182,3 +182,25 @@ def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="triton")
     assert llm.engine.runner.decode_note == "eager: the triton attention backend runs eagerly"
+
+
+def test_steps_call_both_graphs_directly(engines):
+    """Past dynamo's per-call work (engine/graph_call.py): set up for both graphs, and the
+    batched greedy tests above ran through it."""
+    compiled, _ = engines
+    assert set(compiled.engine.runner.compiled.direct) == {False, True}
+
+
+@pytest.mark.parametrize("breakage", ["unreadable", "different"])
+def test_a_direct_call_that_fails_its_check_leaves_dynamos_path(checkpoint, monkeypatch, breakage):
+    from kvscope.engine import graph_call
+    if breakage == "unreadable":   # the step's token ids taken for a constant of the module
+        monkeypatch.setattr(graph_call, "PER_STEP", ("L['positions']", "G["))
+    else:                          # a call that runs but gives other logits than dynamo's
+        monkeypatch.setattr(graph_call.DirectCall, "__call__", lambda self, ids, pos: torch.zeros(len(ids), VOCAB))
+    kw = dict(device="cpu", dtype="float32", block_size=16)
+    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
+    assert llm.engine.runner.compiled.direct is None
+    p = prompts_of([5, 30])
+    assert [o.token_ids for o in llm.generate(p, greedy(10))] == \
+        [o.token_ids for o in LLM(str(checkpoint), **kw).generate(p, greedy(10))]

@@ -10,11 +10,12 @@ Decode-only steps take this path. Attention is the C kernel (layers/cpu_paged_at
 a custom op opaque to inductor that reads every row's own context, so one graph serves
 every batch size and context length; with the reference attention, steps of up to
 MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one padded attention group.
-PyTorch specialises a batch of one, so two graphs are compiled, both at start-up (10-35 s
+PyTorch specialises a batch of one, so two graphs are compiled, both at start-up (5-30 s
 in all on 2 cores; inductor's on-disk cache makes later starts faster). Once both
-exist, calls skip re-checking dynamo's guards (which cost as much as the fused kernels):
-only decode-only batches of this fixed structure, with no forward hooks, reach them, and
-if global state a graph depends on changes anyway, the guards come back on."""
+exist, steps call them directly (engine/graph_call.py), past dynamo's per-call work:
+only decode-only batches of this fixed structure, with no forward hooks, reach them.
+Where a direct call cannot be set up, calls go through dynamo without re-checking its
+guards, and if global state a graph depends on changes anyway, the guards come back on."""
 from __future__ import annotations
 
 import logging
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+from kvscope.engine import graph_call
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
@@ -65,6 +67,8 @@ def compile_unavailable(runner) -> str | None:
 # engines (a test run) would pass dynamo's default limit of 8, and past it a fullgraph
 # compile fails instead of adding one.
 RECOMPILE_LIMIT = 64
+# one backend object for every engine, so engines of the same model shape share graphs
+INDUCTOR = graph_call.inductor_backend({"cpp_wrapper": True})
 
 
 class CompiledDecode:
@@ -72,9 +76,10 @@ class CompiledDecode:
         self.runner = runner
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         cpu_ops.install()   # the custom operators' C++ kernels; where they cannot build, Python's serve
-        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
-                                     options={"cpp_wrapper": True})
+        self.module = DecodeLogits(runner.model)
+        self.forward = torch.compile(self.module, dynamic=True, fullgraph=True, backend=INDUCTOR)
         self.guarded = True     # until both graphs exist
+        self.direct: dict[bool, graph_call.DirectCall] | None = None   # by batch > 1
         # the reference pads every row to the longest context; the kernel pads nothing
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
@@ -82,15 +87,18 @@ class CompiledDecode:
         # inputs (dynamo's default) the first trace was thrown away and redone with them
         # fixed: 705 calls traced instead of 428, start-up 7.0-8.3 s instead of 5.4-6.0
         with torch._dynamo.config.patch(specialize_float=True):
-            self._warm_up()
+            warm_up_steps = self._warm_up()
         self.compile_seconds = time.perf_counter() - start
         self.guarded = not hasattr(torch.compiler, "set_stance")
+        self.direct = self._direct_calls(warm_up_steps)
 
     def fits(self, batch: int) -> bool:
         return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         with step_metadata(inputs.metadata):
+            if self.direct is not None:
+                return self.direct[len(inputs.input_ids) > 1](inputs.input_ids, inputs.positions)
             if not self.guarded:
                 try:
                     with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
@@ -104,11 +112,12 @@ class CompiledDecode:
             return self.forward(inputs.input_ids, inputs.positions)
 
     @torch.inference_mode()
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> list[StepInputs]:
         """Compile both graphs on decode steps that write and read only the scratch block,
         prepared exactly as real steps are, with every size marked as varying (so no real
-        step recompiles)."""
+        step recompiles). Returns the two steps."""
         runner = self.runner
+        steps = []
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
         for batch in (1, 2):
@@ -120,7 +129,30 @@ class CompiledDecode:
             inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend, compiled=True)
             _mark_sizes_dynamic(inputs, batch > 1)
             self.run(inputs)
+            steps.append(inputs)
         log.info("decode step compiled for this CPU")
+        return steps
+
+    @torch.inference_mode()
+    def _direct_calls(self, steps: list[StepInputs]) -> dict[bool, graph_call.DirectCall] | None:
+        """A direct call per graph, trusted only where it gives dynamo's own output on the
+        warm-up step (which reads and writes the scratch block alone); else None."""
+        direct = {}
+        try:
+            for inputs in steps:
+                with step_metadata(inputs.metadata):
+                    graph = graph_call.graph_called(lambda: self.forward(inputs.input_ids, inputs.positions))
+                    if graph is None:
+                        raise ValueError("the step did not run exactly one compiled graph")
+                    call = graph_call.DirectCall(graph, self.module, DecodeLogits.forward.__globals__)
+                    if not torch.equal(call(inputs.input_ids, inputs.positions),
+                                       self.forward(inputs.input_ids, inputs.positions)):
+                        raise ValueError("a direct call differs from dynamo's")
+                direct[len(inputs.input_ids) > 1] = call
+        except Exception as exc:   # e.g. another torch names its graph inputs differently
+            log.info("compiled decode: steps go through dynamo (%s: %s)", type(exc).__name__, exc)
+            return None
+        return direct
 
 
 def _mark_sizes_dynamic(inputs: StepInputs, batch_dynamic: bool) -> None:
