@@ -124,14 +124,23 @@ class BlockManager:
         return needed + self._is_shared_write(seq) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        shared = self._is_shared_write(seq)
-        if needed + shared > self.num_free_blocks:
+        if not self.try_append(seq, num_new_tokens):
+            needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
             raise RuntimeError(f"out of KV blocks: need {needed}, {self.num_free_blocks} free")
+
+    def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Slots for `num_new_tokens` more tokens: fresh blocks past the table's end, and a
+        copy of a shared block about to be written. False, with nothing changed, when the
+        free blocks do not cover them. (Once per running sequence and step: kept short.)"""
+        needed = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
+        shared = self._is_shared_write(seq)
+        if needed + shared > len(self.free_ids):
+            return False
         if shared:
             self._copy_on_write(seq)
         for _ in range(needed):
             seq.block_table.append(self._take_free_block(seq.seq_id))
+        return True
 
     def _is_shared_write(self, seq: Sequence) -> bool:
         """The next token lands in a block another sequence still holds (a forked prompt's

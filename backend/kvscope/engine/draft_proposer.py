@@ -49,9 +49,8 @@ class DraftModelProposer:
             self.num_steps += 1
             for mirror, _ in active:
                 n = mirror.num_tokens - mirror.num_computed_tokens
-                if not self.block_manager.can_append(mirror, n):
+                if not self.block_manager.try_append(mirror, n):
                     continue      # the draft cache is full: this sequence drafts no further
-                self.block_manager.append_slots(mirror, n)
                 out.entries.append(ScheduledSeq(mirror, n, mirror.num_computed_tokens, True))
             if out.is_empty:
                 break

@@ -52,6 +52,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
+        self.capacity = block_manager.num_blocks * block_manager.block_size   # tokens the cache holds
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0
@@ -66,9 +67,8 @@ class Scheduler:
             return "the prompt is empty"
         if n >= self.max_model_len:
             return f"prompt has {n} tokens; this engine's max_model_len is {self.max_model_len}"
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if n + 1 > capacity:
-            return f"prompt has {n} tokens; the whole KV cache holds only {capacity}"
+        if n + 1 > self.capacity:
+            return f"prompt has {n} tokens; the whole KV cache holds only {self.capacity}"
         return None
 
     def add(self, seq: Sequence) -> None:
@@ -109,15 +109,14 @@ class Scheduler:
             if drafts:
                 seq.spec_token_ids = []
             n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
-            fits = bm.can_append(seq, n)
-            while not fits and queue:
+            appended = bm.try_append(seq, n)
+            while not appended and queue:
                 self._preempt(queue.pop(), out)
-                fits = bm.can_append(seq, n)
-            if not fits:
+                appended = bm.try_append(seq, n)
+            if not appended:
                 self._preempt(seq, out)
                 continue
             out.entries.append(self._entry(seq, n, drafts))
-            bm.append_slots(seq, n)
             budget -= n
             kept.append(seq)
         self.running = kept
@@ -225,10 +224,10 @@ class Scheduler:
         token, p = seq.token_ids[-1], seq.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+        n = len(seq.token_ids)
+        if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len:
             return "length"
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if seq.num_tokens + 1 > capacity:
+        if n + 1 > self.capacity:
             return "length"   # the sequence filled the whole KV cache
         return None
 

@@ -185,8 +185,12 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
         itertools.chain.from_iterable(block_tables), dtype=np.int32, count=int(widths.sum()))
     ids[:] = [e.seq.token_ids[e.start] for e in decodes]
     positions[:] = [e.start for e in decodes]
-    for row, e in enumerate(decodes):
-        _add_samplers(inputs, e, first_row + row)
+    if any(e.forks for e in decodes):
+        for row, e in enumerate(decodes):
+            _add_samplers(inputs, e, first_row + row)
+    else:   # one row each, no drafts (a decode row has none), no forks: in two extends
+        inputs.sample_rows += range(first_row, first_row + len(decodes))
+        inputs.sample_seqs += [e.seq for e in decodes]
     np.add(positions, 1, out=lens, casting="unsafe")
     rows = buffers.arange(len(decodes))
     slot_mapping[:] = slots(tables[rows, positions // block_size], positions, block_size)
