@@ -4,6 +4,8 @@ contexts, every supported shape and dtype) and, inside the engine, against trans
 greedy."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -85,15 +87,21 @@ def test_bfloat16_within_rounding_of_a_float32_reference():
     torch.testing.assert_close(got.float(), expected, atol=8e-3, rtol=8e-3)
 
 
+@contextmanager
+def torch_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_give_the_same_result(threads):
     q, k_cache, v_cache, md = random_decode_step(8, [1, 9, 33, 64, 130], seed=4)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         got = kernel(q, k_cache, v_cache, md, 0.25)
-    finally:
-        torch.set_num_threads(before)
     torch.testing.assert_close(got, torch_attention.decode_attention(q, k_cache, v_cache, md, 0.25),
                                atol=1e-5, rtol=1e-5)
 
@@ -243,12 +251,8 @@ def test_tile_kernel_in_bfloat16_within_rounding_of_a_float32_reference():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tile_kernel_threads_give_the_same_result(threads):
     q, k_cache, v_cache, spans, tiled = random_spans(SPANS, 8, seed=6)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         got = tile_kernel(q, k_cache, v_cache, tiled, 0.25)
-    finally:
-        torch.set_num_threads(before)
     torch.testing.assert_close(got, spans_reference(q, k_cache, v_cache, spans, 0.25), atol=2e-6, rtol=1e-5)
 
 

@@ -17,7 +17,6 @@ the expressions cannot be read."""
 from __future__ import annotations
 
 import torch
-from torch._inductor.compile_fx import compile_fx
 
 PER_STEP = ("L['input_ids']", "L['positions']", "G[")   # sources that change every step
 _seen: list["CompiledGraph"] | None = None             # graphs called while this is a list
@@ -38,6 +37,8 @@ class CompiledGraph:
 def inductor_backend(options: dict):
     """A torch.compile backend: inductor with `options`, keeping each graph's input sources."""
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        # imported here: inductor pulls in jinja2, which importing the engine must not need
+        from torch._inductor.compile_fx import compile_fx
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         sources = []
         for node in placeholders:
