@@ -188,7 +188,12 @@ def test_steps_call_both_graphs_directly(engines):
     """Past dynamo's per-call work (engine/graph_call.py): set up for both graphs, and the
     batched greedy tests above ran through it."""
     compiled, _ = engines
-    assert set(compiled.engine.runner.compiled.direct) == {False, True}
+    direct = compiled.engine.runner.compiled.direct
+    assert set(direct) == {False, True}
+    # constants fetched once, the sizes among them as ready tensors (the wrapper's shim
+    # would build one per size per call)
+    for call in direct.values():
+        assert all(isinstance(c, torch.Tensor) for c in call.constants)
 
 
 @pytest.mark.parametrize("breakage", ["unreadable", "different"])

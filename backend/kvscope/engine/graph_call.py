@@ -16,6 +16,8 @@ a DirectCall against dynamo's own call before trusting it, and keeps dynamo's pa
 the expressions cannot be read."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 PER_STEP = ("L['input_ids']", "L['positions']", "G[")   # sources that change every step
@@ -23,10 +25,11 @@ _seen: list["CompiledGraph"] | None = None             # graphs called while thi
 
 
 class CompiledGraph:
-    """Inductor's compiled graph with the sources of its inputs, in placeholder order."""
+    """Inductor's compiled graph with the sources of its inputs, in placeholder order, and
+    which of those inputs are sizes (ints) rather than tensors."""
 
-    def __init__(self, compiled, sources: list[str | None]):
-        self.compiled, self.sources = compiled, sources
+    def __init__(self, compiled, sources: list[str | None], sizes: list[bool]):
+        self.compiled, self.sources, self.sizes = compiled, sources, sizes
 
     def __call__(self, *args):
         if _seen is not None:
@@ -44,7 +47,8 @@ def inductor_backend(options: dict):
         for node in placeholders:
             arg = node.meta.get("grapharg")
             sources.append(arg.source.name if arg is not None and arg.source is not None else None)
-        return CompiledGraph(compile_fx(gm, example_inputs, config_patches=options), sources)
+        sizes = [not isinstance(x, torch.Tensor) for x in example_inputs]
+        return CompiledGraph(compile_fx(gm, example_inputs, config_patches=options), sources, sizes)
     return compile_graph
 
 
@@ -68,16 +72,25 @@ class DirectCall:
         if None in graph.sources:
             raise ValueError("a graph input has no source")
         constants, items = [], []
-        for source in graph.sources:
+        for source, size in zip(graph.sources, graph.sizes):
             if source.startswith(PER_STEP):
-                items.append(source)
+                items.append(f"S({source})" if size else source)
             else:
                 # dynamo's own expressions, over the module this engine compiled
-                constants.append(eval(source, {}, {"L": {"self": module}}))
+                value = eval(source, {}, {"L": {"self": module}})
+                constants.append(size_tensor(value) if size else value)
                 items.append(f"C[{len(constants) - 1}]")
         self.graph, self.constants, self.frame_globals = graph.compiled, constants, frame_globals
-        self.fetch = eval(f"lambda L, G, C: [{', '.join(items)}]")
+        self.fetch = eval(f"lambda L, G, C, S: [{', '.join(items)}]")
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        args = self.fetch({"input_ids": input_ids, "positions": positions}, self.frame_globals, self.constants)
+        args = self.fetch({"input_ids": input_ids, "positions": positions}, self.frame_globals, self.constants,
+                          size_tensor)
         return self.graph(*args)[0]
+
+
+@functools.lru_cache(maxsize=4096)
+def size_tensor(value: int) -> torch.Tensor:
+    """A size as the tensor inductor's C++ wrapper takes (it only reads it), made once: the
+    wrapper's Python shim would build one per size on every call (about 4 µs each)."""
+    return torch.tensor(value)
