@@ -167,8 +167,20 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
         drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
+        plain, plain_rows = (seqs, None) if not drafts else self._split_drafts(seqs, drafts, logits, result)
+        if plain:
+            if plain_rows is not None and len(plain_rows) < logits.shape[0]:   # indexing copies every row
+                logits = logits[plain_rows]
+            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
+            self._collect(result, plain, logits, self.sampler(logits, batch))
+        return result
+
+    @staticmethod
+    def _split_drafts(seqs, drafts: dict[int, int], logits, result) -> tuple[list, list[int]]:
+        """Rows of a sequence with k drafts (k + 1 rows) go to the verifier; returns the
+        sequences sampled plainly and their rows."""
         plain, plain_rows, row = [], [], 0
-        while row < len(seqs):     # rows of a sequence with drafts go to the verifier
+        while row < len(seqs):
             seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
             if k:
                 result.spec_logits[seq.seq_id] = logits[row:row + k + 1]
@@ -176,12 +188,7 @@ class ModelRunner:
                 plain.append(seq)
                 plain_rows.append(row)
             row += k + 1
-        if plain:
-            if len(plain_rows) < logits.shape[0]:   # indexing copies every row: only when some left
-                logits = logits[plain_rows]
-            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
-            self._collect(result, plain, logits, self.sampler(logits, batch))
-        return result
+        return plain, plain_rows
 
     def _collect(self, result, seqs, logits, tokens) -> None:
         token_list = tokens.tolist()
