@@ -38,6 +38,7 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
+        self.capacity = num_blocks * block_size   # tokens the whole pool holds
         self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.events: list[tuple] | None = None   # a list while someone records allocator events
@@ -120,27 +121,30 @@ class BlockManager:
         self.append_slots(seq, num_new_tokens)
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed + self._is_shared_write(seq) <= self.num_free_blocks
+        return self._blocks_to_append(seq, num_new_tokens) <= len(self.free_ids)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         if not self.try_append(seq, num_new_tokens):
-            needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-            raise RuntimeError(f"out of KV blocks: need {needed}, {self.num_free_blocks} free")
+            raise RuntimeError(f"out of KV blocks: need {self._blocks_to_append(seq, num_new_tokens)}, "
+                               f"{self.num_free_blocks} free")
 
     def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens: fresh blocks past the table's end, and a
         copy of a shared block about to be written. False, with nothing changed, when the
-        free blocks do not cover them. (Once per running sequence and step: kept short.)"""
-        needed = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
-        shared = self._is_shared_write(seq)
-        if needed + shared > len(self.free_ids):
+        free blocks do not cover them (the scheduler's one call per running sequence)."""
+        if self._blocks_to_append(seq, num_new_tokens) > len(self.free_ids):
             return False
-        if shared:
+        if self._is_shared_write(seq):
             self._copy_on_write(seq)
-        for _ in range(needed):
+        for _ in range(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
             seq.block_table.append(self._take_free_block(seq.seq_id))
         return True
+
+    def _blocks_to_append(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free blocks that appending takes: new ones past the table, plus one copy when the
+        next token lands in a shared block."""
+        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return needed + self._is_shared_write(seq)
 
     def _is_shared_write(self, seq: Sequence) -> bool:
         """The next token lands in a block another sequence still holds (a forked prompt's

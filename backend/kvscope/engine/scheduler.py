@@ -52,7 +52,6 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
-        self.capacity = block_manager.num_blocks * block_manager.block_size   # tokens the cache holds
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0
@@ -67,8 +66,9 @@ class Scheduler:
             return "the prompt is empty"
         if n >= self.max_model_len:
             return f"prompt has {n} tokens; this engine's max_model_len is {self.max_model_len}"
-        if n + 1 > self.capacity:
-            return f"prompt has {n} tokens; the whole KV cache holds only {self.capacity}"
+        capacity = self.block_manager.capacity
+        if n + 1 > capacity:
+            return f"prompt has {n} tokens; the whole KV cache holds only {capacity}"
         return None
 
     def add(self, seq: Sequence) -> None:
@@ -227,7 +227,7 @@ class Scheduler:
         n = len(seq.token_ids)
         if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len:
             return "length"
-        if n + 1 > self.capacity:
+        if n + 1 > self.block_manager.capacity:
             return "length"   # the sequence filled the whole KV cache
         return None
 

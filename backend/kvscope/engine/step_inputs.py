@@ -88,9 +88,10 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
     """Flatten a scheduled step for this attention backend, eager or `compiled` (a decode
     step through the compiled graph). The reference backend gets its padded decode groups
     (decode_groups_for); an eager step with the CPU kernels gets one row-kernel call planned
-    for its decode rows and short spans, and one tile-kernel call for its other spans. A compiled step's block table is at least two blocks
-    wide: its graph was traced with a width that varies, and dynamo specialises sizes 0 and
-    1, so a width of 1 would fail the graph's guards and force a recompile mid-serving."""
+    for its decode rows and short spans, and one tile-kernel call for its other spans. A
+    compiled step's block table is at least two blocks wide: its graph was traced with a
+    width that varies, and dynamo specialises sizes 0 and 1, so a width of 1 would fail the
+    graph's guards and force a recompile mid-serving."""
     max_decode_groups = decode_groups_for(attention_backend, compiled)
     ordered = batch_order(out.entries)
     prefills = [e for e in ordered if e.num_new_tokens > 1]
