@@ -2,15 +2,13 @@
 which cache slot (block id * block_size + offset) a position's K/V live in."""
 from __future__ import annotations
 
-import numpy as np
-
 
 def cdiv(a: int, b: int) -> int:
     """a / b rounded up: the blocks (or ranks' rows) needed to hold a items."""
     return -(-a // b)
 
 
-def slots(blocks: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+def slots(blocks, positions, block_size: int):
     """Cache slots of `positions`, given the block holding each (its block table's entry
-    at position // block_size)."""
+    at position // block_size): arrays of them, or one of each as ints."""
     return blocks * block_size + positions % block_size

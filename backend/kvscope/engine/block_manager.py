@@ -121,36 +121,35 @@ class BlockManager:
         self.append_slots(seq, num_new_tokens)
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self._blocks_to_append(seq, num_new_tokens) <= len(self.free_ids)
+        fresh, copy = self._append_cost(seq, num_new_tokens)
+        return fresh + copy <= len(self.free_ids)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         if not self.try_append(seq, num_new_tokens):
-            raise RuntimeError(f"out of KV blocks: need {self._blocks_to_append(seq, num_new_tokens)}, "
+            raise RuntimeError(f"out of KV blocks: need {sum(self._append_cost(seq, num_new_tokens))}, "
                                f"{self.num_free_blocks} free")
 
     def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens: fresh blocks past the table's end, and a
         copy of a shared block about to be written. False, with nothing changed, when the
         free blocks do not cover them (the scheduler's one call per running sequence)."""
-        if self._blocks_to_append(seq, num_new_tokens) > len(self.free_ids):
+        fresh, copy = self._append_cost(seq, num_new_tokens)
+        if fresh + copy > len(self.free_ids):
             return False
-        if self._is_shared_write(seq):
+        if copy:
             self._copy_on_write(seq)
-        for _ in range(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
+        for _ in range(fresh):
             seq.block_table.append(self._take_free_block(seq.seq_id))
         return True
 
-    def _blocks_to_append(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Free blocks that appending takes: new ones past the table, plus one copy when the
-        next token lands in a shared block."""
-        needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
-        return needed + self._is_shared_write(seq)
-
-    def _is_shared_write(self, seq: Sequence) -> bool:
-        """The next token lands in a block another sequence still holds (a forked prompt's
-        partial last block)."""
-        idx = seq.num_computed_tokens // self.block_size
-        return idx < len(seq.block_table) and self.blocks[seq.block_table[idx]].ref_count > 1
+    def _append_cost(self, seq: Sequence, num_new_tokens: int) -> tuple[int, bool]:
+        """What appending takes from the free list: new blocks past the table, and whether
+        the next token lands in a block another sequence still holds (a forked prompt's
+        partial last block), which must be copied first."""
+        table, computed = seq.block_table, seq.num_computed_tokens
+        idx = computed // self.block_size
+        return (self.blocks_for(computed + num_new_tokens) - len(table),
+                idx < len(table) and self.blocks[table[idx]].ref_count > 1)
 
     def _copy_on_write(self, seq: Sequence) -> None:
         idx = seq.num_computed_tokens // self.block_size
@@ -195,7 +194,8 @@ class BlockManager:
             return
         bs = self.block_size
         num_full = seq.num_computed_tokens // bs
-        self._extend_hashes(seq, num_full)
+        if len(seq.block_hashes) < num_full:
+            self._extend_hashes(seq, num_full)
         for i in range(num_full - 1, -1, -1):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:

@@ -2,6 +2,7 @@
 after step. Synchronous; the async front end drives it from a thread."""
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from kvscope.sampling_params import SamplingParams
 MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are capped here
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenDelta:
     seq: Sequence
     token_id: int
@@ -180,7 +181,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         deltas: list[TokenDelta] = []
         finished = self.scheduler.postprocess(
-            out, result.tokens, lambda seq, i, final: self._on_token(seq, i, final, result, deltas))
+            out, result.tokens, functools.partial(self._on_token, result=result, deltas=deltas))
         for seq in finished:
             self._cleanup(seq)
         if self.observers:

@@ -193,9 +193,9 @@ class ModelRunner:
     def _collect(self, result, seqs, logits, tokens) -> None:
         token_list = tokens.tolist()
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
-        n_max = max((s.params.logprobs or 0 for s in seqs), default=0)
         wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wants:
+            n_max = max(seqs[i].params.logprobs for i in wants)
             chosen, top = top_logprobs(logits[wants], tokens[wants], n_max)
             for j, i in enumerate(wants):
                 n = seqs[i].params.logprobs

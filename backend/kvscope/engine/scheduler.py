@@ -19,7 +19,7 @@ from kvscope.engine.sequence import Sequence, SequenceStatus
 OnToken = Callable[[Sequence, int, bool], bool]
 
 
-@dataclass
+@dataclass(slots=True)   # one per row and step: slots make it cheaper to build and read
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
@@ -98,7 +98,7 @@ class Scheduler:
         bm = self.block_manager
         # decodes first (one token each, what streaming users wait for), then prompt chunks;
         # the stable sort keeps admission order within each group
-        queue = deque(sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1))
+        queue = deque(sorted(self.running, key=_has_prompt_left))
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
@@ -108,7 +108,8 @@ class Scheduler:
             drafts = seq.spec_token_ids
             if drafts:
                 seq.spec_token_ids = []
-            n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
+            remaining = seq.num_tokens - seq.num_computed_tokens + len(drafts)
+            n = 1 if remaining == 1 else self._chunk(remaining, budget)   # a decode's one token is never cut
             appended = bm.try_append(seq, n)
             while not appended and queue:
                 self._preempt(queue.pop(), out)
@@ -179,16 +180,16 @@ class Scheduler:
             # the known tokens' K/V are in; the drafts' count only once accepted (below)
             seq.num_computed_tokens += entry.num_new_tokens - len(entry.spec_token_ids)
             self.block_manager.commit(seq)
-            forked = self._fork(seq, entry.forks)   # before the parent's token can finish it
-            self._append(seq, sampled[seq.seq_id], on_token, finished)
+            drafted = bool(entry.spec_token_ids)
+            # the choices fork before the parent's token can finish it
+            forked = self._fork(seq, entry.forks) if entry.forks else ()
+            self._append(seq, sampled[seq.seq_id], on_token, finished, drafted)
             for s in forked:
-                self._append(s, sampled[s.seq_id], on_token, finished)
+                self._append(s, sampled[s.seq_id], on_token, finished, drafted)
         return finished
 
     def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
         """The prompt is computed: the other choices start sharing its blocks."""
-        if not forks:
-            return forks
         forked = [c for c in forks if not c.is_finished]
         for child in forked:
             self.block_manager.fork(parent, child)
@@ -198,10 +199,10 @@ class Scheduler:
         return forked
 
     def _append(self, seq: Sequence, tokens: list[int], on_token: OnToken | None,
-                finished: list[Sequence]) -> None:
-        """Append the drawn tokens one by one, checking the stop conditions after each. The
-        K/V of accepted drafts count as computed; slots written for rejected ones go back."""
-        computed = seq.num_computed_tokens + len(tokens) - 1
+                finished: list[Sequence], drafted: bool) -> None:
+        """Append the drawn tokens one by one, checking the stop conditions after each. After
+        a pass that verified drafts, the K/V of accepted ones count as computed and slots
+        written for rejected ones go back."""
         reason = None
         for i, token in enumerate(tokens):
             seq.append_token(token)
@@ -210,10 +211,10 @@ class Scheduler:
                 reason = "stop"
             if reason:
                 break
-        seq.num_computed_tokens = min(computed, seq.num_tokens - 1)
-        if len(tokens) > 1:
+        if drafted:   # (a pass without drafts computed exactly the known tokens: nothing to undo)
+            seq.num_computed_tokens = min(seq.num_computed_tokens + len(tokens) - 1, seq.num_tokens - 1)
             self.block_manager.commit(seq)
-        self.block_manager.trim(seq)
+            self.block_manager.trim(seq)
         if reason:
             self.finish(seq, reason)
             finished.append(seq)
@@ -249,3 +250,8 @@ class Scheduler:
                 if child.request_id == request_id:
                     return child
         return None
+
+
+def _has_prompt_left(seq: Sequence) -> bool:
+    """More than one known token to compute: a prompt (or its rest), not a decode."""
+    return len(seq.token_ids) - seq.num_computed_tokens > 1

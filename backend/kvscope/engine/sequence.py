@@ -18,7 +18,7 @@ class SequenceStatus(Enum):
 _ids = itertools.count()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)   # its fields are read several times per row and step
 class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams

@@ -2,7 +2,6 @@
 pass by the model runner (the layers read it instead of taking extra arguments)."""
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -73,11 +72,18 @@ def get_metadata() -> AttentionMetadata:
     return _current
 
 
-@contextmanager
-def step_metadata(metadata: AttentionMetadata):
-    global _current
-    previous, _current = _current, metadata
-    try:
-        yield metadata
-    finally:
-        _current = previous
+class step_metadata:
+    """`with step_metadata(md):` the attention layers read `md` (a class, not a generator
+    function: entered twice per step, it is cheaper this way)."""
+
+    def __init__(self, metadata: AttentionMetadata):
+        self.metadata = metadata
+
+    def __enter__(self) -> AttentionMetadata:
+        global _current
+        self.previous, _current = _current, self.metadata
+        return self.metadata
+
+    def __exit__(self, *exc) -> None:
+        global _current
+        _current = self.previous
