@@ -194,6 +194,31 @@ def test_steps_call_both_graphs_directly(engines):
     # would build one per size per call)
     for call in direct.values():
         assert all(isinstance(c, torch.Tensor) for c in call.constants)
+        assert call.code is not None   # and straight to inductor's code, past the graph's wrappers
+
+
+@pytest.mark.parametrize("breakage", ["no cache write", "other logits"])
+def test_inductor_code_that_fails_its_check_keeps_the_wrappers(checkpoint, monkeypatch, breakage):
+    """Code that returns the right logits but leaves the KV cache unwritten, or writes it but
+    returns other logits, is not trusted: steps keep the wrapped graph, and equal eager's."""
+    from kvscope.engine import graph_call
+    found = graph_call.inductor_code_called
+
+    def broken(call):
+        code, inputs = found(call)
+        if breakage == "no cache write":
+            logits = code(list(inputs))[0].clone()
+            return (lambda args: [logits]), inputs
+        return (lambda args: [code(args)[0] + 1]), inputs
+
+    monkeypatch.setattr(graph_call, "inductor_code_called", broken)
+    kw = dict(device="cpu", dtype="float32", block_size=16)
+    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
+    direct = llm.engine.runner.compiled.direct
+    assert set(direct) == {False, True} and all(call.code is None for call in direct.values())
+    p = prompts_of([5, 30])
+    assert [o.token_ids for o in llm.generate(p, greedy(10))] == \
+        [o.token_ids for o in LLM(str(checkpoint), **kw).generate(p, greedy(10))]
 
 
 @pytest.mark.parametrize("breakage", ["unreadable", "different"])

@@ -12,7 +12,8 @@ every batch size and context length; with the reference attention, steps of up t
 MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one padded attention group.
 PyTorch specialises a batch of one, so two graphs are compiled, both at start-up (5-30 s
 in all on 2 cores; inductor's on-disk cache makes later starts faster). Once both
-exist, steps call them directly (engine/graph_call.py), past dynamo's per-call work:
+exist, steps call them directly (engine/graph_call.py), past dynamo's per-call work and,
+where inductor's code alone writes the cache and returns the logits, past the graph's wrappers:
 only decode-only batches of this fixed structure, with no forward hooks, reach them.
 Where a direct call cannot be set up, calls go through dynamo without re-checking its
 guards, and if global state a graph depends on changes anyway, the guards come back on."""
@@ -148,11 +149,38 @@ class CompiledDecode:
                     if not torch.equal(call(inputs.input_ids, inputs.positions),
                                        self.forward(inputs.input_ids, inputs.positions)):
                         raise ValueError("a direct call differs from dynamo's")
+                    call.code = self._unwrapped_code(call, inputs)
                 direct[len(inputs.input_ids) > 1] = call
         except Exception as exc:   # e.g. another torch names its graph inputs differently
             log.info("compiled decode: steps go through dynamo (%s: %s)", type(exc).__name__, exc)
             return None
         return direct
+
+    def _unwrapped_code(self, call: graph_call.DirectCall, inputs: StepInputs):
+        """Inductor's code beneath `call`'s graph, if handed exactly `call`'s inputs it writes
+        the scratch block's K/V and returns the logits exactly as the wrapped graph does
+        (the wrappers then had nothing to do for it); else None."""
+        ids, positions = inputs.input_ids, inputs.positions
+        found = graph_call.inductor_code_called(lambda: call(ids, positions))
+        if found is None:
+            return None
+        code, received = found
+        sent = call.args(ids, positions)
+        if len(received) != len(sent) or any(a is not b for a, b in zip(received, sent)):
+            return None
+        scratch = [cache[self.runner.num_blocks] for cache in (*self.runner.k_caches, *self.runner.v_caches)]
+        for block in scratch:
+            block.zero_()
+        expected = call(ids, positions)
+        written = [block.clone() for block in scratch]
+        for block in scratch:
+            block.zero_()
+        logits = code(call.args(ids, positions))[0]
+        if not (torch.equal(logits, expected) and all(map(torch.equal, scratch, written))
+                and all(block.any() for block in written)):
+            log.info("compiled decode: steps keep the graph's wrappers (inductor's code alone differs)")
+            return None
+        return code
 
 
 def _mark_sizes_dynamic(inputs: StepInputs, batch_dynamic: bool) -> None:
