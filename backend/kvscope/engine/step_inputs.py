@@ -3,8 +3,8 @@ positions, slot mapping, and for decodes block tables and context lengths), plus
 rows of logits are sampled and for whom.
 
 The host-side arrays are allocated once (StepBuffers) and refilled in place every step,
-with whole-batch numpy operations; the tensors handed to the model are views of them on
-a CPU, or one copy of each on a GPU. A step's inputs are valid until the next step."""
+each in as few numpy operations as it takes; the tensors handed to the model are views of
+them on a CPU, or one copy of each on a GPU. A step's inputs are valid until the next step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
