@@ -10,5 +10,5 @@ def cdiv(a: int, b: int) -> int:
 
 def slots(blocks, positions, block_size: int):
     """Cache slots of `positions`, given the block holding each (its block table's entry
-    at position // block_size): arrays of them, or one of each as ints."""
+    at position // block_size); numpy arrays or plain ints alike."""
     return blocks * block_size + positions % block_size

@@ -108,8 +108,7 @@ class Scheduler:
             drafts = seq.spec_token_ids
             if drafts:
                 seq.spec_token_ids = []
-            remaining = seq.num_tokens - seq.num_computed_tokens + len(drafts)
-            n = 1 if remaining == 1 else self._chunk(remaining, budget)   # a decode's one token is never cut
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
             appended = bm.try_append(seq, n)
             while not appended and queue:
                 self._preempt(queue.pop(), out)
