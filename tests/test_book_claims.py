@@ -27,7 +27,17 @@ def sentences(text: str) -> list[str]:
     (15, "The user sees a pause, not a different answer.", "can flip a near-tie"),
     (17, "four tokens instead of one", "71.2 ms for a token, instead of 220.8 ms"),
     (19, "tens of gigabytes", "100 × 1.19 GB ≈ 119 GB"),
-    (13, "close to the peak", "less than a fifth"),
+    (13, "under a millisecond, yet the step takes several", "about 0.6 ms with kvscope's compiled decode"),
+    (1, "hundreds of billions", "reach about a trillion"),
+    (11, "leave inter-token latency almost unchanged", "so the gaps do grow measurably"),
+    (14, "each contributing one decode token", "not necessarily its whole prompt"),
+    (15, "is also used by some engines", "its V1 engine dropped it and only recomputes"),
+    (16, "can never cause a wrong reuse", "the token ids in block i, extra keys"),
+    (17, "exactly what a single prefill would give", "up to floating-point rounding"),
+    (18, "Large batches change the model's output", "EAGLE-3"),
+    (19, "however many GPUs there are", "2 × (N − 1) ÷ N times its list in total"),
+    (20, "often called goodput", "requests per second served within their targets, not tokens per second"),
+    (21, "a build step per model", "maintenance mode"),
 ])
 def test_corrected_sentence(number, wrong, right):
     assert wrong not in CHAPTERS[number]
@@ -120,3 +130,88 @@ def test_pairing_convention_is_an_aside():
     aside = re.search(r'<aside class="kv-aside".*?</aside>', body, re.S)
     assert aside and "i + head dimension ÷ 2" in aside.group(0)
     assert body.count("i + head dimension ÷ 2") == 1
+
+
+def test_every_chapter_opens_with_what_it_needs():
+    """The first paragraph of every chapter says what the reader needs from earlier ones."""
+    for number, body in CHAPTERS.items():
+        assert body.lstrip().startswith("**What you need from earlier chapters:**"), number
+
+
+# (term, chapter of first use, whether the bare word is also ordinary English, so earlier
+# chapters may use it in its everyday sense: "a sequence of bytes", "a batch of requests")
+@pytest.mark.parametrize("term, number, everyday", [
+    ("layer", 1, False), ("FLOP", 7, False), ("KiB", 1, False), ("batch", 6, True), ("tensor", 7, False),
+    ("rank", 19, False), ("collective", 19, False), ("NCCL", 19, False), ("PCIe", 9, False),
+    ("preemption", 13, False), ("sequence", 6, True), ("transformer", 6, False)])
+def test_basic_term_has_a_tooltip_where_it_is_first_used(term, number, everyday):
+    """The words a reader with no ML background trips over are glossary terms, marked in the
+    chapter that first uses them, and no earlier chapter uses the bare word."""
+    entry = SITE.glossary.lookup(term)
+    assert entry is not None, term
+    marks = re.findall(r"\[\[(?:[^\]|]+\|)?([^\]]+)\]\]", CHAPTERS[number])
+    assert any(SITE.glossary.lookup(mark) is entry for mark in marks), (term, number)
+    if everyday:
+        return
+    names = [entry.term, *entry.aliases]
+    bare = re.compile(r"(?<![\w-])(?:" + "|".join(map(re.escape, names)) + r")(?![\w-])")
+    for earlier in range(1, number):
+        prose = re.sub(r"\[\[[^\]]*\]\]|```.*?```|`[^`]*`", "", CHAPTERS[earlier], flags=re.S)
+        assert not bare.search(prose), (term, earlier)
+
+
+def test_figures_quoted_from_the_benchmarks_are_there():
+    """Chapters 13 and 20 quote docs/benchmarks.md; the figures must be in it, and the
+    chapter's divisions must follow from them."""
+    bench = (ROOT / "docs/benchmarks.md").read_text(encoding="utf-8")
+    for figure in ("31–35 s with an empty inductor", "6–11 s with a warm one", "memory read 10.6–12.5 GB/s",
+                   "memory read 30–31 GB/s", "| embedded (3.5M) | compiled | 1 | 0.62–0.63 ms",
+                   "| embedded (3.5M) | eager | 2 | 1.41–1.49 ms", "1.19 ms against 2.39 ms", "0.96 ms against 2.29 ms"):
+        assert figure in bench, figure
+    assert "31 to 35 seconds" in CHAPTERS[20] and "6 to 11 seconds" in CHAPTERS[20]
+    weights = 3.5e6 * 4   # kvscope-mini in float32
+    assert [round(weights / bw * 1e3, 1) for bw in (12.5e9, 10.6e9)] == [1.1, 1.3]
+    assert round(weights / 31e9 * 1e3, 2) == 0.45
+    assert "1.1 to 1.3 ms" in CHAPTERS[13] and "about 0.45 ms" in CHAPTERS[13] and "1.0 to 1.2 ms" in CHAPTERS[13]
+
+
+def test_worked_figures_of_the_2026_corrections_recompute():
+    ch = CHAPTERS
+    # 2: Qwen3's 151,936 rows = 151,643 pieces + 26 markers + 267 unused, and a multiple of 128
+    assert 151_643 + 26 + 267 == 151_936 == 1_187 * 128 and 151_643 + 208 <= 151_936
+    assert all(f in ch[2] for f in ("151,643", "26 special", "267 rows", "1,187"))
+    # 9: bfloat16 has 8 significant bits, about 2.4 decimal digits
+    import math
+    assert round(8 * math.log10(2), 1) == 2.4 and "8 × log₁₀ 2 ≈ 2.4" in ch[9]
+    # 12: DeepSeek-V3's MLA cache per token, and Gemma 3's sliding-window share
+    assert 61 * (512 + 64) * 2 == 70_272 and "70,272 bytes" in ch[12]
+    assert round(100 * (32_768 + 5 * 1_024) / (6 * 32_768)) == 19 and "19 percent" in ch[12]
+    # 13: resident threads on an H100 SXM
+    assert 132 * 2_048 == 270_336 and "270,336" in ch[13]
+    # 19: ring all-reduce sends 2(N - 1)/N of the list
+    assert [2 * (n - 1) / n for n in (2, 4, 8)] == [1.0, 1.5, 1.75]
+    assert "1.5 times with 4, 1.75 times with 8" in ch[19]
+    # 20: moving a prompt's cache against recomputing it (50 GB/s link, H100 peak)
+    assert round(2 * 80 * 8 * 128 * 2 / 1024) == 320 and round(2 * 80 * 8 * 128 * 2 / 50e9 * 1e3, 3) == 0.007
+    assert round(114_688 / 50e9 * 1e3, 4) == 0.0023 and round(1.19e9 / 989e12 * 1e3, 4) == 0.0012
+    # 21: a 2-byte scale per 128 weights is 1.6 % in int8 and 3.1 % in int4
+    assert round(100 * 2 / 128, 1) == 1.6 and round(100 * 2 / 64, 1) == 3.1
+    assert "+ 1.6 %" in ch[21] and "+ 3.1 %" in ch[21]
+    assert round(2_000 * 114_688 / 64e9 * 1e3, 1) == 3.6 and round(2_000 * 1.19e9 / 989e12 * 1e3, 1) == 2.4
+
+
+def test_generation_config_fields_named_in_chapter_9_exist():
+    import json
+    config = json.loads((ROOT / "backend/kvscope/assets/kvscope-mini/generation_config.json").read_text())
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert key in config and f"`{key}`" in CHAPTERS[9], key
+
+
+def test_glossary_keeps_itl_and_tpot_apart():
+    itl, tpot, goodput = (SITE.glossary.lookup(t) for t in ("ITL", "TPOT", "goodput"))
+    assert itl is not None and tpot is not None and itl is not tpot
+    assert "(end-to-end time − TTFT) ÷ (output tokens − 1)" in tpot.short
+    assert "rate of requests" in goodput.short and "tokens per second" not in goodput.short
+    assert "2(N − 1)/N" in SITE.glossary.lookup("ring all-reduce").short
+    assert "270,000" in SITE.glossary.lookup("thread").short
+    assert not SITE.glossary.lookup("prefill").short.startswith("The first forward pass")
