@@ -20,11 +20,12 @@ def engine_from_args(args):
         blocks = CPU_DEFAULT_KV_BLOCKS
     return LLMEngine(EngineConfig(
         model=args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, seed=args.seed,
-        block_size=args.block_size, num_kv_blocks=blocks, kv_cache_mib=args.kv_cache_mib,
+        block_size=args.block_size, num_kv_blocks=blocks,
+        kv_cache_memory_bytes=None if args.kv_cache_mib is None else args.kv_cache_mib << 20,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
-        attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, num_threads=args.threads,
-        cpu_compile=args.cpu_compile,
+        attention_backend=args.attention_backend, num_threads=args.threads,
+        enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))
 
 
@@ -61,6 +62,9 @@ def build_app(args):
 
 
 def serve(args: argparse.Namespace) -> int:
+    if getattr(args, "attach", None):
+        from kvscope.server.attach.main import serve_attached
+        return serve_attached(args)
     import uvicorn
 
     from kvscope.engine.devices import resolve_device
@@ -73,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
     url = f"http://{'localhost' if cfg.host in ('127.0.0.1', '::1') else cfg.host}:{cfg.port}"
     hello = service.hello
     print(f"kvscope: {hello['model']['name']} ({hello['model']['num_params']:,} parameters, {hello['model']['dtype']}) "
-          f"on {hello['device']['name']}; {hello['engine']['num_blocks']} KV blocks of {hello['engine']['block_size']}; "
+          f"on {hello['device']['name']}; KV cache {hello['engine']['kv_cache']}, blocks of {hello['engine']['block_size']}; "
           f"decode {hello['engine']['decode']}")
     print(f"kvscope: serving {url}  (WebSocket {url.replace('http', 'ws')}/ws, OpenAI API {url}/v1)")
     print(f"kvscope: instructor token: {cfg.instructor_token}   console: {url}/console?token={cfg.instructor_token}")

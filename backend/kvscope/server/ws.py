@@ -74,7 +74,8 @@ async def handle(session: Session, data: str | bytes) -> None:
         if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
             raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
                                             f"token (?token=… or an auth message)")
-        await HANDLERS[kind](session, msg)
+        # an attached server (serve --attach) refuses the commands that need kvscope's engine
+        await getattr(session.service, "handlers", HANDLERS)[kind](session, msg)
     except CommandError as exc:
         send_error(session, msg, exc.code, exc.message, exc.request_id)
     except Exception as exc:   # a bug must not cost the viewer its connection

@@ -1,0 +1,73 @@
+"""vLLM's Prometheus /metrics, read into the figures the pages show. Counters become rates
+between two polls; histograms give their mean over the last interval (sum/count deltas)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+          "kv_usage": "vllm:kv_cache_usage_perc"}
+COUNTERS = {"prefix_cache_queries": "vllm:prefix_cache_queries", "prefix_cache_hits": "vllm:prefix_cache_hits",
+            "preemptions": "vllm:num_preemptions", "prompt_tokens": "vllm:prompt_tokens",
+            "generation_tokens": "vllm:generation_tokens"}
+HISTOGRAMS = {"ttft_s": "vllm:time_to_first_token_seconds", "itl_s": "vllm:inter_token_latency_seconds",
+              "e2e_s": "vllm:e2e_request_latency_seconds"}
+
+
+@dataclass
+class Sample:
+    """One scrape: gauges, counters (totals since vLLM started), histogram sums and counts."""
+    values: dict[str, float]
+    hist: dict[str, tuple[float, float]]
+    cache_config: dict[str, str]
+
+
+def parse(text: str) -> Sample:
+    """Sum over label sets (one per engine/model), so a data-parallel server reads as one."""
+    values: dict[str, float] = {}
+    hist: dict[str, list[float]] = {}
+    cache_config: dict[str, str] = {}
+    names = {**GAUGES, **COUNTERS}
+    wanted = {v: k for k, v in names.items()}
+    wanted_hist = {v: k for k, v in HISTOGRAMS.items()}
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            for s in family.samples:
+                cache_config = dict(s.labels)
+        elif family.name.removesuffix("_total") in wanted:   # untyped exposition keeps the suffix
+            key = wanted[family.name.removesuffix("_total")]
+            for s in family.samples:
+                if not s.name.endswith("_created"):
+                    values[key] = values.get(key, 0.0) + s.value
+        elif family.name in wanted_hist:
+            key = wanted_hist[family.name]
+            acc = hist.setdefault(key, [0.0, 0.0])
+            for s in family.samples:
+                if s.name.endswith("_sum"):
+                    acc[0] += s.value
+                elif s.name.endswith("_count"):
+                    acc[1] += s.value
+    return Sample(values, {k: (v[0], v[1]) for k, v in hist.items()}, cache_config)
+
+
+def figures(now: Sample, before: Sample | None, interval_s: float) -> dict:
+    """What `engine.vllm` carries: the gauges, the counters' totals, the rates and the
+    latency means over the last interval (null when nothing finished in it)."""
+    v = now.values
+    out = {"running": int(v.get("running", 0)), "waiting": int(v.get("waiting", 0)),
+           "kv_usage": round(v.get("kv_usage", 0.0), 4)}
+    for key in COUNTERS:
+        out[key] = int(v.get(key, 0))
+    queries = v.get("prefix_cache_queries", 0.0)
+    out["prefix_cache_hit_rate"] = round(v.get("prefix_cache_hits", 0.0) / queries, 4) if queries else None
+    prev = before.values if before else {}
+    dt = max(interval_s, 1e-6)
+    out["generation_tokens_per_s"] = round(max(0.0, v.get("generation_tokens", 0) - prev.get("generation_tokens", 0)) / dt, 1) if before else None
+    out["prompt_tokens_per_s"] = round(max(0.0, v.get("prompt_tokens", 0) - prev.get("prompt_tokens", 0)) / dt, 1) if before else None
+    for key in HISTOGRAMS:
+        total, count = now.hist.get(key, (0.0, 0.0))
+        p_total, p_count = (before.hist.get(key, (0.0, 0.0)) if before else (0.0, 0.0))
+        n = count - p_count
+        out[key] = round((total - p_total) / n, 5) if n > 0 else None
+    return out

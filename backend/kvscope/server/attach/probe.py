@@ -1,0 +1,167 @@
+"""Is there a vLLM server at this URL, and what does it serve? One clear sentence when not."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+
+from kvscope.server.attach.metrics import parse
+
+PROBE_TIMEOUT_S = 5.0
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "F32": 4, "F16": 2, "BF16": 2}
+
+
+class AttachError(Exception):
+    """The attach target is unusable; the message is the one line the user sees."""
+
+
+@dataclass
+class KVEventSource:
+    endpoint: str            # where kvscope's subscriber goes
+    bind: bool               # True when vLLM connects out to it, so kvscope must bind it
+    replay_endpoint: str | None
+    topic: str
+
+
+@dataclass
+class VllmServer:
+    url: str
+    version: str
+    model: str
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    enable_prefix_caching: bool
+    kv_cache_bytes: int
+    kv_events: KVEventSource | None
+
+
+def normalized_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AttachError(f"--attach wants the vLLM server's base URL, such as http://127.0.0.1:8000 (got {url!r})")
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT_S) -> VllmServer:
+    url = normalized_url(url)
+    with httpx.Client(base_url=url, timeout=timeout) as http:
+        version = _json(http, "/version", url).get("version")
+        if not isinstance(version, str):
+            raise AttachError(f"{url} is not a vLLM server: its /version has no version")
+        models = _json(http, "/v1/models", url).get("data") or []
+        if not models:
+            raise AttachError(f"the vLLM server at {url} lists no model at /v1/models")
+        config = parse(_text(http, "/metrics", url)).cache_config
+        if not config:
+            raise AttachError(f"{url} is not a vLLM server: its /metrics has no vllm:cache_config_info")
+        try:
+            sources = _json(http, "/kv_event_sources", url)
+        except AttachError:
+            sources = {}
+    source = event_source(sources, kv_events, urlsplit(url).hostname)
+    return VllmServer(url=url, version=version, model=models[0]["id"],
+                      max_model_len=int(models[0].get("max_model_len") or 0),
+                      block_size=int(config.get("block_size", 0)), num_blocks=int(config.get("num_gpu_blocks", 0)),
+                      enable_prefix_caching=config.get("enable_prefix_caching") == "True",
+                      kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")), kv_events=source)
+
+
+def _get(http: httpx.Client, path: str, url: str) -> httpx.Response:
+    try:
+        r = http.get(path)
+    except httpx.HTTPError as exc:
+        raise AttachError(f"cannot reach a vLLM server at {url}: {type(exc).__name__}: {exc or 'no answer'}") from None
+    if r.status_code != 200:
+        raise AttachError(f"{url} is not a vLLM server: GET {path} answered {r.status_code}")
+    return r
+
+
+def _json(http: httpx.Client, path: str, url: str) -> dict:
+    try:
+        value = _get(http, path, url).json()
+    except ValueError:
+        raise AttachError(f"{url} is not a vLLM server: GET {path} did not answer JSON") from None
+    if not isinstance(value, dict):
+        raise AttachError(f"{url} is not a vLLM server: GET {path} did not answer a JSON object")
+    return value
+
+
+def _text(http: httpx.Client, path: str, url: str) -> str:
+    return _get(http, path, url).text
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_bind_endpoint(endpoint: str) -> bool:
+    """vLLM's rule (ZmqEventPublisher): it binds wildcard and ipc/inproc endpoints, connects to the rest."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def reachable(endpoint: str | None, host: str) -> str | None:
+    """A wildcard endpoint vLLM bound, as this machine reaches it: the server's host."""
+    if endpoint is None:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return endpoint.replace("tcp://*:", f"tcp://{host}:").replace("tcp://[::]:", f"tcp://{host}:")
+
+
+def event_source(sources: dict, override: str | None, host: str) -> KVEventSource | None:
+    """Rank 0's publisher from /kv_event_sources; --kv-events replaces its address."""
+    config = sources.get("0") or sources.get(0) or next(iter(sources.values()), None) if sources else None
+    if config is None and override is None:
+        return None
+    config = config or {}
+    published = config.get("endpoint") or override
+    endpoint = override or reachable(published, host)
+    return KVEventSource(endpoint=endpoint, bind=not is_bind_endpoint(published),
+                         replay_endpoint=reachable(config.get("replay_endpoint"), host), topic=config.get("topic", ""))
+
+
+def local_model_facts(model: str, block_size: int) -> dict | None:
+    """hello.model from the checkpoint's config.json and safetensors headers, when vLLM's
+    model is a folder this machine can read (None otherwise: only the name is known)."""
+    from kvscope.models.config import ModelConfig, ModelConfigError
+    path = Path(model)
+    try:
+        raw = json.loads((path / "config.json").read_text())
+        cfg = ModelConfig.from_dict(raw, path.name)
+    except (OSError, ValueError, ModelConfigError):
+        return None
+    dtype = str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
+    nbytes = DTYPE_BYTES.get(dtype, 2)
+    params, weight_bytes = safetensors_size(path)
+    return {"name": path.name, "architecture": cfg.architecture, "num_layers": cfg.num_layers,
+            "hidden_size": cfg.hidden_size, "num_heads": cfg.num_heads, "num_kv_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+            "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": float(cfg.rope_theta),
+            "num_params": params, "dtype": dtype, "dtype_reason": "as vLLM's checkpoint stores it (attached)",
+            "dtype_bytes": nbytes, "weight_bytes": weight_bytes,
+            "kv_bytes_per_token": cfg.kv_elements_per_token * nbytes,
+            "tie_word_embeddings": bool(cfg.tie_word_embeddings)}
+
+
+def safetensors_size(path: Path) -> tuple[int, int]:
+    """(parameters, bytes) from the safetensors headers alone (no tensor is read)."""
+    params = nbytes = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in t["shape"]:
+                n *= d
+            params += n
+            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
+    return params, nbytes

