@@ -1,4 +1,4 @@
-"""Compiled CPU decode (engine/compiled_decode.py) against the eager engine and
+"""Compiled CPU decode (engine/graphs.py) against the eager engine and
 transformers: the same greedy tokens, the same log-probabilities within float32 noise,
 the same seeded samples; every decode step of a plain batch takes the compiled graph,
 whatever the batch size or context length, and none recompiles after start-up."""
@@ -9,21 +9,33 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.engine.compiled_decode import MAX_REFERENCE_COMPILED_BATCH
-from kvscope.engine.observer import EngineObserver
+from kvscope.engine.graphs import MAX_REFERENCE_COMPILED_BATCH
+from kvscope.engine.llm_engine import EngineObserver
 
 PROMPT_LENS = [1, 5, 15, 16, 17, 33, 70, 130]   # contexts of one block up to nine
 MAX_NEW = 40
 
 
 class PathCounter(EngineObserver):
-    """How each step's forward pass ran, by whether the step had a prompt in it."""
+    """How each step's forward pass ran, by whether the step had a prompt in it: it counts
+    the compiled graph's calls around each step."""
 
-    def __init__(self):
+    def __init__(self, engine=None, eager=False):
         self.paths: dict[tuple[bool, str], int] = {}
+        self.eager = eager
+        self.calls = [0]
+        if engine is not None and engine.runner.compiled is not None:
+            compiled, run = engine.runner.compiled, engine.runner.compiled.run
+            compiled.run = lambda inputs: self.calls.__setitem__(0, self.calls[0] + 1) or run(inputs)
+        self.seen = 0
+
+    def on_scheduled(self, scheduled) -> bool:
+        return self.eager
 
     def on_step(self, record) -> None:
-        key = (any(e.num_new_tokens > 1 for e in record.scheduled.entries), record.result.path)
+        path = "compiled" if self.calls[0] > self.seen else "eager"
+        self.seen = self.calls[0]
+        key = (any(e.num_new_tokens > 1 for e in record.scheduled.entries), path)
         self.paths[key] = self.paths.get(key, 0) + 1
 
 
@@ -41,7 +53,7 @@ def checkpoint(tmp_path_factory):
 def engines(checkpoint, request):
     """Compiled and eager, with the C kernel (the CPU's default) or the reference attention."""
     kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=24, attention_backend=request.param)
-    return LLM(str(checkpoint), cpu_compile=True, **kw), LLM(str(checkpoint), **kw)
+    return LLM(str(checkpoint), enforce_eager=False, **kw), LLM(str(checkpoint), **kw)
 
 
 def greedy(max_new=MAX_NEW, logprobs=None):
@@ -58,21 +70,21 @@ def test_the_runner_compiled_its_decode_step(engines):
 def test_batched_greedy_equals_eager_and_transformers(engines, checkpoint):
     compiled, eager = engines
     prompts = prompts_of(PROMPT_LENS)
-    counter = PathCounter()
+    counter = PathCounter(compiled.engine)
     compiled.engine.add_observer(counter)
     try:
         outs = compiled.generate(prompts, greedy(logprobs=3))
     finally:
         compiled.engine.remove_observer(counter)
-    assert all(o.finish_reason == "length" for o in outs), [o.error for o in outs]
+    assert all(o.outputs[0].finish_reason == "length" for o in outs), [o.error for o in outs]
     refs = eager.generate(prompts, greedy(logprobs=3))
     hf = hf_greedy(checkpoint, prompts[:3], MAX_NEW)
-    for out, ref, p in zip(outs, refs, prompts):
+    for out, ref, p in zip((o.outputs[0] for o in outs), (o.outputs[0] for o in refs), prompts):
         assert out.token_ids == ref.token_ids, f"prompt of {len(p)} tokens diverged"
-        got = torch.tensor([lp["logprob"] for lp in out.logprobs])
-        want = torch.tensor([lp["logprob"] for lp in ref.logprobs])
+        got = torch.tensor([lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids)])
+        want = torch.tensor([lp[t].logprob for lp, t in zip(ref.logprobs, ref.token_ids)])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    assert [o.token_ids for o in outs[:3]] == hf
+    assert [o.outputs[0].token_ids for o in outs[:3]] == hf
     # decode-only steps ran compiled at every batch size the run went through (8 down to 1)
     assert counter.paths.get((False, "compiled"), 0) >= MAX_NEW - 1
     assert (False, "eager") not in counter.paths
@@ -83,7 +95,7 @@ def test_one_request_at_a_time_uses_the_batch_of_one_graph(engines):
     compiled, eager = engines
     for n in (1, 16, 47):          # one block, exactly one full block, three blocks
         p = prompts_of([n], seed=n)
-        assert compiled.generate(p, greedy(70))[0].token_ids == eager.generate(p, greedy(70))[0].token_ids
+        assert compiled.generate(p, greedy(70))[0].outputs[0].token_ids == eager.generate(p, greedy(70))[0].outputs[0].token_ids
 
 
 def test_every_decode_batch_compiles_with_the_kernel_and_small_ones_with_the_reference(engines):
@@ -91,13 +103,13 @@ def test_every_decode_batch_compiles_with_the_kernel_and_small_ones_with_the_ref
     n = MAX_REFERENCE_COMPILED_BATCH + 4
     prompts = prompts_of([5 + 7 * i for i in range(n)], seed=5)
     params = [greedy(10 + 3 * i) for i in range(n)]     # requests end one by one
-    counter = PathCounter()
+    counter = PathCounter(compiled.engine)
     compiled.engine.add_observer(counter)
     try:
         outs = compiled.generate(prompts, params)
     finally:
         compiled.engine.remove_observer(counter)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     assert counter.paths.get((False, "compiled"), 0) > 0
     if compiled.engine.runner.attention_backend == "torch":   # batches above the limit pad too much
         assert counter.paths.get((False, "eager"), 0) > 0
@@ -111,15 +123,15 @@ def test_a_batch_of_short_contexts_runs_the_graph_without_recompiling(engines):
     a class of short prompts forced a recompile mid-serving and guard checks ever after)."""
     compiled, eager = engines
     prompts = prompts_of([2, 3, 4], seed=9)
-    counter = PathCounter()
+    counter = PathCounter(compiled.engine)
     compiled.engine.add_observer(counter)
     try:
         outs = compiled.generate(prompts, greedy(8))      # contexts of at most 12 tokens
     finally:
         compiled.engine.remove_observer(counter)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in eager.generate(prompts, greedy(8))]
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in eager.generate(prompts, greedy(8))]
     assert counter.paths.get((False, "compiled"), 0) >= 7 and (False, "eager") not in counter.paths
-    assert compiled.engine.runner.compiled.guarded is False, "a guard failed: the graph was recompiled"
+    assert compiled.engine.runner.compiled.skip_guards, "a step failed the graphs' guards"
 
 
 def test_seeded_sampling_equals_eager(engines):
@@ -127,8 +139,8 @@ def test_seeded_sampling_equals_eager(engines):
     params = [SamplingParams(temperature=0.9, top_p=0.9, top_k=40, seed=s, max_tokens=30, ignore_eos=True)
               for s in range(4)]
     prompts = prompts_of([9, 21, 40, 3], seed=11)
-    assert [o.token_ids for o in compiled.generate(prompts, params)] == \
-        [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == \
+        [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
 
 
 def test_choices_forking_from_a_one_token_prompt_equal_eager(engines):
@@ -136,21 +148,18 @@ def test_choices_forking_from_a_one_token_prompt_equal_eager(engines):
     compiled, eager = engines
     params = SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=12, ignore_eos=True)
     p = prompts_of([1], seed=8)
-    got = [o.token_ids for o in compiled.generate(p, params)]
-    assert got == [o.token_ids for o in eager.generate(p, params)] and len(got) == 3
+    got = [c.token_ids for c in compiled.generate(p, params)[0].outputs]
+    assert got == [c.token_ids for c in eager.generate(p, params)[0].outputs] and len(got) == 3
 
 
 def test_forward_hooks_force_the_eager_path(engines):
     """Instrumentation's hooks must see every layer, so a forced-eager step is not compiled."""
     compiled, _ = engines
-    runner = compiled.engine.runner
-    counter = PathCounter()
+    counter = PathCounter(compiled.engine, eager=True)
     compiled.engine.add_observer(counter)
-    runner.force_eager = True
     try:
         compiled.generate(prompts_of([20]), greedy(5))
     finally:
-        runner.force_eager = False
         compiled.engine.remove_observer(counter)
     assert set(counter.paths) == {(True, "eager"), (False, "eager")}
 
@@ -162,75 +171,23 @@ def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch)
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(model_runner, "CompiledDecode", no_compiler)
-    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False)
     assert llm.engine.runner.compiled is None
     assert llm.engine.runner.decode_note == "eager: torch.compile failed (RuntimeError: no C++ compiler found)"
-    assert llm.generate(prompts_of([8]), greedy(4))[0].finish_reason == "length"
+    assert llm.generate(prompts_of([8]), greedy(4))[0].outputs[0].finish_reason == "length"
 
 
 def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
     kw = dict(device="cpu", dtype="float32", block_size=16, max_model_len=24)
-    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
+    llm = LLM(str(checkpoint), enforce_eager=False, **kw)
     assert llm.engine.runner.decode_note.startswith("compiled"), llm.engine.runner.decode_note
     p = prompts_of([6])
     out = llm.generate(p, greedy(18))[0]
-    assert out.token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].token_ids, out.error
+    assert out.outputs[0].token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].outputs[0].token_ids, out.error
 
 
 def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
-    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="triton")
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False, attention_backend="triton")
     assert llm.engine.runner.decode_note == "eager: the triton attention backend runs eagerly"
-
-
-def test_steps_call_both_graphs_directly(engines):
-    """Past dynamo's per-call work (engine/graph_call.py): set up for both graphs, and the
-    batched greedy tests above ran through it."""
-    compiled, _ = engines
-    direct = compiled.engine.runner.compiled.direct
-    assert set(direct) == {False, True}
-    # constants fetched once, the sizes among them as ready tensors (the wrapper's shim
-    # would build one per size per call)
-    for call in direct.values():
-        assert all(isinstance(c, torch.Tensor) for c in call.constants)
-        assert call.code is not None   # and straight to inductor's code, past the graph's wrappers
-
-
-@pytest.mark.parametrize("breakage", ["no cache write", "other logits"])
-def test_inductor_code_that_fails_its_check_keeps_the_wrappers(checkpoint, monkeypatch, breakage):
-    """Code that returns the right logits but leaves the KV cache unwritten, or writes it but
-    returns other logits, is not trusted: steps keep the wrapped graph, and equal eager's."""
-    from kvscope.engine import graph_call
-    found = graph_call.inductor_code_called
-
-    def broken(call):
-        code, inputs = found(call)
-        if breakage == "no cache write":
-            logits = code(list(inputs))[0].clone()
-            return (lambda args: [logits]), inputs
-        return (lambda args: [code(args)[0] + 1]), inputs
-
-    monkeypatch.setattr(graph_call, "inductor_code_called", broken)
-    kw = dict(device="cpu", dtype="float32", block_size=16)
-    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
-    direct = llm.engine.runner.compiled.direct
-    assert set(direct) == {False, True} and all(call.code is None for call in direct.values())
-    p = prompts_of([5, 30])
-    assert [o.token_ids for o in llm.generate(p, greedy(10))] == \
-        [o.token_ids for o in LLM(str(checkpoint), **kw).generate(p, greedy(10))]
-
-
-@pytest.mark.parametrize("breakage", ["unreadable", "different"])
-def test_a_direct_call_that_fails_its_check_leaves_dynamos_path(checkpoint, monkeypatch, breakage):
-    from kvscope.engine import graph_call
-    if breakage == "unreadable":   # the step's token ids taken for a constant of the module
-        monkeypatch.setattr(graph_call, "PER_STEP", ("L['positions']", "G["))
-    else:                          # a call that runs but gives other logits than dynamo's
-        monkeypatch.setattr(graph_call.DirectCall, "__call__", lambda self, ids, pos: torch.zeros(len(ids), VOCAB))
-    kw = dict(device="cpu", dtype="float32", block_size=16)
-    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
-    assert llm.engine.runner.compiled.direct is None
-    p = prompts_of([5, 30])
-    assert [o.token_ids for o in llm.generate(p, greedy(10))] == \
-        [o.token_ids for o in LLM(str(checkpoint), **kw).generate(p, greedy(10))]

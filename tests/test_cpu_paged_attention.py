@@ -132,7 +132,8 @@ def attend_step(specs, block_size, backend, seed=3):
     for start, n in specs:
         seq = Sequence(list(range(start + n)), SamplingParams())
         seq.block_table = [free.pop() for _ in range(cdiv(start + n, block_size))]
-        out.entries.append(ScheduledSeq(seq, n, start, samples=True))
+        seq.num_computed_tokens = start
+        out.entries.append(ScheduledSeq.row(seq, n))
     rows = sum(n for _, n in specs)
     layer = PagedAttention(8, 2, 16, 0)
     layer.k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
@@ -285,7 +286,7 @@ MAX_NEW = 16
 
 
 def greedy(llm: LLM, prompts):
-    return [o.token_ids for o in llm.generate(
+    return [o.outputs[0].token_ids for o in llm.generate(
         prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))]
 
 
@@ -316,8 +317,8 @@ def test_engine_matches_transformers_under_preemption(checkpoint):
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", block_size=8,
               attention_backend="cpu_paged", num_kv_blocks=18)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
-    assert [o.token_ids for o in outs] == reference
-    assert sum(o.num_preemptions for o in outs) > 0
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert sum(o.metrics.num_preemptions for o in outs) > 0
 
 
 def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path):
@@ -336,6 +337,21 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     finally:
         cpu_paged_attention._kernels.cache_clear()
         cpu_paged_attention._prefill_kernels.cache_clear()
+
+
+def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatch, tmp_path):
+    """A machine without a compiler falls back to the reference; an install without the C
+    source is broken, and says so (NativeBuildError, raised when the engine starts)."""
+    from kvscope import native_build
+    monkeypatch.setattr(cpu_paged_attention, "SOURCE", tmp_path / "cpu_paged_attention.c")
+    cpu_paged_attention._kernels.cache_clear()
+    try:
+        with pytest.raises(native_build.NativeBuildError, match="cpu_paged_attention.c is missing"):
+            LLM(None, device="cpu")
+    finally:
+        cpu_paged_attention._kernels.cache_clear()
+    with pytest.raises(native_build.NativeBuildError, match="is missing"):
+        native_build.load(tmp_path / "cpu_paged_attention.c")
 
 
 def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):

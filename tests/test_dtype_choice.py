@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.engine.dtype_choice import choose_dtype
+from kvscope.engine.devices import choose_dtype
 from kvscope.models.config import ModelConfig
 
 CPU = torch.device("cpu")
@@ -59,7 +59,7 @@ def test_bfloat16_cpu_path_against_transformers_in_bfloat16(tmp_path):
     compared = 0
     for prompt, out in zip(prompts, outs):
         ids = torch.tensor([prompt])
-        for token in out.token_ids:
+        for token in out.outputs[0].token_ids:
             with torch.no_grad():
                 logits = hf(ids).logits[0, -1].float()
             top2 = logits.topk(2).values

@@ -54,3 +54,23 @@ def test_out_of_blocks_preempts_the_most_recently_admitted():
     assert second.status == SequenceStatus.WAITING and sch.waiting[0] is second
     assert second.block_table == [] and second.num_computed_tokens == 0
     sch.block_manager.check_invariants([first])
+
+
+def test_the_scheduler_decides_each_rows_kind_once():
+    """decode: the one newest token; verify: the newest token and drafts; prefill: prompt
+    tokens, even a single one that does not reach the end (a budget cut)."""
+    sch = scheduler(budget=4)
+    decoding = running(sch.block_manager, tokens=4, computed=3)
+    drafting = running(sch.block_manager, tokens=8, computed=7)
+    drafting.spec_token_ids = [1, 2]
+    prompt = running(sch.block_manager, tokens=40, computed=8)
+    sch.running = [decoding, drafting, prompt]
+    kinds = {e.seq.seq_id: (e.kind, e.num_new_tokens, e.samples) for e in sch.schedule().entries}
+    assert kinds[decoding.seq_id] == ("decode", 1, True)
+    assert kinds[drafting.seq_id] == ("verify", 3, True)
+    assert prompt.seq_id not in kinds   # the budget (4) went to the decode and the verify pass
+    sch = scheduler(budget=1)
+    chunked = running(sch.block_manager, tokens=10, computed=4)
+    sch.running = [chunked]
+    (entry,) = sch.schedule().entries
+    assert (entry.kind, entry.num_new_tokens, entry.samples) == ("prefill", 1, False)

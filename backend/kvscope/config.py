@@ -21,12 +21,17 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     prefill_chunk_size: int | None = None   # cap on prompt tokens one sequence computes per step
     enable_prefix_caching: bool = True
-    kv_cache_mib: int | None = None   # CPU budget (default 512) or explicit GPU budget
+    prefix_caching_hash_algo: str = "sha256"   # sha256 | xxhash (vLLM's names)
+    # the KV cache's size (vLLM's name); default: on a CPU a share of the memory available
+    # (engine/devices.py), on a GPU what gpu_memory_utilization leaves
+    kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.90
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
     attention_backend: str = "auto"   # auto | torch | cpu_paged | triton | flash_attn
-    enforce_eager: bool = False       # no CUDA graphs
-    cpu_compile: bool = False         # compile CPU decode steps with torch.compile (engine/compiled_decode.py)
+    # decode graphs, the one switch: True runs every step eagerly; False captures decode steps
+    # everywhere (CUDA graphs on a GPU, torch.compile on a CPU: seconds at start-up); None
+    # (default) captures them on a GPU only
+    enforce_eager: bool | None = None
     num_threads: int | None = None    # CPU intra-op threads
     speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)

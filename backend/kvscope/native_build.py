@@ -1,12 +1,12 @@
-"""Build a C or C++ source that ships with kvscope into a shared library with this machine's
-compiler, and load it with ctypes.
+"""Build the C source that ships with kvscope (layers/cpu_paged_attention.c) into a shared
+library with this machine's compiler, and load it with ctypes.
 
 The library is built once per machine and source: it is cached under
 $XDG_CACHE_HOME/kvscope/native (default ~/.cache), named by a hash of the source, the flags
 and the CPU, so later starts load it at once, with no compiler needed. Flag sets are tried
 from the fastest down (-march=native, OpenMP, glibc's vectorised exp), so a compiler or
-libc without one of them still gets a working build. A C++ source brings its own flag sets
-(e.g. PyTorch's headers and library)."""
+libc without one of them still gets a working build. A source missing from the install is
+an error, never a silent fallback: the wheel ships it (pyproject's package-data)."""
 from __future__ import annotations
 
 import ctypes
@@ -35,15 +35,15 @@ def cache_dir() -> Path:
     return Path(root) / "kvscope" / "native"
 
 
-def compiler(cplusplus: bool = False) -> str | None:
-    if cplusplus:
-        return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def load(source: Path, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> ctypes.CDLL:
+def load(source: Path) -> ctypes.CDLL:
     """The library built from `source`: the cached build if there is one, else a fresh one."""
-    targets = [(flags, cache_dir() / f"{source.stem}-{_key(source, flags)}.so") for flags in flag_sets]
+    if not source.is_file():
+        raise NativeBuildError(f"{source} is missing: this kvscope install is incomplete (reinstall it)")
+    targets = [(flags, cache_dir() / f"{source.stem}-{_key(source, flags)}.so") for flags in FLAG_SETS]
     errors = []
     for flags, target in targets:
         if target.exists():
@@ -51,11 +51,9 @@ def load(source: Path, flag_sets: tuple[tuple[str, ...], ...] = FLAG_SETS) -> ct
                 return ctypes.CDLL(str(target))
             except OSError as exc:
                 errors.append(f"{' '.join(flags)}: {exc}")
-    cplusplus = source.suffix == ".cpp"
-    cc = compiler(cplusplus)
+    cc = compiler()
     if cc is None:
-        raise NativeBuildError("no C++ compiler found (set CXX, or install g++ or clang++)" if cplusplus
-                               else "no C compiler found (set CC, or install gcc or clang)")
+        raise NativeBuildError("no C compiler found (set CC, or install gcc or clang)")
     for flags, target in targets:
         error = _compile(cc, source, flags, target)
         if error is None:

@@ -1,5 +1,4 @@
 """The inference engine, importable without any web stack."""
-from kvscope.engine.llm_engine import LLMEngine, TokenDelta
-from kvscope.engine.observer import EngineObserver, StepRecord
+from kvscope.engine.llm_engine import EngineObserver, LLMEngine, StepRecord, TokenDelta
 
 __all__ = ["LLMEngine", "TokenDelta", "EngineObserver", "StepRecord"]

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.engine.knobs import reset
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.pacing import Pacing
 from kvscope.engine.sequence import Sequence
@@ -27,7 +26,7 @@ class StreamDelta:
     text: str
     logprob: dict | None = None
     finished: bool = False
-    output: RequestOutput | None = None    # set on the last delta
+    output: RequestOutput | None = None    # set on the last delta: this choice alone, in outputs[0]
     index: int = 0                         # which of the request's n choices
 
 
@@ -38,7 +37,6 @@ class AsyncEngine:
         self.idle_wait = idle_wait
         self.paused = False
         self.pacing = Pacing()                       # slow motion and per-request paces
-        self._steps_allowed = 0                      # single-steps granted while paused
         self._commands: queue.Queue = queue.Queue()
         self._wake = threading.Event()
         self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}   # seq_id -> (loop, queue, choice)
@@ -57,15 +55,15 @@ class AsyncEngine:
         return await future
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
-                       source: str = "api", on_added: Callable[[Sequence], None] | None = None
-                       ) -> AsyncIterator[StreamDelta]:
+                       source: str = "api", on_added: Callable[[Sequence], None] | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
         """Deltas of every choice (params.n of them, told apart by `index`), until all finished."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
 
         def add() -> list[Sequence]:
-            seq = self.engine.add_request(prompt, params, request_id, source)
-            choices = [seq, *seq.forks]
+            seq = self.engine.add_request(prompt, params, request_id, source, cache_salt=cache_salt)
+            choices = seq.choices
             for index, choice in enumerate(choices):
                 self._streams[choice.seq_id] = (loop, deltas, index)
             for choice in choices:
@@ -95,15 +93,9 @@ class AsyncEngine:
         self.paused = True
 
     def resume(self) -> None:
+        """Steps run again, at the pace they had: slow motion and per-request paces stay."""
         self.paused = False
-        self.pacing = Pacing()                       # slow motion and per-request paces
         self._wake.set()
-
-    async def step_once(self) -> None:
-        """While paused: let exactly one engine step run."""
-        def grant():
-            self._steps_allowed += 1
-        await self.call(grant)
 
     async def step_now(self) -> int | None:
         """Run exactly one engine step now (on the engine thread) and return its number;
@@ -118,16 +110,33 @@ class AsyncEngine:
     async def reset(self) -> int:
         """Abort every request (their streams end with reason 'abort') and empty the KV pool."""
         def do():
-            aborted = reset(self.engine)
+            aborted = self.engine.reset()
             for seq in aborted:
                 self._close(seq)
             return len(aborted)
         return await self.call(do)
 
     def shutdown(self) -> None:
+        """Stop the engine thread, then the engine. Every open stream gets its final delta
+        (reason 'abort') and every pending call an error, so nothing awaiting them hangs.
+        Safe to call more than once."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():   # else the thread, stuck in a step, still owns the engine
+            self._end_everything()
+            self.engine.shutdown()
+
+    def _end_everything(self) -> None:
+        sched = self.engine.scheduler
+        for seq in [*sched.running, *sched.waiting]:
+            self._abort_now(seq.request_id)
+        while True:
+            try:
+                _, loop, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            loop.call_soon_threadsafe(_settle, future, None, RuntimeError("the engine shut down"))
 
     # -- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -135,17 +144,13 @@ class AsyncEngine:
             self._drain_commands()
             now = time.perf_counter()
             due = self._gate_paced(now)
-            can_step = not self.paused or self._steps_allowed > 0
-            if not (can_step and self.engine.scheduler.has_work):
+            if self.paused or not self.engine.scheduler.has_work:
                 self._sleep(self.idle_wait if due is None else min(self.idle_wait, due - now))
                 continue
-            if not self.paused:
-                wait = self.pacing.wait_before_step(now)
-                if wait > 0:   # slow motion: the room watches each step
-                    self._sleep(wait)
-                    continue
-            if self.paused:
-                self._steps_allowed -= 1
+            wait = self.pacing.wait_before_step(now)
+            if wait > 0:   # slow motion: the room watches each step
+                self._sleep(wait)
+                continue
             if not self._step_and_push():   # nothing could run (e.g. all held): sleep, do not spin
                 self._sleep(self.idle_wait)
 
@@ -208,7 +213,7 @@ class AsyncEngine:
         seq = self.engine.scheduler.find(request_id)
         if seq is None:
             return False
-        group = [seq, *seq.forks]   # choices not forked yet end with their prompt
+        group = seq.choices   # choices not forked yet end with their prompt
         self.engine.abort(request_id)
         for choice in group:
             self._close(choice)
@@ -225,13 +230,13 @@ class AsyncEngine:
         stream = self._streams.pop(seq.seq_id, None)
         if stream is not None:
             loop, q, index = stream
-            final = StreamDelta(seq.request_id, None, "", finished=True, output=RequestOutput.from_sequence(seq),
-                                index=index)
+            output = RequestOutput.from_sequences([seq], tokenizer=self.engine.tokenizer, indices=[index])
+            final = StreamDelta(seq.request_id, None, "", finished=True, output=output, index=index)
             loop.call_soon_threadsafe(q.put_nowait, final)
 
     def _fail_all(self, reason: str) -> None:
         for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
-            group = [seq, *seq.forks]
+            group = seq.choices
             self.engine.finish(seq, "error", reason)   # observers hear of it too
             for choice in group:
                 self._close(choice)

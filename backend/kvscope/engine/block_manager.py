@@ -1,9 +1,14 @@
 """The page allocator: a pool of fixed-size KV blocks with ref counts and a prefix cache.
 
-A full block is identified by a hash chained to the block before it, so equal hashes mean
-equal prefixes. Freed blocks keep their hash (lazy eviction) and sit in an LRU free list:
-a later request with the same prefix takes them back; only allocating a fresh block
-evicts the oldest one's hash.
+A full block is found by a hash chained to the block before it, as vLLM computes it: a
+cryptographic hash (SHA-256 by default, `prefix_caching_hash_algo`) of the parent block's
+hash, the block's token ids and its extra keys (the request's `cache_salt` on the first
+block, so requests with different salts never share a block). The hash only finds a
+candidate; a hit also checks the candidate's tokens, extra keys and the exact physical
+block it was computed after (id and generation), so even a forced collision anywhere in
+the chain cannot reuse a wrong block. Only full blocks are cached. Freed blocks keep their
+hash (lazy eviction) and sit in an LRU free list: a later request with the same prefix
+takes them back; only allocating a fresh block evicts the oldest one's hash.
 
 Parallel sampling forks a sequence after its prompt: the copies share every block (ref
 counts). Full blocks are never written again, so they stay shared; the partial last block
@@ -12,37 +17,81 @@ is copied only when a sequence first writes into it while others still hold it
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 from kvscope.engine.sequence import Sequence
 from kvscope.paging import cdiv
+
+BlockHash = bytes
+
+
+def _xxhash(data: bytes) -> bytes:
+    try:
+        import xxhash
+    except ImportError:
+        raise ValueError("prefix_caching_hash_algo='xxhash' needs the xxhash package (pip install xxhash)") from None
+    return xxhash.xxh3_128_digest(data)
+
+
+# vLLM's names. sha256 resists collisions even from crafted prompts; xxhash (128-bit) is
+# several times faster and relies on the identity check in match_prefix for correctness.
+HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
+    "sha256": lambda data: hashlib.sha256(data).digest(),
+    "xxhash": _xxhash,
+}
+
+
+def hash_block_tokens(hash_fn: Callable[[bytes], bytes], parent: BlockHash | None, token_ids,
+                      extra_keys: tuple = ()) -> BlockHash:
+    """The hash of one full block: (parent's hash, its token ids, extra keys). The parent
+    digest and a full block's ids have fixed sizes, so the concatenation is unambiguous."""
+    root = hash_fn(b"kvscope prefix cache root")   # the first block's parent
+    return hash_fn(b"".join([parent or root, array("I", token_ids).tobytes(), repr(extra_keys).encode()]))
+
+
+def block_extra_keys(seq: Sequence, index: int) -> tuple:
+    """What besides tokens decides a block's K/V reuse: the salt goes into the first block
+    only, and the chain carries it into every later hash."""
+    return (seq.cache_salt,) if index == 0 and seq.cache_salt is not None else ()
 
 
 @dataclass
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None
+    hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()   # content of a hashed block, checked on every hit
-
-
-def chain_hash(prev_hash: int | None, token_ids) -> int:
-    return hash((prev_hash, *token_ids))
+    extra_keys: tuple = ()
+    parent: tuple[int, int] | None = None   # (block id, generation) this block was computed after
+    generation: int = 0               # bumped whenever the block is taken for new contents
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 prefix_caching_hash_algo: str = "sha256"):
         if num_blocks < 1:
             raise ValueError("the KV cache needs at least one block")
+        if prefix_caching_hash_algo not in HASH_FUNCTIONS:
+            raise ValueError(f"prefix_caching_hash_algo must be one of {sorted(HASH_FUNCTIONS)}, "
+                             f"got {prefix_caching_hash_algo!r}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.hash_algo = prefix_caching_hash_algo
+        self.hash_fn = HASH_FUNCTIONS[prefix_caching_hash_algo]
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.capacity = num_blocks * block_size   # tokens the whole pool holds
         self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[BlockHash, int] = {}
         self.events: list[tuple] | None = None   # a list while someone records allocator events
         self.num_prefix_hits = 0                 # blocks reused, since start
+        # vLLM's counters, in tokens: a new request's tokens looked up and found; a
+        # preempted request's re-admission is counted apart (its hits are recomputation saved)
+        self.prefix_cache_queries = self.prefix_cache_hits = 0
+        self.preempted_queries = self.preempted_hits = 0
         self.num_evictions = 0
         self.num_copies = 0                      # copy-on-write copies, since start
         self.pending_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
@@ -68,25 +117,42 @@ class BlockManager:
         bs = self.block_size
         for i in range(len(seq.block_hashes), num_full_blocks):
             prev = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(chain_hash(prev, seq.token_ids[i * bs:(i + 1) * bs]))
+            seq.block_hashes.append(hash_block_tokens(self.hash_fn, prev, seq.token_ids[i * bs:(i + 1) * bs],
+                                                      block_extra_keys(seq, i)))
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks that hold this sequence's leading tokens (at least one token is left
-        to compute, because the step that computes it produces the next token's logits)."""
+        """Cached blocks that hold this sequence's leading tokens. At least one token is left
+        to compute (that step produces the next token's logits), and only whole blocks are
+        reused, so a prompt of exactly k blocks reuses k - 1 and recomputes its last block."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
         self._extend_hashes(seq, max_blocks)
-        hits = []
+        hits: list[int] = []
         for i in range(max_blocks):
             block_id = self.hash_to_block.get(seq.block_hashes[i])
-            if block_id is None:
-                break
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            if self.blocks[block_id].token_ids != tokens:
+            if block_id is None or not self._same_block(seq, i, block_id, hits[-1] if hits else None):
                 break
             hits.append(block_id)
         return hits
+
+    def _same_block(self, seq: Sequence, index: int, block_id: int, parent_id: int | None) -> bool:
+        """Whether cached block `block_id` holds exactly block `index` of `seq`: the same
+        tokens and extra keys, computed after the very block matched just before it."""
+        block, bs = self.blocks[block_id], self.block_size
+        parent = None if parent_id is None else (parent_id, self.blocks[parent_id].generation)
+        return (block.parent == parent and block.extra_keys == block_extra_keys(seq, index)
+                and block.token_ids == tuple(seq.token_ids[index * bs:(index + 1) * bs]))
+
+    def count_query(self, seq: Sequence, hits: list[int]) -> None:
+        """vLLM's prefix-cache counters, in tokens, for a request being admitted."""
+        found = len(hits) * self.block_size
+        if seq.num_preemptions:
+            self.preempted_queries += seq.num_tokens
+            self.preempted_hits += found
+        else:
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += found
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix held by a free block, so the same prompts are computed
@@ -98,6 +164,7 @@ class BlockManager:
                 if self.hash_to_block.get(block.hash) == block_id:
                     del self.hash_to_block[block.hash]
                 block.hash, block.token_ids = None, ()
+                block.generation += 1
 
     # -- allocation --------------------------------------------------------------------
     def can_allocate(self, hits: list[int], num_tokens: int) -> bool:
@@ -116,6 +183,7 @@ class BlockManager:
             block.ref_count += 1
             self._record("hit", block_id, seq.seq_id)
         self.num_prefix_hits += len(hits)
+        self.count_query(seq, hits)
         seq.block_table = list(hits)
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
         self.append_slots(seq, num_new_tokens)
@@ -164,6 +232,17 @@ class BlockManager:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
+    def record_events(self, on: bool) -> None:
+        """Start (or stop) keeping allocator events (kind, block_id, detail) for take_events."""
+        self.events = [] if on else None
+
+    def take_events(self) -> list[tuple]:
+        """The events since the last call (none when not recording): the one way they are drained."""
+        if self.events is None:
+            return []
+        events, self.events = self.events, []
+        return events
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` continues from `parent`'s computed tokens, sharing all of its blocks."""
         assert not child.block_table, "a fork starts without blocks"
@@ -184,6 +263,7 @@ class BlockManager:
             self.num_evictions += 1
             self._record("evict", block_id, block.hash)
             block.hash, block.token_ids = None, ()
+        block.generation += 1   # new contents: blocks computed after the old ones no longer follow it
         block.ref_count = 1
         self._record(op, block_id, owner)
         return block_id
@@ -203,6 +283,9 @@ class BlockManager:
             h = seq.block_hashes[i]
             if h not in self.hash_to_block:   # a duplicate of a cached block stays unhashed
                 block.hash, block.token_ids = h, tuple(seq.token_ids[i * bs:(i + 1) * bs])
+                block.extra_keys = block_extra_keys(seq, i)
+                parent_id = seq.block_table[i - 1] if i else None
+                block.parent = None if parent_id is None else (parent_id, self.blocks[parent_id].generation)
                 self.hash_to_block[h] = block.block_id
 
     def trim(self, seq: Sequence) -> None:

@@ -13,31 +13,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from kvscope.engine.devices import resolve_device
+from kvscope.engine.model_runner import ModelRunner, StepPlan
 from kvscope.layers.context import step_metadata
-from kvscope.layers.parallel import CommCounter, TPGroup
+from kvscope.layers.parallel import CommCounter, TPGroup, split
+from kvscope.models.loader import build_model, read_model_config, resolve_model_path
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)   # a dead peer is noticed within this, at the latest
 
 
 class WorkerDied(RuntimeError):
     pass
-
-
-@dataclass
-class StepPlan:
-    """What a worker needs to replay rank 0's forward pass."""
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    metadata: object                       # AttentionMetadata
-    sample_rows: list[int]
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
 
 def torchrun_rank() -> int | None:
@@ -60,8 +52,7 @@ def check_tp(size: int, model_config, device: torch.device) -> None:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
     for what, n in (("num_attention_heads", model_config.num_heads),
                     ("num_key_value_heads", model_config.num_kv_heads)):
-        if n % size:
-            raise ValueError(f"{what} ({n}) is not divisible by tensor_parallel_size {size}")
+        split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
     if device.type == "cuda" and size > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
 
@@ -141,9 +132,6 @@ def _free_port() -> int:
 
 # -- ranks > 0 ---------------------------------------------------------------------------
 def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dtype, max_len: int) -> None:
-    from kvscope.engine.devices import resolve_device
-    from kvscope.engine.model_runner import ModelRunner
-    from kvscope.models.loader import build_model, read_model_config, resolve_model_path
     device = rank_device(resolve_device(config.device), rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -154,7 +142,6 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
     try:
         path = resolve_model_path(config.model)
         model_config = read_model_config(path)
-        torch.manual_seed(config.seed)
         model = build_model(path, model_config, config.load_format, dtype, device, max_len, config.seed,
                             TPGroup(rank, size))
         setup = [None]

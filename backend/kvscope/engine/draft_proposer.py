@@ -51,7 +51,7 @@ class DraftModelProposer:
                 n = mirror.num_tokens - mirror.num_computed_tokens
                 if not self.block_manager.try_append(mirror, n):
                     continue      # the draft cache is full: this sequence drafts no further
-                out.entries.append(ScheduledSeq(mirror, n, mirror.num_computed_tokens, True))
+                out.entries.append(ScheduledSeq.row(mirror, n))
             if out.is_empty:
                 break
             result = self.runner.run(out, {})

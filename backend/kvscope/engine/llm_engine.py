@@ -4,29 +4,85 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
-from kvscope.engine.devices import kv_cache_blocks, resolve_device
-from kvscope.engine.dtype_choice import choose_dtype
-from kvscope.engine.knobs import check_chunking
-from kvscope.engine.model_runner import ModelRunner
-from kvscope.engine.observer import EngineObserver, StepRecord
-from kvscope.engine.scheduler import Scheduler
+from kvscope.engine.devices import choose_dtype, kv_cache_blocks, resolve_device
+from kvscope.engine.model_runner import ModelRunner, StepResult, run_isolating
+from kvscope.engine.scheduler import Scheduler, SchedulerOutput, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_isolation import run_isolating
-from kvscope.engine.spec_decode import SpeculativeConfig, build_speculator, spec_logprobs
+from kvscope.engine.draft_proposer import DraftModelProposer
+from kvscope.engine.spec_decode import NgramProposer, SpeculativeConfig, Speculator, spec_logprobs
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
+# the scheduler's settings an instructor may change between steps (set_knobs)
+KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")
 MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are capped here
+# set for the whole process by loading a tokenizer (models/loader.py), given back at shutdown
+PROCESS_ENV = ("TOKENIZERS_PARALLELISM",)
+
+log = logging.getLogger("kvscope.engine")
+
+
+@dataclass
+class ProcessState:
+    """What an engine changes for the whole process, saved at start-up and given back at
+    shutdown: torch's intra-op threads and a few environment variables."""
+    num_threads: int
+    env: dict[str, str | None]
+
+    @classmethod
+    def save(cls) -> "ProcessState":
+        return cls(torch.get_num_threads(), {k: os.environ.get(k) for k in PROCESS_ENV})
+
+    def restore(self) -> None:
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        for key, value in self.env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# -- the engine's named publication points -----------------------------------------------
+# Instrumentation subclasses EngineObserver and
+# registers with `engine.add_observer`; with no observer registered the engine skips
+# building any payload, so listening costs nothing when nobody listens.
+@dataclass
+class StepRecord:
+    """Everything one step did, handed to observers after the step."""
+    scheduled: SchedulerOutput
+    result: StepResult
+    finished: list[Sequence]
+    block_events: list[tuple] = field(default_factory=list)  # (kind, block_id, detail)
+    schedule_seconds: float = 0.0
+    model_seconds: float = 0.0
+    total_seconds: float = 0.0
+    num_waiting: int = 0
+    num_running: int = 0
+
+
+class EngineObserver:
+    def on_request_added(self, seq: Sequence) -> None: ...
+    # after scheduling, before the model runs: the moment to install forward hooks on the
+    # model for the sequences about to run; True asks for an eager forward this step (a
+    # CUDA graph or compiled graph would run past the hooks)
+    def on_scheduled(self, scheduled: SchedulerOutput) -> bool: return False
+    def on_step(self, record: StepRecord) -> None: ...
+    def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None: ...
+    def on_request_finished(self, seq: Sequence) -> None: ...
+    def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
 
 
 @dataclass(slots=True)
@@ -39,6 +95,22 @@ class TokenDelta:
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
+        self.process_state = ProcessState.save()
+        self.closed = False
+        self.workers: TPWorkers | None = None
+        try:
+            self._start(config)
+        except BaseException:   # the ranks, their process group and the threads go back too
+            if self.workers is not None:
+                self.workers.shutdown()
+            self.process_state.restore()
+            raise
+        log.info("engine: %s on %s, %s; attention %s, decode %s; KV cache %s", self.model_path.name, self.device,
+                 self.dtype_choice.name, self.runner.attention_backend, self.runner.decode_note, self.kv_cache_note)
+
+    def _start(self, config: EngineConfig) -> None:
+        """Device, dtype, the other ranks, the model, its tokenizer, the KV pool and
+        everything that steps over them."""
         self.device = resolve_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -49,16 +121,18 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
-        self.workers = self._start_workers() if config.tensor_parallel_size > 1 else None
-        torch.manual_seed(config.seed)
+        if config.tensor_parallel_size > 1:
+            self.workers = self._start_workers()
         self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
                                  self.device, self.max_model_len, config.seed,
                                  self.workers.group if self.workers else TPGroup())
         self.tokenizer = load_tokenizer(self.model_path)
-        num_blocks = kv_cache_blocks(config, self.model_config, self.model, self.device, self.dtype)
+        num_blocks, self.kv_cache_note = kv_cache_blocks(config, self.model_config, self.model, self.device,
+                                                         self.dtype, self.max_model_len)
         if self.workers is not None:
             self.workers.send_setup(num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                          config.prefix_caching_hash_algo)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
         self.runner.workers = self.workers
@@ -67,7 +141,17 @@ class LLMEngine:
         self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
-        self.speculator = build_speculator(SpeculativeConfig.from_dict(config.speculative_config), self)
+        self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
+
+    def _build_speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
+        if config is None:
+            return None
+        if config.method == "ngram":
+            proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
+                                     config.prompt_lookup_min)
+        else:
+            proposer = DraftModelProposer(config, self)
+        return Speculator(config, proposer, self.max_model_len)
 
     def _start_workers(self) -> TPWorkers:
         size = self.config.tensor_parallel_size
@@ -80,9 +164,18 @@ class LLMEngine:
         return TPWorkers.start(size, self.config, self.dtype, self.max_model_len, self.device)
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do with one rank)."""
+        """Stop the tensor-parallel ranks and destroy their process group (so another engine
+        can start one), and give back the process-wide state the engine set. Requests still
+        queued end with reason 'abort'. Safe to call more than once."""
+        if self.closed:
+            return
+        self.closed = True
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.finish(seq, "abort")
         if self.workers is not None:
             self.workers.shutdown()
+        self.failure = self.failure or "the engine was shut down"
+        self.process_state.restore()
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
@@ -108,7 +201,7 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str = "", source: str = "api") -> Sequence:
+                    request_id: str = "", source: str = "api", cache_salt: str | None = None) -> Sequence:
         """Queue a request. With params.n > 1 the returned sequence is choice 0; choices
         1..n-1 (`seq.forks`, request ids `<id>-<i>`) fork from it once its prompt is computed."""
         params = params or SamplingParams()
@@ -118,9 +211,11 @@ class LLMEngine:
         seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
         seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
                      for i in range(1, params.n)]
+        for s in seq.choices:
+            s.cache_salt = cache_salt
         error = self.failure or self.scheduler.admission_error(seq)
         for obs in self.observers:
-            for s in (seq, *seq.forks):
+            for s in seq.choices:
                 obs.on_request_added(s)
         if error:
             self.finish(seq, "error", error)
@@ -148,12 +243,42 @@ class LLMEngine:
 
     def add_observer(self, observer: EngineObserver) -> None:
         self.observers.append(observer)
-        self.block_manager.events = []
+        self.block_manager.record_events(True)
 
     def remove_observer(self, observer: EngineObserver) -> None:
         self.observers.remove(observer)
         if not self.observers:
-            self.block_manager.events = None
+            self.block_manager.record_events(False)
+
+    # -- live controls (between steps) ---------------------------------------------------
+    def knobs(self) -> dict:
+        return {k: getattr(self.config, k) for k in KNOBS}
+
+    def set_knobs(self, **knobs) -> dict:
+        """Change scheduler knobs between steps, validated as the constructor validates them.
+        Returns the knobs now in force."""
+        unknown = set(knobs) - set(KNOBS)
+        if unknown:
+            raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
+        merged = {**self.knobs(), **knobs}
+        check_chunking(merged["enable_chunked_prefill"], merged["max_num_batched_tokens"], self.max_model_len)
+        candidate = EngineConfig(**{**self.config.__dict__, **merged})   # runs the config's checks
+        for k in KNOBS:
+            setattr(self.config, k, getattr(candidate, k))
+        return self.knobs()
+
+    def reset(self) -> list[Sequence]:
+        """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
+        aborted = [s for seq in (*self.scheduler.running, *self.scheduler.waiting) for s in seq.choices]
+        for seq in aborted:
+            self.finish(seq, "abort")
+        bm = self.block_manager
+        self.block_manager = self.scheduler.block_manager = BlockManager(
+            bm.num_blocks, bm.block_size, bm.enable_prefix_caching, bm.hash_algo)
+        self.block_manager.record_events(bool(self.observers))
+        for obs in self.observers:
+            obs.on_reset()
+        return aborted
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> tuple[list[TokenDelta], list[Sequence]]:
@@ -165,15 +290,14 @@ class LLMEngine:
         if out.is_empty:
             return [], []
         t1 = time.perf_counter()
-        for obs in self.observers:
-            obs.on_scheduled(out)
+        eager = any([obs.on_scheduled(out) for obs in self.observers])   # every observer hears it
         if self.workers is None:
-            result, failed = run_isolating(self.runner, out, self.generators)
+            result, failed = run_isolating(self.runner, out, self.generators, eager)
             ended = self._fail_alone(out, failed)
         else:
             ended = []
             try:
-                result = self.runner.run(out, self.generators)
+                result = self.runner.run(out, self.generators, eager)
             except (WorkerDied, RuntimeError) as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
@@ -194,7 +318,7 @@ class LLMEngine:
         ended = []
         for entry in out.entries:
             if entry.seq.seq_id in failed:
-                ended += [entry.seq, *entry.seq.forks]
+                ended += entry.seq.choices
                 self.finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
         return ended
 
@@ -269,7 +393,7 @@ class LLMEngine:
             obs.on_request_finished(seq)
 
     def _publish_step(self, out, result, finished, t0, t1, t2) -> None:
-        events, self.block_manager.events = self.block_manager.events or [], []
+        events = self.block_manager.take_events()
         record = StepRecord(out, result, finished, events, schedule_seconds=t1 - t0,
                             model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
                             num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running))

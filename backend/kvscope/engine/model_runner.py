@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from kvscope.config import EngineConfig
-from kvscope.engine.compiled_decode import CompiledDecode, compile_unavailable
-from kvscope.engine.cuda_graphs import DecodeGraphs
-from kvscope.engine.distributed import StepPlan
-from kvscope.engine.host_memory import keep_freed_activations
-from kvscope.engine.sampler import Sampler, SamplingBatch, top_logprobs
+from kvscope.engine.graphs import CompiledDecode, DecodeGraphs, compile_unavailable
+from kvscope.engine.sampler import Sampler, SamplingBatch, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers import cpu_paged_attention, packed_linear
+from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.triton_attention import HAS_TRITON
@@ -26,12 +23,21 @@ log = logging.getLogger("kvscope.engine")
 
 
 @dataclass
+class StepPlan:
+    """What a tensor-parallel worker needs to replay rank 0's forward pass (engine/distributed.py)."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: object                       # AttentionMetadata
+    sample_rows: list[int]
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
 class StepResult:
     tokens: dict[int, list[int]] = field(default_factory=dict)      # seq_id -> tokens drawn
     logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
-    path: str = "eager"     # how the forward pass ran: eager | cuda_graph | compiled
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
@@ -75,24 +81,28 @@ class ModelRunner:
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-        if device.type == "cpu":
-            keep_freed_activations()
-            if config.tensor_parallel_size == 1:   # a rank's slices stay as they are
-                packed_linear.pack_model(model)
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
         self.graphs = None
         self.compiled = None
-        self.force_eager = False   # set by instrumentation while its forward hooks must see every layer
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
-        # only these backends read context lengths on the device, which a captured graph needs
-        device_side = self.attention_backend in ("triton", "flash_attn")
-        if device.type == "cuda" and not config.enforce_eager and device_side and config.tensor_parallel_size == 1:
-            self.graphs = DecodeGraphs(self, max_batch=min(config.max_num_seqs, 512))
         self.decode_note = "eager"      # how decode steps run, and why (printed in stats and hello)
-        if config.cpu_compile:
+        captures = not config.enforce_eager if device.type == "cuda" else config.enforce_eager is False
+        if captures and device.type == "cuda":
+            self._capture_graphs()
+        elif captures:
             self._compile_decode()
+
+    def _capture_graphs(self) -> None:
+        # only these backends read context lengths on the device, which a captured graph needs
+        if self.attention_backend not in ("triton", "flash_attn"):
+            self.decode_note = f"eager: CUDA graphs need the triton or flash_attn backend, not {self.attention_backend}"
+        elif self.config.tensor_parallel_size > 1:
+            self.decode_note = "eager: tensor-parallel ranks run eagerly"
+        else:
+            self.graphs = DecodeGraphs(self, max_batch=min(self.config.max_num_seqs, 512))
+            self.decode_note = "cuda graphs"
 
     def _compile_decode(self) -> None:
         reason = compile_unavailable(self)
@@ -104,7 +114,7 @@ class ModelRunner:
             except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
                 reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
         self.decode_note = f"eager: {reason}"
-        log.warning("cpu_compile: running eagerly: %s", reason)
+        log.warning("compiled decode: running eagerly: %s", reason)
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:
@@ -126,12 +136,11 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
 
-    def _runs_compiled(self, out: SchedulerOutput) -> bool:
-        """Decode rows only (no prompt, no drafts), each sampled once from its own row (no
-        choices forking from it), in a batch small enough to gain from compiling."""
-        return (self.compiled is not None and not self.force_eager
-                and self.compiled.fits(len(out.entries))
-                and all(e.num_new_tokens == 1 and not e.forks for e in out.entries))
+    @staticmethod
+    def _replayable(out: SchedulerOutput) -> bool:
+        """The one rule for a step a decode graph may run: decode rows only (no prompt, no
+        drafts), each sampled once from its own row (no choices forking from it)."""
+        return all(e.kind == "decode" and not e.forks for e in out.entries)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
@@ -144,21 +153,22 @@ class ModelRunner:
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator]) -> StepResult:
+    def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator], eager: bool = False) -> StepResult:
+        """One step. `eager`: an observer's forward hooks must see every layer, so neither a
+        CUDA graph nor the compiled graph may run it."""
         self.copy_blocks(out.block_copies)
-        compiled = self._runs_compiled(out)
+        replay = not eager and self._replayable(out)
+        compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
         inputs = prepare_inputs(out, self.block_size, self.buffers, self.attention_backend, compiled)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
         logits = None
-        if self.graphs is not None and not md.prefills and not self.force_eager and self.graphs.fits(len(ids)):
+        if replay and self.graphs is not None and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
-            result.path = "cuda_graph"
         elif compiled:
             logits = self.compiled.run(inputs)    # every row is sampled: the graph scores them all
-            result.path = "compiled"
         else:
             with step_metadata(md):
                 hidden = self.model(ids, pos)
@@ -195,11 +205,43 @@ class ModelRunner:
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
         wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if wants:
-            n_max = max(seqs[i].params.logprobs for i in wants)
-            chosen, top = top_logprobs(logits[wants], tokens[wants], n_max)
-            for j, i in enumerate(wants):
-                n = seqs[i].params.logprobs
-                result.logprobs[seqs[i].seq_id] = [{
-                    "logprob": float(chosen[j]),
-                    "top": list(zip(top.indices[j, :n].tolist(), top.values[j, :n].tolist())) if n else [],
-                }]
+            entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])
+            for i, entry in zip(wants, entries):
+                result.logprobs[seqs[i].seq_id] = [entry]
+
+
+# -- a failed step -------------------------------------------------------------------
+def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[int, torch.Generator],
+                  eager: bool = False) -> tuple[StepResult, dict[int, str]]:
+    """The step's result and {seq_id: why its step failed}. When a step fails, find the
+    requests that make it fail and run the others' step again without them, so one bad
+    request ends alone instead of taking every stream with it; an error no single request
+    explains is raised again.
+
+    Only the error path pays: each request's part of the step is tried on its own, then the
+    step runs again for the rest. Running a step again is safe because writing a position's
+    K/V is idempotent (the same inputs write the same values to the same slots), and the
+    seeded generators are rewound so the rest draw exactly what they would have drawn."""
+    states = {seq_id: gen.get_state() for seq_id, gen in generators.items()}
+    try:
+        return runner.run(out, generators, eager), {}
+    except Exception as error:
+        failed = {}
+        for entry in out.entries:
+            _rewind(generators, states)
+            try:
+                runner.run(replace(out, entries=[entry]), generators, eager)
+            except Exception as alone:
+                failed[entry.seq.seq_id] = f"{type(alone).__name__}: {alone}"
+        if not failed:
+            raise error
+    kept = [e for e in out.entries if e.seq.seq_id not in failed]
+    _rewind(generators, states)
+    if not kept:
+        return StepResult(), failed
+    return runner.run(replace(out, entries=kept), generators, eager), failed
+
+
+def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tensor]) -> None:
+    for seq_id, state in states.items():
+        generators[seq_id].set_state(state)

@@ -39,13 +39,16 @@ class Pacing:
         self.min_step_interval_s = check_interval(seconds)
 
     def pace(self, seq: Sequence, seconds: float) -> None:
-        """Step `seq` at most once per `seconds` (0: at full speed again)."""
+        """Step `seq` at most once per `seconds` (0: at full speed again). It joins the beat
+        of the requests already paced at that interval, so a page's paced requests step
+        together (one batch a beat) instead of taking turns."""
         check_interval(seconds)
         if seconds == 0:
             self.unpace(seq)
             return
         seq.allowance = None   # a paced request is stepped by time, not by `next`
-        self.paced[seq.seq_id] = RequestPace(seconds)
+        beat = next((p.due for sid, p in self.paced.items() if p.interval_s == seconds and sid != seq.seq_id), 0.0)
+        self.paced[seq.seq_id] = RequestPace(seconds, beat)
 
     def unpace(self, seq: Sequence) -> None:
         if self.paced.pop(seq.seq_id, None) is not None:

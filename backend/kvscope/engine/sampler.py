@@ -95,10 +95,12 @@ class Sampler:
         return torch.where(is_greedy, greedy, drawn)
 
 
-def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, n_max: int):
-    """Log-probabilities (of the unmodified distribution) of the chosen tokens and of the
-    n most likely ones per row."""
+def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -> list[dict]:
+    """Per row: the log-probability (of the unmodified distribution) of its chosen token and
+    its ns[row] most likely (token, logprob) pairs."""
     logp = logits.log_softmax(dim=1)
-    chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
-    top = logp.topk(n_max, dim=1) if n_max else None
-    return chosen, top
+    chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    top = logp.topk(max(ns), dim=1) if max(ns) else None
+    return [{"logprob": chosen[row],
+             "top": list(zip(top.indices[row, :n].tolist(), top.values[row, :n].tolist())) if n else []}
+            for row, n in enumerate(ns)]

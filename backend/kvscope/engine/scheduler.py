@@ -25,8 +25,22 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
+    # decided here once and read by everything downstream (inputs, explainer): "decode" (the
+    # one newest token), "verify" (the newest token and drafts) or "prefill" (a prompt chunk)
+    kind: str
     forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
     spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
+
+    @classmethod
+    def row(cls, seq: Sequence, n: int, drafts: list[int] = ()) -> "ScheduledSeq":
+        """`seq` computes n tokens from its computed count on: the known tokens, then as
+        many drafts as fit."""
+        known = seq.num_tokens - seq.num_computed_tokens
+        samples = n >= known
+        drafts = list(drafts[:max(0, n - known)]) if drafts else []
+        kind = "verify" if drafts else "decode" if n == 1 and known == 1 else "prefill"
+        return cls(seq, n, seq.num_computed_tokens, samples, kind,
+                   list(seq.forks) if samples and seq.forks else [], drafts)
 
 
 @dataclass
@@ -43,6 +57,13 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.entries
+
+
+def check_chunking(enable_chunked_prefill: bool, max_num_batched_tokens: int, max_model_len: int) -> None:
+    """Without chunked prefill a whole prompt must fit in one step's token budget."""
+    if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+        raise ValueError(f"without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) "
+                         f"must be >= max_model_len ({max_model_len})")
 
 
 class Scheduler:
@@ -85,15 +106,6 @@ class Scheduler:
         out.block_copies = self.block_manager.take_copies()
         return out
 
-    @staticmethod
-    def _entry(seq: Sequence, n: int, drafts: list[int] = ()) -> ScheduledSeq:
-        """n counts the known tokens computed, then as many drafts as fit."""
-        known = seq.num_tokens - seq.num_computed_tokens
-        samples = n >= known
-        return ScheduledSeq(seq, n, seq.num_computed_tokens, samples,
-                            list(seq.forks) if samples and seq.forks else [],
-                            list(drafts[:max(0, n - known)]) if drafts else [])
-
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
         # decodes first (one token each, what streaming users wait for), then prompt chunks;
@@ -108,7 +120,7 @@ class Scheduler:
             drafts = seq.spec_token_ids
             if drafts:
                 seq.spec_token_ids = []
-            n = self._chunk(seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
+            n = self._chunk(seq, seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
             appended = bm.try_append(seq, n)
             while not appended and queue:
                 self._preempt(queue.pop(), out)
@@ -116,7 +128,7 @@ class Scheduler:
             if not appended:
                 self._preempt(seq, out)
                 continue
-            out.entries.append(self._entry(seq, n, drafts))
+            out.entries.append(ScheduledSeq.row(seq, n, drafts))
             budget -= n
             kept.append(seq)
         self.running = kept
@@ -133,21 +145,24 @@ class Scheduler:
             remaining = seq.num_tokens - len(hits) * bs
             if remaining > budget and not self.config.enable_chunked_prefill:
                 break
-            n = self._chunk(remaining, budget)
+            n = self._chunk(seq, remaining, budget)
             if not bm.can_allocate(hits, len(hits) * bs + n):
                 break
             bm.allocate(seq, hits, n)
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.entries.append(self._entry(seq, n))
+            out.entries.append(ScheduledSeq.row(seq, n))
             budget -= n
 
-    def _chunk(self, remaining: int, budget: int) -> int:
-        """Tokens a sequence computes this step: what is left, within the budget and the
-        per-sequence prefill chunk (a decode's single token is never cut)."""
-        cap = self.config.prefill_chunk_size
-        return min(remaining, budget, cap) if cap else min(remaining, budget)
+    def _chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
+        """Tokens a sequence computes this step: what is left, within the budget, the engine's
+        prefill chunk and the request's own (a decode's single token is never cut)."""
+        n = min(remaining, budget)
+        for cap in (self.config.prefill_chunk_size, seq.prefill_chunk_size):
+            if cap:
+                n = min(n, cap)
+        return n
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)

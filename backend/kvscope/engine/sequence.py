@@ -30,7 +30,8 @@ class Sequence:
     num_computed_tokens: int = 0      # tokens whose K/V are in the cache
     num_cached_tokens: int = 0        # of those, how many came from prefix-cache hits
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # chained hash of each full block
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hash of each full block
+    cache_salt: str | None = None     # vLLM's per-request salt: only equal salts share cached blocks
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None
     num_preemptions: int = 0
@@ -40,6 +41,7 @@ class Sequence:
     logprobs: list[dict] = field(default_factory=list)
     text: str = ""                    # detokenized output so far (when streamed or stopped on strings)
     allowance: int | None = None      # tokens it may still draw before it waits (None: no limit)
+    prefill_chunk_size: int | None = None   # its own cap on prompt tokens per step, under the engine's
     forks: list["Sequence"] = field(default_factory=list)  # choices 1..n-1, forked when the prompt is done
     spec_token_ids: list[int] = field(default_factory=list)   # drafts awaiting verification
 
@@ -74,8 +76,10 @@ class Sequence:
         return self.allowance == 0
 
     @property
-    def in_prefill(self) -> bool:
-        return self.num_computed_tokens < self.num_prompt_tokens
+    def choices(self) -> list["Sequence"]:
+        """This sequence and the choices still waiting to fork from it (a request's n > 1
+        choices before its prompt is computed): what ends when its prompt ends."""
+        return [self, *self.forks]
 
     def append_token(self, token_id: int) -> None:
         now = time.perf_counter()

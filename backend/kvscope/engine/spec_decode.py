@@ -1,7 +1,15 @@
 """Speculative decoding: vLLM's `speculative_config`, and the two halves of a speculative
 step around the ordinary one — drafts proposed before scheduling, verified after the target
 pass. The scheduler gives a sequence with drafts k + 1 query rows (its last token and the
-drafts) in an ordinary step, so speculative and plain requests share the batch."""
+drafts) in an ordinary step, so speculative and plain requests share the batch.
+
+Verification (`verify`, rejection sampling): the target scored the last known token and the k drafts in one pass, giving k + 1 rows of
+logits. Draft i is accepted with probability min(1, p(d) / q(d)), p being the target's and q
+the drafter's distribution at that position; at the first rejection a token is drawn from
+the normalised residual max(0, p − q), and if all k are accepted the last row gives a bonus
+token from p. The output then follows the target's distribution exactly. Greedy requests
+accept a draft exactly when it is the target's argmax, so they produce the target's tokens.
+A drafter without probabilities (n-gram lookup) proposes deterministically: q is one-hot."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,9 +17,9 @@ from typing import Protocol
 
 import torch
 
-from kvscope.engine.rejection_sampler import SpecVerdict, verify
-from kvscope.engine.sampler import top_logprobs
+from kvscope.engine.sampler import filtered_logits, logprob_entries
 from kvscope.engine.sequence import Sequence
+from kvscope.sampling_params import SamplingParams
 
 METHODS = ("ngram", "draft_model")
 
@@ -55,6 +63,87 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
 
 
+# -- verification: rejection sampling ----------------------------------------------------
+@dataclass
+class DraftCheck:
+    """How one draft fared, for the explainer: target and draft probability and the draw."""
+    token_id: int
+    target: float | torch.Tensor   # p(draft), or for greedy the row's logits (p on demand)
+    q: float
+    u: float | None        # the uniform draw compared with p/q (None for greedy)
+    accepted: bool
+
+    @property
+    def p(self) -> float:
+        """The target's probability of the draft. A greedy check needs only the argmax, so
+        the softmax is computed when someone (the explainer) asks."""
+        if isinstance(self.target, torch.Tensor):
+            self.target = float(self.target.softmax(dim=0)[self.token_id])
+        return self.target
+
+
+@dataclass
+class SpecVerdict:
+    proposed: list[int]
+    token_ids: list[int]                     # accepted drafts, then one recovered or bonus token
+    checks: list[DraftCheck] = field(default_factory=list)
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.token_ids) - 1
+
+    @property
+    def bonus(self) -> bool:
+        """All drafts were accepted, so the last token came free from the final row."""
+        return self.num_accepted == len(self.proposed)
+
+
+def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
+           generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> SpecVerdict:
+    """logits: [k + 1, V] float32 target logits; draft_probs: [k, V] or None (one-hot)."""
+    if params.greedy:
+        return _verify_greedy(logits, proposed)
+    p = filtered_logits(logits, [params] * logits.shape[0]).softmax(dim=1)
+    verdict = SpecVerdict(list(proposed), [])
+    for i, d in enumerate(proposed):
+        q_row = _draft_row(draft_probs, i, d, p.shape[1], p.device)
+        ratio = float(p[i, d]) / max(float(q_row[d]), 1e-20)
+        u = float(torch.rand((), generator=generator, device=generator.device))
+        accepted = u < min(1.0, ratio)
+        verdict.checks.append(DraftCheck(d, float(p[i, d]), float(q_row[d]), u, accepted))
+        if not accepted:
+            residual = (p[i] - q_row).clamp_min(0)
+            verdict.token_ids.append(_draw(residual if residual.sum() > 0 else p[i], generator))
+            return verdict
+        verdict.token_ids.append(d)
+    verdict.token_ids.append(_draw(p[len(proposed)], generator))
+    return verdict
+
+
+def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
+    best = logits.argmax(dim=1).tolist()
+    verdict = SpecVerdict(list(proposed), [])
+    for i, d in enumerate(proposed):
+        accepted = best[i] == d
+        verdict.checks.append(DraftCheck(d, logits[i], 1.0, None, accepted))
+        verdict.token_ids.append(best[i])
+        if not accepted:
+            return verdict
+    verdict.token_ids.append(best[len(proposed)])
+    return verdict
+
+
+def _draft_row(draft_probs, i: int, token: int, vocab: int, device) -> torch.Tensor:
+    if draft_probs is not None:
+        return draft_probs[i]
+    return torch.zeros(vocab, device=device).index_fill_(0, torch.tensor([token], device=device), 1.0)
+
+
+def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
+    return int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
+
+
+# -- drafts and their bookkeeping ----------------------------------------------------------
 @dataclass
 class Draft:
     token_ids: list[int]
@@ -126,11 +215,9 @@ class Speculator:
         probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
         return verify(logits, proposed, seq.params, generator, probs)
 
-    def record(self, seq: Sequence, verdict: SpecVerdict, emitted: int) -> SpecStats:
+    def record(self, seq: Sequence, verdict: SpecVerdict, emitted: int) -> None:
         self.total.add(verdict, emitted)
-        stats = self.stats.setdefault(seq.seq_id, SpecStats())
-        stats.add(verdict, emitted)
-        return stats
+        self.stats.setdefault(seq.seq_id, SpecStats()).add(verdict, emitted)
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
@@ -143,20 +230,39 @@ class Speculator:
 def spec_logprobs(logits: torch.Tensor, token_ids: list[int], n: int) -> list[dict]:
     """Per emitted token: its log-probability under the target and the top n."""
     rows = logits[:len(token_ids)]
-    chosen, top = top_logprobs(rows, torch.tensor(token_ids, device=rows.device), n)
-    return [{"logprob": float(chosen[i]),
-             "top": list(zip(top.indices[i].tolist(), top.values[i].tolist())) if n else []}
-            for i in range(len(token_ids))]
+    return logprob_entries(rows, torch.tensor(token_ids, device=rows.device), [n] * len(token_ids))
 
 
-def build_speculator(config: SpeculativeConfig | None, engine) -> Speculator | None:
-    if config is None:
+class NgramProposer:
+    """Prompt lookup (n-gram) drafting: no extra model. The last n tokens of a sequence are
+    looked up earlier in the same sequence; the tokens that followed the most recent earlier
+    occurrence are proposed as the continuation. Longest n first, from prompt_lookup_max
+    down to prompt_lookup_min. (Drafting with a small model: draft_proposer.py.)"""
+
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_max: int, prompt_lookup_min: int):
+        self.k = num_speculative_tokens
+        self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
+
+    def propose(self, seqs: list, ks: list[int]) -> list[Draft]:
+        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, ks)]
+
+    def release(self, seq) -> None:
+        """Nothing is kept per sequence."""
+
+    def lookup(self, token_ids: list[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
+            start = self._latest_match(token_ids, n)
+            if start is not None:
+                return token_ids[start + n:start + n + k]
+        return []
+
+    @staticmethod
+    def _latest_match(token_ids: list[int], n: int) -> int | None:
+        """Start of the most recent earlier occurrence of the last n tokens, or None."""
+        tail = token_ids[-n:]
+        for start in range(len(token_ids) - n - 1, -1, -1):
+            if token_ids[start:start + n] == tail:
+                return start
         return None
-    if config.method == "ngram":
-        from kvscope.engine.ngram_proposer import NgramProposer
-        proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
-                                 config.prompt_lookup_min)
-    else:
-        from kvscope.engine.draft_proposer import DraftModelProposer
-        proposer = DraftModelProposer(config, engine)
-    return Speculator(config, proposer, engine.max_model_len)

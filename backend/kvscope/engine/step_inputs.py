@@ -80,8 +80,8 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
     """The order of a step's sequences in the flattened batch: prefills, then decodes with
     the shortest context first (so decode rows of similar length sit together). Observers
     use it to find a sequence's rows and its row of logits."""
-    prefills = [e for e in entries if e.num_new_tokens > 1]
-    decodes = sorted((e for e in entries if e.num_new_tokens == 1), key=attrgetter("start"))
+    prefills = [e for e in entries if e.kind != "decode"]
+    decodes = sorted((e for e in entries if e.kind == "decode"), key=attrgetter("start"))
     return prefills + decodes
 
 
@@ -96,8 +96,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
     graph's guards and force a recompile mid-serving."""
     max_decode_groups = decode_groups_for(attention_backend, compiled)
     ordered = batch_order(out.entries)
-    prefills = [e for e in ordered if e.num_new_tokens > 1]
-    decodes = ordered[len(prefills):]
+    decodes = [e for e in ordered if e.kind == "decode"]
+    prefills = ordered[:len(ordered) - len(decodes)]
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
     tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
     md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=num_prefill_tokens)

@@ -29,7 +29,10 @@ _PREFILL_ARGTYPES = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 6 + [ctypes.c_float
 
 
 def _entry_points(names: dict[torch.dtype, str], argtypes: list) -> dict[torch.dtype, object] | str:
-    """The built library's entry points per dtype, or why it could not be built."""
+    """The built library's entry points per dtype, or why it could not be built (no
+    compiler). A source missing from the install raises: that is a broken install."""
+    if not SOURCE.is_file():
+        raise NativeBuildError(f"{SOURCE} is missing: this kvscope install is incomplete (reinstall it)")
     try:
         lib = load(SOURCE)
     except NativeBuildError as exc:
@@ -81,8 +84,7 @@ def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tab
 
 
 # A plain operator library rather than torch.library.custom_op: its dispatch costs a third
-# as much (3 µs against 7 under inference mode), which shows at batch 1. This Python kernel
-# serves every backend until cpu_ops.py loads the C++ CPU kernel.
+# as much (3 µs against 7 under inference mode), which shows at batch 1.
 _ops = torch.library.Library("kvscope", "FRAGMENT")
 _ops.define("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
             "Tensor context_lens, float scale) -> Tensor")

@@ -19,7 +19,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.layers import packed_linear
 from kvscope.paging import cdiv
 
 
@@ -67,7 +66,6 @@ def split(n: int, tp: TPGroup, what: str) -> int:
 class ColumnParallelLinear(nn.Module):
     """out_sizes: the packed matrices' full output sizes (e.g. q, k, v); each is cut into
     tp.size equal row ranges and the rank keeps its own range of each."""
-    packed_weight: torch.Tensor | None = None   # MKL's packed copy of the weight (packed_linear.pack_model)
 
     def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, what: str):
         super().__init__()
@@ -77,7 +75,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear.linear(x, self.weight, self.packed_weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
         n = self.local_sizes[shard]
@@ -86,8 +84,6 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    packed_weight: torch.Tensor | None = None
-
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, what: str):
         super().__init__()
         self.tp = tp
@@ -95,7 +91,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(packed_linear.linear(x, self.weight, self.packed_weight))
+        return self.tp.all_reduce(F.linear(x, self.weight))
 
     def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
         param.data.copy_(full.cols(self.tp.rank * self.local_in, self.local_in))
@@ -132,10 +128,9 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Called on hidden states, it returns the logits over the whole vocabulary."""
-    packed_weight: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = packed_linear.linear(hidden, self.weight, self.packed_weight)
+        local = F.linear(hidden, self.weight)
         return self.tp.all_gather_last(local)[..., :self.vocab_size]
 
 

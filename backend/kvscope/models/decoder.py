@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.layers import cpu_fused
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.parallel import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, TPGroup,
                                      VocabParallelEmbedding, split)
@@ -24,8 +23,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_fused.applies(x):
-            return cpu_fused.rms_norm(x, self.weight, self.eps)
         # normalised in float32 as transformers does, in one fused op (fewer kernels per step)
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
@@ -54,15 +51,9 @@ class SelfAttention(nn.Module):
 
     def _rotated_queries_and_keys(self, qkv: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k out of the packed qkv rows, normalised (Qwen3) and rotated by RoPE."""
-        normed = self.q_norm is not None
-        if cpu_fused.applies(qkv) and self.head_dim <= cpu_fused.MAX_HEAD_DIM:
-            return cpu_fused.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.head_dim,
-                                          self.q_norm.weight if normed else None,
-                                          self.k_norm.weight if normed else None,
-                                          self.q_norm.eps if normed else 0.0, *rope)
         q = qkv[:, :self.q_size].view(-1, self.num_heads, self.head_dim)
         k = qkv[:, self.q_size:self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
-        if normed:
+        if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rotary(q, k, *rope)
 
@@ -76,8 +67,6 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if cpu_fused.applies(gate_up):
-            return self.down_proj(cpu_fused.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 

@@ -1,0 +1,167 @@
+"""Decode graphs: a decode step recorded once and replayed, so its thousand small
+operations are not issued one by one from Python every step. `enforce_eager` is the one
+switch (engine/model_runner.py reads it).
+
+On a GPU, CUDA graphs (DecodeGraphs): one graph per batch-size bucket replays the whole
+forward pass with a single launch. Inputs are copied into fixed buffers before each
+replay; rows beyond the real batch write to a scratch block and attend to nothing.
+
+On a CPU, torch.compile (CompiledDecode): the eager forward pass issues about a thousand
+small PyTorch calls (norms, RoPE, residual adds) around a dozen matrix-vector products;
+inductor fuses each layer's small operations into a few generated C++ kernels, called with
+the matmuls from a C++ wrapper. Decode-only steps take this path. Attention is the C kernel
+(layers/cpu_paged_attention.py), a custom op opaque to inductor that reads every row's own
+context, so one graph serves every batch size and context length; with the reference
+attention, steps of up to MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one
+padded attention group. PyTorch specialises a batch of one, so two graphs are compiled,
+both at start-up, on steps that write and read only the scratch block. Only torch.compile's
+public interface is used: `dynamic=True` marks every size as varying, so no real step
+recompiles."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
+from kvscope.engine.sequence import Sequence
+from kvscope.engine.step_inputs import StepInputs, prepare_inputs
+from kvscope.layers.context import AttentionMetadata, step_metadata
+from kvscope.paging import cdiv
+from kvscope.sampling_params import SamplingParams
+
+log = logging.getLogger("kvscope.engine")
+
+# With the reference attention, larger decode batches run eagerly: their matmuls dominate,
+# and the eager path's up to four attention groups pad far less than the compiled path's one.
+# Embedded model, 1 thread, step time compiled/eager: 0.81x at batch 1, 0.91x at 16, 1.03x
+# at 32, 1.23x at 64. The C kernel pads nothing, so with it every decode batch compiles.
+MAX_REFERENCE_COMPILED_BATCH = 16
+
+
+class DecodeLogits(torch.nn.Module):
+    """The forward pass and the LM head in one graph: a decode step scores every row."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions)).float()
+
+
+def compile_unavailable(runner) -> str | None:
+    """Why this runner cannot compile its decode step (None when it can)."""
+    if runner.device.type != "cpu":
+        return "compiled decode is for CPUs (a GPU captures CUDA graphs)"
+    if runner.attention_backend not in ("torch", "cpu_paged"):
+        return f"the {runner.attention_backend} attention backend runs eagerly"
+    if runner.config.tensor_parallel_size > 1:
+        return "tensor-parallel ranks run eagerly"
+    return None
+
+
+class CompiledDecode:
+    def __init__(self, runner):
+        self.runner = runner
+        # the C++ wrapper calls the generated kernels without going back to Python
+        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
+                                     options={"cpp_wrapper": True})
+        # the reference pads every row to the longest context; the kernel pads nothing
+        self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
+        self.skip_guards = False    # until both graphs exist
+        start = time.perf_counter()
+        self._warm_up()
+        self.compile_seconds = time.perf_counter() - start
+        # Every step has the warm-up steps' structure, so dynamo's guards are checked only as
+        # far as it takes to pick one of the two graphs (batch 1: 4.5 -> 3.1 ms a step on a
+        # loaded machine). Should global state a graph depends on change anyway, the call
+        # raises before the graph runs, and the guards are checked in full from then on.
+        self.skip_guards = True
+
+    def fits(self, batch: int) -> bool:
+        return self.max_batch is None or batch <= self.max_batch
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        with step_metadata(inputs.metadata):
+            if self.skip_guards:
+                try:
+                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                        return self.forward(inputs.input_ids, inputs.positions)
+                except RuntimeError as exc:   # a real error raises again below
+                    log.warning("compiled decode: checking every guard from now on (%s)", exc)
+                    self.skip_guards = False
+            return self.forward(inputs.input_ids, inputs.positions)
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile both graphs (batch 1 and batch > 1) on decode steps that write and read
+        only the scratch block, prepared exactly as real steps are."""
+        runner = self.runner
+        scratch = runner.num_blocks                  # the extra block past the pool
+        position = min(2 * runner.block_size, runner.max_model_len - 1)
+        for batch in (1, 2):
+            out = SchedulerOutput(step=-1)
+            for _ in range(batch):   # three blocks: no size equals another, which dynamo would tie
+                seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
+                seq.block_table, seq.num_computed_tokens = [scratch] * 3, position
+                out.entries.append(ScheduledSeq.row(seq, 1))
+            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend,
+                                    compiled=True))
+        log.info("decode step compiled for this CPU")
+
+
+# -- CUDA graphs (a GPU) ---------------------------------------------------------------
+class DecodeGraphs:
+    def __init__(self, runner, max_batch: int):
+        self.runner = runner
+        self.buckets = [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
+        if self.buckets[-1] < max_batch:
+            self.buckets.append(max_batch)
+        max_b = self.buckets[-1]
+        dev = runner.device
+        width = cdiv(runner.max_model_len, runner.block_size)
+        self.input_ids = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((max_b,), runner.scratch_slot, dtype=torch.long, device=dev)
+        self.block_tables = torch.zeros(max_b, width, dtype=torch.int32, device=dev)
+        self.context_lens = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.hidden = torch.zeros(max_b, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._capture()
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self.buckets[-1]
+
+    def _metadata(self, b: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.slot_mapping[:b], block_tables=self.block_tables[:b],
+                                 context_lens=self.context_lens[:b])
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        pool = None
+        model = self.runner.model
+        for b in reversed(self.buckets):
+            with step_metadata(self._metadata(b)):
+                self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool):
+                    self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])
+            pool = pool or graph.pool()
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+        n = ids.shape[0]
+        b = next(x for x in self.buckets if x >= n)
+        self.input_ids[:n] = ids
+        self.positions[:n] = positions
+        self.slot_mapping[:b].fill_(self.runner.scratch_slot)
+        self.slot_mapping[:n] = md.slot_mapping
+        self.context_lens[:b].zero_()
+        self.context_lens[:n] = md.context_lens
+        width = md.block_tables.shape[1]
+        self.block_tables[:n, :width] = md.block_tables
+        self.graphs[b].replay()
+        return self.hidden[:n]

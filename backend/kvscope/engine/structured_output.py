@@ -1,0 +1,129 @@
+"""Structured outputs: a grammar masks the logits so every sampled token keeps the text
+inside a language (a JSON schema, a regex, a list of choices, an EBNF grammar).
+
+As in vLLM, the grammar is compiled once per distinct request (xgrammar, vLLM's default
+backend), each sequence gets its own matcher (a parser state), and before each sampling
+step the matcher writes a bitmask of the tokens allowed next. Tokens the mask forbids get
+a logit of -inf, so neither greedy nor random sampling can pick them. After the grammar is
+complete only the end-of-sequence tokens remain allowed, and the request stops.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import torch
+
+from kvscope.sampling_params import StructuredOutputsParams
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need the xgrammar package (pip install xgrammar)") from None
+    return xgrammar
+
+
+class GrammarMatcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, compiled, vocab_size: int):
+        xgr = _xgrammar()
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+        self.num_allowed: list[int] = []      # tokens the mask allowed at each sampled step
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        if not self.matcher.accept_token(token_id):
+            # cannot happen for a token drawn under the mask; says so loudly if it does
+            raise RuntimeError(f"token {token_id} is outside the grammar")
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Compiles grammars (cached) and masks a step's logits for the sequences that have one."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+        if tokenizer is None:
+            raise ValueError("structured outputs need the checkpoint's tokenizer")
+        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, stop_token_ids
+        self._compiler = None
+        self.compile = lru_cache(maxsize=64)(self._compile)
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            xgr = _xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids or None)
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    def _compile(self, key: tuple):
+        kind, spec = key
+        try:
+            if kind == "json":
+                return self.compiler.compile_json_schema(spec)
+            if kind == "json_object":
+                return self.compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return self.compiler.compile_regex(spec)
+            if kind == "grammar":
+                return self.compiler.compile_grammar(spec)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"invalid {kind} for structured outputs: {str(exc).splitlines()[0][:300]}") from None
+        raise ValueError(f"unknown structured output kind {kind!r}")
+
+    def matcher_for(self, params: StructuredOutputsParams) -> GrammarMatcher:
+        """A fresh matcher; raises ValueError with the reason for a bad schema, regex or grammar."""
+        return GrammarMatcher(self.compile(grammar_key(params)), self.vocab_size)
+
+    def mask_logits(self, logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
+        """In place: each row whose matcher is set keeps only the tokens its grammar allows."""
+        rows = [i for i, m in enumerate(matchers) if m is not None]
+        if not rows:
+            return
+        xgr = _xgrammar()
+        bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
+        for i in rows:
+            matchers[i].fill_bitmask(bitmask, i)
+        allowed = _bitmask_counts(bitmask, self.vocab_size)
+        for i in rows:
+            matchers[i].num_allowed.append(int(allowed[i]))
+        width = logits.shape[1]
+        if width > self.vocab_size:    # rows of padding in the LM head are never a token
+            logits[:, self.vocab_size:] = float("-inf")
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=min(width, self.vocab_size),
+                                        indices=rows)
+
+
+def grammar_key(params: StructuredOutputsParams) -> tuple:
+    """What identifies a grammar, hashable for the compile cache."""
+    if params.json is not None:
+        schema = params.json if isinstance(params.json, str) else json.dumps(params.json, sort_keys=True)
+        return "json", schema
+    if params.json_object:
+        return "json_object", None
+    if params.regex is not None:
+        return "regex", params.regex
+    if params.choice is not None:
+        return "grammar", choice_grammar(params.choice)
+    return "grammar", params.grammar
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly the given strings."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def _bitmask_counts(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
+    """How many of the first vocab_size bits are set in each row of an int32 bitmask."""
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten(1)[:, :vocab_size].sum(dim=1).tolist()
