@@ -5,7 +5,9 @@ driven over its own WebSocket with the instructor's record_start/record_stop.
 The serving scenarios (batching, paging, chunked prefill) pause the engine and advance it
 with the instructor's single step, so requests join at chosen steps and every recording is
 the same each time it is made (seeded sampling, ignore_eos); replay is paced by steps, so
-tens of steps make an episode a learner can follow.
+tens of steps make an episode a learner can follow: every recording runs at least
+MIN_STEPS engine steps, each request whole (arrival, prefill, decode, finish, its blocks
+freed), and every prompt a widget labels is tokenized first, so a replay shows its text.
 
     python scripts/make_recordings.py [--out frontend/recordings] [--only NAME ...]
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "recording"
 GREEDY = {"temperature": 0, "ignore_eos": True}
+MIN_STEPS = 30   # at the replay's default 4 steps a second, 8 s or more to follow an episode
 SYSTEM = ("You are a friendly storyteller. You write short, happy stories for children about animals "
           "who live by the sea, and you always end with a kind sentence.")
 
@@ -70,6 +73,14 @@ class Driver:
             done += 1
         return done
 
+    def next_tokens(self, rid: str, n: int) -> None:
+        """Draw the next n tokens of a held request, one step each, waiting for each."""
+        start = sum(1 for e in self.seen if e["type"] == "request.token" and e["request_id"] == rid)
+        for i in range(start, start + n):
+            self.call("next", request_id=rid)
+            self.until(lambda e, i=i: e["type"] == "request.token" and e["request_id"] == rid and e["index"] == i)
+            self.settle(0.1)
+
     def inject(self, max_tokens: list[int], prompt_tokens: int) -> list[str]:
         return [self.call("inject", n=1, max_tokens=m, prompt_tokens=prompt_tokens)["request_ids"][0]
                 for m in max_tokens]
@@ -92,32 +103,37 @@ class Driver:
 
 # -- scenarios -----------------------------------------------------------------------------
 def default(d: Driver) -> None:
-    """A small class: three prompts of different lengths batched together, one watched."""
+    """A small class: three prompts of different lengths batched together (none watched: the
+    pages that replay it draw steps and requests, and attention would triple its size)."""
     d.call("tokenize", text="Once upon a time, a little fox found a shiny stone.")
-    a = d.submit(prompt="Once upon a time, a little fox found a shiny stone.", params={**GREEDY, "max_tokens": 10},
-                 watch={"layers": [0, 3]})
-    b = d.submit(prompt="The old lighthouse keeper", params={"temperature": 0.8, "seed": 1, "max_tokens": 12})
-    c = d.submit(messages=[{"role": "user", "content": "Tell me about a cat."}], params={**GREEDY, "max_tokens": 10})
+    d.call("tokenize", text="The old lighthouse keeper")
+    d.call("tokenize", text="Tell me about a cat.", chat=True)
+    a = d.submit(prompt="Once upon a time, a little fox found a shiny stone.", params={**GREEDY, "max_tokens": 32})
+    b = d.submit(prompt="The old lighthouse keeper", params={"temperature": 0.8, "seed": 1, "max_tokens": 36})
+    c = d.submit(messages=[{"role": "user", "content": "Tell me about a cat."}], params={**GREEDY, "max_tokens": 30})
     d.finished(a, b, c)
 
 
 def attention(d: Driver) -> None:
-    """One watched prompt: attention for every layer and head, and each draw."""
+    """One watched prompt: attention for every layer and head, and each draw, for its first
+    tokens; then it runs on unwatched to its end (the file stays small)."""
     text = "The cat sat on the mat because it was tired."
     d.call("tokenize", text=text)
-    rid = d.submit(prompt=text, params={"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 7, "max_tokens": 6},
-                   watch={})
+    rid = d.submit(prompt=text, params={"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 7, "max_tokens": MIN_STEPS},
+                   watch={}, hold=True)
+    d.next_tokens(rid, 8)
+    d.call("unwatch", request_id=rid)
+    d.call("release", request_id=rid)
     d.finished(rid)
 
 
 def step_by_step(d: Driver) -> None:
     """A held request stepped one token at a time (the KV cache filling per step)."""
-    rid = d.submit(prompt="Mia wanted to bake a cake", params={**GREEDY, "max_tokens": 6}, hold=True,
+    text = "Mia wanted to bake a cake"
+    d.call("tokenize", text=text)
+    rid = d.submit(prompt=text, params={**GREEDY, "max_tokens": MIN_STEPS}, hold=True,
                    watch={"layers": [0], "sampling": True})
-    for i in range(6):
-        d.call("next", request_id=rid)
-        d.until(lambda e: e["type"] == "request.token" and e["request_id"] == rid and e["index"] == i)
-        d.settle(0.4)
+    d.next_tokens(rid, MIN_STEPS)
     d.finished(rid)
 
 
@@ -143,7 +159,7 @@ def prefix_cache(d: Driver) -> None:
     held = []
     for animal in ("crab", "seal"):
         rid = d.submit(messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"A story about a {animal}."}],
-                       params={**GREEDY, "max_tokens": 8}, hold=True)
+                       params={**GREEDY, "max_tokens": MIN_STEPS}, hold=True)
         d.call("next", request_id=rid)
         d.until(lambda e, rid=rid: e["type"] == "request.token" and e["request_id"] == rid)
         d.settle(0.3)
@@ -151,6 +167,47 @@ def prefix_cache(d: Driver) -> None:
     for rid in held:
         d.call("release", request_id=rid)
     d.finished(*held)
+    whole_blocks_and_salts(d)
+
+
+# as chapter 16's "Whole blocks, and cache salts" panel sends them (frontend/js/widgets/lib/prefix-lessons.js)
+TUTOR = ("You are a patient tutor. You explain how computers work in short, plain sentences, one idea at a time, "
+         "and you always finish with a small example the student can check by hand. If a question is unclear, you "
+         "ask one short question back before answering. Now answer the student's question.")
+ENDINGS = (" What is a byte, and how many different numbers can one byte hold? Explain it with a small example I can "
+           "check by hand.", " Tell me why the sky looks blue at noon but red at sunset, in three short sentences, "
+           "with one experiment I can try at home.")
+SALT_ENDING = " How does a bicycle stay up when it moves, and why does it fall over when it stops?"
+
+
+def whole_blocks_and_salts(d: Driver) -> None:
+    """Pairs sharing less than a block (nothing cached) and more (whole blocks cached), one
+    after the other; then one prompt as tenant A, tenant B and A again (only A's second hits)."""
+    ids = lambda text: d.call("tokenize", text=text)["ids"]   # noqa: E731
+    tutor, endings, salt_ending = ids(TUTOR), [ids(e) for e in ENDINGS], ids(SALT_ENDING)
+    block_size = d.until(lambda e: e["type"] == "hello")["engine"]["block_size"]
+
+    def run(prompts: list[list[int]], salts: list[str]) -> None:
+        for prompt, salt in zip(prompts, salts):
+            rid = d.submit(prompt_token_ids=prompt, params={**GREEDY, "max_tokens": 1}, cache_salt=salt)
+            d.finished(rid)
+            d.settle(0.3)
+    for n in (block_size * 3 // 4, 2 * block_size + block_size // 2):
+        run([tutor[:n] + e for e in endings], [f"pair-{n}"] * 2)
+    run([tutor + salt_ending] * 3, ["tenant-A", "tenant-B", "tenant-A"])
+    eviction_order(d)
+
+
+def eviction_order(d: Driver) -> None:
+    """The panel's eviction steps (EvictionDemo's STEPS) in the sandbox: two sequences share a
+    prefix and finish; C and D then need more blocks than were never used."""
+    d.call("sandbox", op="reset", num_blocks=8, block_size=4)
+    d.call("sandbox", op="allocate", seq="A", tokens=12)
+    d.call("sandbox", op="allocate", seq="B", tokens=12, prefix_of="A", prefix_tokens=8)
+    d.call("sandbox", op="free", seq="A")
+    d.call("sandbox", op="free", seq="B")
+    d.call("sandbox", op="allocate", seq="C", tokens=24)
+    d.call("sandbox", op="allocate", seq="D", tokens=8)
 
 
 LONG_PROMPT = " ".join(["The little fox ran along the river to find the shiny stone."] * 8)
@@ -158,7 +215,7 @@ LONG_PROMPT = " ".join(["The little fox ran along the river to find the shiny st
 
 def long_prompt_amid_decodes(d: Driver) -> None:
     d.call("pause")
-    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": 24}) for p in ("The robot woke up", "Tom looked out")]
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": MIN_STEPS}) for p in ("The robot woke up", "Tom looked out")]
     d.steps(4)
     d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 4})
     d.steps()
@@ -202,7 +259,25 @@ def internals(d: Driver) -> None:
     internals (embeddings, RoPE, residual stream, MLP, logit lens) for chapters 3 and 5-10."""
     text = "The little cat sat on the mat"
     d.call("tokenize", text=text)
-    rid = d.submit(prompt=text, params={**GREEDY, "max_tokens": 4}, watch={"internals": True})
+    rid = d.submit(prompt=text, params={**GREEDY, "max_tokens": MIN_STEPS}, watch={"internals": True}, hold=True)
+    d.next_tokens(rid, 3)
+    d.call("unwatch", request_id=rid)   # the rest unwatched: every draw's logits would be megabytes
+    d.call("release", request_id=rid)
+    d.finished(rid)
+
+
+SAMPLING_PROMPT = "One day, Lily went to the"   # chapter 10: next tokens from 8 % to 100 % likely
+
+
+def sampling(d: Driver) -> None:
+    """Chapter 10's prompt drawn greedily, its first draws with the raw logits (the sliders
+    reshape them in the page), then the rest unwatched."""
+    d.call("tokenize", text=SAMPLING_PROMPT)
+    rid = d.submit(prompt=SAMPLING_PROMPT, params={**GREEDY, "max_tokens": MIN_STEPS}, hold=True,
+                   watch={"internals": True, "layers": [], "sampling": True})
+    d.next_tokens(rid, 4)
+    d.call("unwatch", request_id=rid)
+    d.call("release", request_id=rid)
     d.finished(rid)
 
 
@@ -242,7 +317,7 @@ SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "paging": paging, "throughput": throughput,
-             "internals": internals, "speculation": speculation}
+             "internals": internals, "sampling": sampling, "speculation": speculation}
 
 
 def free_port() -> int:

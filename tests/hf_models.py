@@ -9,12 +9,14 @@ import torch
 VOCAB = 512
 
 
-def family_config(family: str):
+def family_config(family: str, **overrides):
+    """overrides: other sizes (vLLM's CPU attention needs heads of at least 32: hidden_size=128)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                   initializer_range=0.1, tie_word_embeddings=False, eos_token_id=VOCAB - 1,
                   bos_token_id=VOCAB - 2)
+    common.update(overrides)
     if family == "qwen3":
         return Qwen3Config(head_dim=32, rms_norm_eps=1e-6, **common)
     if family == "qwen2":
@@ -26,10 +28,10 @@ def family_config(family: str):
     raise ValueError(family)
 
 
-def make_checkpoint(family: str, directory: Path, seed: int = 0, tie: bool = False) -> Path:
+def make_checkpoint(family: str, directory: Path, seed: int = 0, tie: bool = False, **overrides) -> Path:
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    cfg = family_config(family)
+    cfg = family_config(family, **overrides)
     cfg.tie_word_embeddings = tie
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     if family == "qwen2":   # random (non-zero) qkv biases so the bias path is exercised

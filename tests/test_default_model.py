@@ -112,8 +112,8 @@ def test_kvscope_matches_transformers_greedy(ckpt, hf):
 
     for prompt, out in zip(PROMPTS, outs):
         expected = hf_greedy(model, tok, prompt, 40)
-        assert strip_eos(list(out.token_ids)) == strip_eos(expected), prompt
-        assert out.text.strip() == tok.decode(strip_eos(expected), skip_special_tokens=True).strip()
+        assert strip_eos(list(out.outputs[0].token_ids)) == strip_eos(expected), prompt
+        assert out.outputs[0].text.strip() == tok.decode(strip_eos(expected), skip_special_tokens=True).strip()
         assert len(expected) >= 10  # a real continuation, not an immediate stop
 
 

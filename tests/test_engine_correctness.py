@@ -46,8 +46,8 @@ def test_greedy_matches_transformers(family, block_size, backend):
     assert llm.engine.runner.attention_backend == ("cpu_paged" if backend == "auto" else backend)
     outs = greedy(llm, prompts)
     for out, ref, prompt in zip(outs, reference, prompts):
-        assert out.token_ids == ref, f"prompt of {len(prompt)} tokens diverged"
-        assert out.finish_reason == "length"
+        assert out.outputs[0].token_ids == ref, f"prompt of {len(prompt)} tokens diverged"
+        assert out.outputs[0].finish_reason == "length"
     assert_no_leak(llm)
 
 
@@ -74,8 +74,8 @@ def test_forced_preemption_matches(family):
     # 40 blocks of 16 tokens cannot hold all eight sequences at once (they need ~70)
     llm = LLM(str(directory), device="cpu", dtype="float32", block_size=16, num_kv_blocks=40)
     outs = greedy(llm, prompts)
-    assert [o.token_ids for o in outs] == reference
-    assert sum(o.num_preemptions for o in outs) > 0, "the small cache should have forced preemption"
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert sum(o.metrics.num_preemptions for o in outs) > 0, "the small cache should have forced preemption"
     assert_no_leak(llm)
 
 
@@ -89,7 +89,7 @@ def test_prefix_cache_hits_match(family):
     first = greedy(llm, prompts[:1])              # fills the cache with the shared prefix
     rest = greedy(llm, prompts[1:] + [prompts[2]])
     outs = first + rest
-    assert [o.token_ids for o in outs] == reference
+    assert [o.outputs[0].token_ids for o in outs] == reference
     assert all(o.num_cached_tokens >= 64 for o in rest), [o.num_cached_tokens for o in rest]
     assert_no_leak(llm)
 
@@ -100,7 +100,7 @@ def test_same_prompt_twice_reuses_blocks(family):
     first = greedy(llm, [prompts[-1]])[0]
     hits_before = llm.engine.block_manager.num_prefix_hits
     second = greedy(llm, [prompts[-1]])[0]
-    assert first.token_ids == second.token_ids == reference[-1]
+    assert first.outputs[0].token_ids == second.outputs[0].token_ids == reference[-1]
     # 310 tokens: 19 full blocks, all cached (at least one token is always recomputed)
     assert second.num_cached_tokens == 19 * 16
     assert llm.engine.block_manager.num_prefix_hits - hits_before == 19
@@ -114,9 +114,9 @@ def test_first_step_logits_close(family):
     for p in (prompts[1], prompts[5]):
         with torch.no_grad():
             ref = ref_model(torch.tensor([p])).logits[0, -1]
-        out = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=1, logprobs=5))[0]
-        top = out.logprobs[0]["top"]
+        out = llm.generate([p], SamplingParams(temperature=0.0, max_tokens=1, logprobs=5))[0].outputs[0]
+        top = sorted(out.logprobs[0].items(), key=lambda item: item[1].rank)
         ref_logp = ref.log_softmax(-1)
-        for token, logp in top:
-            assert abs(ref_logp[token].item() - logp) < 1e-4
+        for token, logprob in top:
+            assert abs(ref_logp[token].item() - logprob.logprob) < 1e-4
         assert [t for t, _ in top] == ref_logp.topk(5).indices.tolist()

@@ -17,13 +17,13 @@ def llm():
 
 def test_stop_string_cuts_the_text_where_it_begins(llm):
     prompt = "Once upon a time"
-    full = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    full = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
     words = full.text.split()
     assert len(words) > 6, full.text
     stop = " " + words[4]                       # a word from the middle of the continuation
     cut = full.text.index(stop)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]))[0]
-    assert out.finish_reason == "stop"
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == full.text[:cut]
     assert out.token_ids == full.token_ids[:len(out.token_ids)]
     assert len(out.token_ids) < len(full.token_ids)
@@ -39,7 +39,7 @@ def test_streamed_deltas_add_up_to_the_text_even_with_emoji(llm):
             params = SamplingParams(temperature=0.8, seed=5, max_tokens=30, ignore_eos=True)
             async for d in engine.generate(prompt, params):
                 if d.finished:
-                    final = d.output
+                    final = d.output.outputs[0]
                 else:
                     pieces.append(d.text)
             return "".join(pieces), final
@@ -63,7 +63,7 @@ def test_chat_uses_the_template(llm):
     out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=20))[0]
     templated = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert out.prompt_token_ids == llm.tokenizer.encode(templated, add_special_tokens=False)
-    assert out.finish_reason in ("stop", "length") and out.token_ids
+    assert out.outputs[0].finish_reason in ("stop", "length") and out.outputs[0].token_ids
     with pytest.raises(ValueError, match="role"):
         llm.chat([{"content": "no role"}])
 
@@ -71,6 +71,7 @@ def test_chat_uses_the_template(llm):
 def test_text_and_token_prompts_agree(llm):
     prompt = "Tom had a red ball."
     ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
-    a = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10))[0]
-    b = llm.generate([ids], SamplingParams(temperature=0, max_tokens=10))[0]
-    assert a.token_ids == b.token_ids and a.text == b.text
+    a, b, c = llm.generate([prompt, ids, {"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=10))
+    assert a.prompt == prompt and b.prompt is None and a.prompt_token_ids == b.prompt_token_ids == ids
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids == c.outputs[0].token_ids
+    assert a.outputs[0].text == b.outputs[0].text

@@ -65,7 +65,7 @@ def test_missing_shard_is_named(checkpoint, tmp_path):
     # the sharded checkpoint loads and generates like the single file
     ref = LLM(str(checkpoint)).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))[0]
     out = LLM(str(ck)).generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))[0]
-    assert out.token_ids == ref.token_ids
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
     (ck / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(ModelLoadError, match="model-00002-of-00002.safetensors"):
         LLM(str(ck))
@@ -96,7 +96,7 @@ def test_dummy_weights_need_only_config(checkpoint, tmp_path):
     llm = LLM(str(ck), load_format="dummy")
     assert llm.tokenizer is None
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
-    assert len(out.token_ids) == 4
+    assert len(out.outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate(["text needs a tokenizer"])
 
@@ -104,5 +104,5 @@ def test_dummy_weights_need_only_config(checkpoint, tmp_path):
 def test_prompt_longer_than_the_model_fails_with_a_reason(checkpoint):
     llm = LLM(str(checkpoint), max_model_len=64)
     out = llm.generate([[1] * 100, [1, 2]], SamplingParams(temperature=0, max_tokens=4))
-    assert out[0].finish_reason == "error" and "max_model_len" in out[0].error
-    assert out[1].finish_reason in ("length", "stop")
+    assert out[0].outputs[0].finish_reason == "error" and "max_model_len" in out[0].error
+    assert out[1].outputs[0].finish_reason in ("length", "stop")

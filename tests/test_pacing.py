@@ -28,6 +28,16 @@ def test_paced_request_sits_out_until_due():
     assert not pacing.paced
 
 
+def test_a_request_paced_later_joins_the_beat_of_those_paced_before():
+    pacing, a, b, c = Pacing(), seq(), seq(), seq()
+    pacing.pace(a, 0.5)
+    pacing.stepped([a], [], now=10.0)                                 # a is due at 10.5
+    pacing.pace(b, 0.5)
+    pacing.pace(c, 0.2)                                               # another interval: its own beat
+    assert pacing.gate([a, b, c], now=10.1) == pytest.approx(10.5) and a.held and b.held and not c.held
+    assert pacing.gate([a, b, c], now=10.5) is None and not a.held and not b.held
+
+
 def test_slow_motion_waits_between_steps():
     pacing = Pacing()
     assert pacing.wait_before_step(5.0) == 0

@@ -51,10 +51,11 @@ def test_block_manager_fork_shares_then_copies_on_first_write():
 
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:8], PROMPT[:1]], ids=["partial", "aligned", "one-token"])
 def test_each_choice_equals_a_separate_request_seeded_seed_plus_i(checkpoint, prompt):
-    together = make_llm(checkpoint).generate([prompt], params(n=4))
-    assert len(together) == 4
+    [request] = make_llm(checkpoint).generate([prompt], params(n=4))   # one output per prompt, as vLLM
+    together = request.outputs
+    assert [o.index for o in together] == [0, 1, 2, 3] and request.finished
     alone = make_llm(checkpoint)
-    separate = [alone.generate([prompt], params(seed=7 + i))[0] for i in range(4)]
+    separate = [alone.generate([prompt], params(seed=7 + i))[0].outputs[0] for i in range(4)]
     assert [o.token_ids for o in together] == [o.token_ids for o in separate]
     assert len({tuple(o.token_ids) for o in together}) > 1     # they are different samples
 
@@ -111,9 +112,10 @@ def test_choices_survive_preemption_unchanged(checkpoint):
     """A pool too small for four growing choices: some are preempted and recomputed, and
     each still equals its separate request (recomputing draws no extra random numbers)."""
     tight = make_llm(checkpoint, num_kv_blocks=12)
-    together = tight.generate([PROMPT], params(n=4, max_tokens=14))
-    assert sum(o.num_preemptions for o in together) > 0
+    [request] = tight.generate([PROMPT], params(n=4, max_tokens=14))
+    assert request.metrics.num_preemptions > 0
+    together = request.outputs
     alone = make_llm(checkpoint)
-    separate = [alone.generate([PROMPT], params(seed=7 + i, max_tokens=14))[0] for i in range(4)]
+    separate = [alone.generate([PROMPT], params(seed=7 + i, max_tokens=14))[0].outputs[0] for i in range(4)]
     assert [o.token_ids for o in together] == [o.token_ids for o in separate]
     tight.engine.block_manager.check_invariants([])

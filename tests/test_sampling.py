@@ -78,31 +78,34 @@ def test_filters_keep_at_least_one_token():
 
 def test_same_seed_same_output_whatever_the_batch(llm):
     params = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
-    alone = llm.generate([[5, 6, 7]], params)[0].token_ids
+    alone = llm.generate([[5, 6, 7]], params)[0].outputs[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True) for _ in range(3)]
     batched = llm.generate([[1, 2], [5, 6, 7], [9] * 30, [3]], [others[0], params, others[1], others[2]])
-    assert batched[1].token_ids == alone
+    assert batched[1].outputs[0].token_ids == alone
     different = llm.generate([[5, 6, 7]], SamplingParams(temperature=1.0, top_p=0.95, seed=99,
-                                                         max_tokens=20, ignore_eos=True))[0]
+                                                         max_tokens=20, ignore_eos=True))[0].outputs[0]
     assert different.token_ids != alone
 
 
 def test_stop_token_ids_stop_strings_and_max_tokens(llm):
-    greedy = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    greedy = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
     assert len(greedy.token_ids) == 12 and greedy.finish_reason == "length"
     stop_at = greedy.token_ids[4]
     first = greedy.token_ids.index(stop_at)
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
-                                                   stop_token_ids=[stop_at]))[0]
+                                                   stop_token_ids=[stop_at]))[0].outputs[0]
     assert out.token_ids == greedy.token_ids[:first + 1] and out.finish_reason == "stop"
+    assert out.stop_reason == stop_at and greedy.stop_reason is None
 
 
 def test_logprobs_are_reported(llm):
-    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, logprobs=3))[0]
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, logprobs=3))[0].outputs[0]
     assert len(out.logprobs) == 3
-    for lp, tok in zip(out.logprobs, out.token_ids):
-        assert lp["top"][0][0] == tok and lp["logprob"] == pytest.approx(lp["top"][0][1])
-        assert lp["logprob"] <= 0
+    for position, tok in zip(out.logprobs, out.token_ids):   # vLLM's shape: {token_id: Logprob}
+        assert list(position)[0] == tok and position[tok].rank == 1 and len(position) == 3
+        assert sorted(lp.rank for lp in position.values()) == [1, 2, 3]
+        assert position[tok].logprob <= 0
+    assert out.cumulative_logprob == pytest.approx(sum(p[t].logprob for p, t in zip(out.logprobs, out.token_ids)))
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=2),

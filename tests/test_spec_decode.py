@@ -9,7 +9,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.engine.rejection_sampler import verify
+from kvscope.engine.spec_decode import verify
 from kvscope.engine.spec_decode import SpeculativeConfig
 
 MAX_NEW = 20
@@ -51,7 +51,7 @@ def test_ngram_greedy_matches_transformers(models, k):
     target, _, prompts, reference = models
     llm = engine(target, {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3})
     outs = greedy(llm, prompts)
-    assert [o.token_ids for o in outs] == reference
+    assert [o.outputs[0].token_ids for o in outs] == reference
     stats = llm.engine.speculator.total
     assert stats.proposed > 0 and stats.accepted > 0, "the repetitive prompts should have been drafted"
     assert stats.accepted < stats.proposed, "random weights should also reject some drafts"
@@ -62,7 +62,7 @@ def test_ngram_greedy_matches_transformers(models, k):
 def test_draft_model_greedy_matches_transformers(models, k):
     target, other_draft, prompts, reference = models
     llm = engine(target, {"model": str(other_draft), "num_speculative_tokens": k})
-    assert [o.token_ids for o in greedy(llm, prompts)] == reference
+    assert [o.outputs[0].token_ids for o in greedy(llm, prompts)] == reference
     assert llm.engine.speculator.total.proposed > 0
     assert_no_leak(llm)
 
@@ -70,7 +70,7 @@ def test_draft_model_greedy_matches_transformers(models, k):
 def test_self_draft_accepts_everything_and_emits_k_plus_one_per_pass(models):
     target, _, prompts, reference = models
     llm = engine(target, {"model": str(target), "num_speculative_tokens": 4})
-    assert [o.token_ids for o in greedy(llm, prompts)] == reference
+    assert [o.outputs[0].token_ids for o in greedy(llm, prompts)] == reference
     stats = llm.engine.speculator.total
     assert stats.accepted == stats.proposed
     assert stats.tokens_per_pass > 4.0
@@ -83,10 +83,10 @@ def test_chunked_prefill_prefix_hits_and_preemption(models):
                  num_kv_blocks=24)
     first = greedy(llm, prompts[2:3])                   # caches the 90-token prompt's blocks
     outs = greedy(llm, prompts + prompts[2:3])
-    assert first[0].token_ids == reference[2]
-    assert [o.token_ids for o in outs] == reference + reference[2:3]
+    assert first[0].outputs[0].token_ids == reference[2]
+    assert [o.outputs[0].token_ids for o in outs] == reference + reference[2:3]
     assert outs[-1].num_cached_tokens > 0 or outs[2].num_cached_tokens > 0
-    assert sum(o.num_preemptions for o in outs) > 0, "24 blocks of 8 cannot hold every sequence"
+    assert sum(o.metrics.num_preemptions for o in outs) > 0, "24 blocks of 8 cannot hold every sequence"
     assert_no_leak(llm)
 
 
@@ -95,7 +95,7 @@ def test_prefix_cache_never_hashes_a_rejected_draft(models):
     llm = engine(target, {"model": str(other_draft), "num_speculative_tokens": 5})
     outs = greedy(llm, prompts)
     bm = llm.engine.block_manager
-    sequences = [o.prompt_token_ids + o.token_ids for o in outs]
+    sequences = [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]
     for block in bm.blocks:
         if block.hash is None:
             continue
@@ -113,9 +113,9 @@ def test_max_tokens_and_stop_tokens_exact(models):
     llm = engine(target, {"model": str(target), "num_speculative_tokens": 5})   # every draft accepted
     for max_new in (1, 2, 7):
         outs = greedy(llm, prompts, max_new)
-        assert [o.token_ids for o in outs] == [r[:max_new] for r in reference]
+        assert [o.outputs[0].token_ids for o in outs] == [r[:max_new] for r in reference]
     stop_at = reference[0][4]
-    out = greedy(llm, prompts[:1], stop_token_ids=[stop_at])[0]
+    out = greedy(llm, prompts[:1], stop_token_ids=[stop_at])[0].outputs[0]
     assert out.token_ids == reference[0][:reference[0].index(stop_at) + 1]
     assert out.finish_reason == "stop"
     assert_no_leak(llm)
@@ -125,10 +125,11 @@ def test_logprobs_equal_the_plain_engine(models):
     target, _, prompts, _ = models
     plain = greedy(engine(target, None), prompts[3:], logprobs=2)
     spec = greedy(engine(target, {"method": "ngram", "num_speculative_tokens": 3}), prompts[3:], logprobs=2)
-    for a, b in zip(plain, spec):
+    for a, b in zip((o.outputs[0] for o in plain), (o.outputs[0] for o in spec)):
         assert a.token_ids == b.token_ids
-        assert [x["top"][0][0] for x in a.logprobs] == [x["top"][0][0] for x in b.logprobs]
-        assert [x["logprob"] for x in a.logprobs] == pytest.approx([x["logprob"] for x in b.logprobs], abs=1e-4)
+        assert [list(x) for x in a.logprobs] == [list(x) for x in b.logprobs]   # the same tokens, in order
+        assert [x[t].logprob for x, t in zip(a.logprobs, a.token_ids)] == \
+            pytest.approx([x[t].logprob for x, t in zip(b.logprobs, b.token_ids)], abs=1e-4)
 
 
 def test_abort_mid_run_frees_both_caches(models):
@@ -149,7 +150,7 @@ def test_seeded_sampling_is_reproducible(models):
     outs = []
     for _ in range(2):
         llm = engine(target, {"model": str(other_draft), "num_speculative_tokens": 3})
-        outs.append([o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=1.0, seed=5, max_tokens=12,
+        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(temperature=1.0, seed=5, max_tokens=12,
                                                                                 ignore_eos=True))])
     assert outs[0] == outs[1]
 
@@ -231,10 +232,10 @@ def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
     size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
     assert size <= 5 * 2**20, f"the draft must stay under 5 MB, it is {size / 2**20:.1f} MB"
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    plain = LLM(None, device="cpu", dtype="float32").generate([FREE_FORM], params)[0]
+    plain = LLM(None, device="cpu", dtype="float32").generate([FREE_FORM], params)[0].outputs[0]
     llm = LLM(None, device="cpu", dtype="float32",
               speculative_config={"model": DEFAULT_DRAFT_NAME, "num_speculative_tokens": 3})
-    spec = llm.generate([FREE_FORM], params)[0]
+    spec = llm.generate([FREE_FORM], params)[0].outputs[0]
     assert spec.token_ids == plain.token_ids
     assert llm.engine.speculator.total.acceptance_rate > 0.3
     assert llm.engine.speculator.total.tokens_per_pass > 1.5
@@ -246,12 +247,12 @@ def test_stop_strings_cut_where_they_do_without_speculation():
     from kvscope.bench_spec import FREE_FORM
     params = dict(temperature=0.0, max_tokens=40, ignore_eos=True)
     plain_llm = LLM(None, device="cpu", dtype="float32")
-    full = plain_llm.generate([FREE_FORM], SamplingParams(**params))[0]
+    full = plain_llm.generate([FREE_FORM], SamplingParams(**params))[0].outputs[0]
     stop = full.text[len(full.text) // 2:len(full.text) // 2 + 6]
-    plain = plain_llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0]
+    plain = plain_llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0].outputs[0]
     draft = {"model": "kvscope-mini-draft", "num_speculative_tokens": 5}
     llm = LLM(None, device="cpu", dtype="float32", speculative_config=draft)
-    spec = llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0]
+    spec = llm.generate([FREE_FORM], SamplingParams(**params, stop=[stop]))[0].outputs[0]
     assert plain.finish_reason == spec.finish_reason == "stop"
     assert (spec.text, spec.token_ids) == (plain.text, plain.token_ids)
     assert llm.engine.speculator.total.accepted > 0
@@ -262,7 +263,7 @@ def test_parallel_sampling_choices_speculate_after_the_fork(models):
     every choice drafts on its own; greedy choices all equal the plain engine's output."""
     target, _, prompts, reference = models
     llm = engine(target, {"model": str(target), "num_speculative_tokens": 3})
-    outs = llm.generate(prompts[3:4], SamplingParams(n=3, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
-    assert [o.token_ids for o in outs] == [reference[3]] * 3
+    [out] = llm.generate(prompts[3:4], SamplingParams(n=3, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))
+    assert [o.token_ids for o in out.outputs] == [reference[3]] * 3
     assert llm.engine.speculator.total.accepted > 0
     assert_no_leak(llm)

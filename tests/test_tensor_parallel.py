@@ -19,7 +19,7 @@ def prompts() -> list[list[int]]:
 
 
 def greedy(llm: LLM, ps, max_new=MAX_NEW):
-    return [o.token_ids for o in llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=max_new,
+    return [o.outputs[0].token_ids for o in llm.generate(ps, SamplingParams(temperature=0.0, max_tokens=max_new,
                                                                  ignore_eos=True))]
 
 
@@ -79,7 +79,7 @@ def test_the_same_script_runs_under_torchrun(tmp_path):
         "from kvscope import LLM, SamplingParams\n"
         f"llm = LLM({str(directory)!r}, device='cpu', dtype='float32', tensor_parallel_size=2, num_threads=1)\n"
         f"outs = llm.generate({ps!r}, SamplingParams(temperature=0.0, max_tokens={MAX_NEW}, ignore_eos=True))\n"
-        "print('TOKENS', [o.token_ids for o in outs])\n"
+        "print('TOKENS', [o.outputs[0].token_ids for o in outs])\n"
         "llm.engine.shutdown()\n")
     backend = str(Path(__file__).resolve().parents[1] / "backend")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [backend, os.environ.get("PYTHONPATH")]))}

@@ -1,16 +1,19 @@
 """Benchmarks that print figures: `kvscope bench throughput` (nano-vllm's workload: random
 prompts and output lengths, EOS ignored) and `kvscope bench latency` (batch 1), each run
-against Hugging Face transformers' generate on the same model in the same process."""
+against Hugging Face transformers' generate on the same model in the same process and, with
+`--against vllm`, against vLLM in its own process (bench_vllm.py), runs alternated. The
+machine's ceilings are measured first, and each engine's fraction of them printed."""
 from __future__ import annotations
 
 import argparse
 import random
 import statistics
+import sys
 import time
 
 import torch
 
-from kvscope import bench_shapes, cpu_ceilings
+from kvscope import bench_shapes, bench_vllm, cpu_ceilings
 from kvscope.config import ATTENTION_BACKENDS
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
@@ -75,6 +78,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto",
                    choices=ATTENTION_BACKENDS)
     p.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    p.add_argument("--against", choices=["vllm"], default=None,
+                   help="also run vLLM (its CPU build on a CPU) on the same checkpoint and workload, "
+                        "alternated with kvscope; shape:NAME models get their random weights written once")
+    p.add_argument("--vllm-python", default=sys.executable,
+                   help="the Python that has vLLM (default: this one; tests/run.sh makes "
+                        "~/.cache/kvscope/vllm-venv/bin/python)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache space; vLLM gets exactly kvscope's (default: kvscope's own choice)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per KV block (default: the engine's; 32 with --against vllm, whose CPU "
+                        "attention needs a multiple of 32)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="the same on every engine (default off: each run computes its prompts)")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="the same on every engine")
 
 
 # -- workload ------------------------------------------------------------------------------
@@ -95,17 +113,45 @@ def _engine(args, **overrides):
     if "model" not in overrides:
         overrides["model"], overrides["load_format"] = _one_model(args)
     kw = dict(load_format=args.load_format, device=args.device, dtype=args.dtype,
-              seed=args.seed, enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
-              attention_backend=args.attention_backend)
+              seed=args.seed, enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
+              attention_backend=args.attention_backend, enable_prefix_caching=args.enable_prefix_caching,
+              enable_chunked_prefill=args.enable_chunked_prefill,
+              block_size=args.block_size or (32 if args.against == "vllm" else None),
+              kv_cache_memory_bytes=None if args.kv_cache_gib is None else int(args.kv_cache_gib * 2**30))
     kw.update({k: v for k, v in overrides.items() if v is not None})
-    return LLMEngine(**kw)
+    return LLMEngine(**{k: v for k, v in kw.items() if v is not None})
 
 
 def _one_model(args) -> tuple[str | None, str]:
     models = args.model or [None]
     if len(models) > 1:
         raise ValueError(f"`kvscope bench {args.bench}` takes one --model (only `throughput` takes several)")
-    return bench_shapes.resolve(models[0], args.load_format)
+    return _resolve_model(args, models[0])
+
+
+def _resolve_model(args, model: str | None) -> tuple[str | None, str]:
+    """(checkpoint, load format) for a --model value; against vLLM a shape:NAME becomes a
+    checkpoint of seeded random weights written once, so every engine loads the same ones."""
+    if args.against == "vllm":
+        return bench_shapes.checkpoint(model, args.seed), args.load_format
+    return bench_shapes.resolve(model, args.load_format)
+
+
+def _settings_line(engine) -> str:
+    c = engine.config
+    chunk = f"on, {c.max_num_batched_tokens} tokens a step" if c.enable_chunked_prefill else "off"
+    return (f"settings (every engine): prefix caching {'on' if c.enable_prefix_caching else 'off'}, "
+            f"chunked prefill {chunk}, block size {c.block_size}, at most {c.max_num_seqs} sequences, "
+            f"KV cache {engine.runner.kv_cache_bytes / 2**20:,.0f} MiB, greedy, EOS ignored")
+
+
+def _start_ceilings(engine):
+    """The CPU's ceilings, measured before any engine runs (None on a GPU)."""
+    if engine.device.type != "cpu":
+        return None
+    ceilings = cpu_ceilings.measure(engine.dtype)
+    print(ceilings.describe())
+    return ceilings
 
 
 def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
@@ -198,6 +244,8 @@ def run_throughput(args) -> int:
     """One run over every --model given (the same workload for each), then a summary."""
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     _defaults(args, gpu)
+    if args.against == "vllm":
+        bench_vllm.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
     models = args.model or [None]
     rows = []
     for i, model in enumerate(models):
@@ -212,9 +260,11 @@ def run_throughput(args) -> int:
 
 
 def _throughput_one(args, model_arg: str | None) -> dict:
-    model_path, load_format = bench_shapes.resolve(model_arg, args.load_format)
+    model_path, load_format = _resolve_model(args, model_arg)
+    against_vllm = args.against == "vllm"
+    max_len = args.input_len[1] + args.output_len[1] if against_vllm else None   # vLLM sizes its pool by it
     engine = _engine(args, model=model_path, load_format=load_format, max_num_seqs=args.max_num_seqs,
-                     max_num_batched_tokens=args.max_num_batched_tokens)
+                     max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len)
     prompts, outputs = make_workload(args.num_requests, args.input_len, args.output_len,
                                      engine.model_config.vocab_size, args.seed)
     print(f"workload: {len(prompts)} requests, prompts {args.input_len[0]}-{args.input_len[1]} tokens, "
@@ -224,22 +274,31 @@ def _throughput_one(args, model_arg: str | None) -> dict:
           f"parameters), device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}, "
           f"attention {engine.runner.attention_backend}, cuda graphs {'on' if engine.runner.graphs else 'off'}, "
           f"decode {engine.runner.decode_note}, {cpu_ceilings.threads_phrase()}")
+    print(_settings_line(engine))
+    ceilings = _start_ceilings(engine)
     instr = None
     if args.instrument != "off":
         from kvscope.instrumentation import attach_for_bench
         instr = attach_for_bench(engine, args.instrument)
     watcher = instr if args.instrument == "watch" else None
-    run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
-    model = None if args.no_hf else hf_model_like(engine)
-    if model is not None:
-        run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
-    ours_runs, hf_runs = [], {size: [] for size in args.hf_batch_size}
-    for _ in range(max(1, args.repeats)):   # alternated, so both see the same machine load
-        ours_runs.append(run_kvscope(engine, prompts, outputs, watcher))
+    peer = bench_vllm.start(engine, max_len, args) if against_vllm else None
+    try:
+        run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
+        model = None if args.no_hf else hf_model_like(engine)
         if model is not None:
-            for size, runs in hf_runs.items():
-                runs.append(run_hf_static(model, prompts, outputs, size, engine.device))
-    ours = sorted(ours_runs, key=lambda r: r["elapsed"])[len(ours_runs) // 2]
+            run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
+        ours_runs, vllm_runs, hf_runs = [], [], {size: [] for size in args.hf_batch_size}
+        for _ in range(max(1, args.repeats)):   # alternated, so every engine sees the same machine load
+            ours_runs.append(run_kvscope(engine, prompts, outputs, watcher))
+            if peer is not None:
+                vllm_runs.append(peer.throughput(prompts, outputs))
+            if model is not None:
+                for size, runs in hf_runs.items():
+                    runs.append(run_hf_static(model, prompts, outputs, size, engine.device))
+    finally:
+        if peer is not None:
+            peer.close()
+    ours = _median(ours_runs)
     bm = engine.block_manager
     ours_rate = ours["generated"] / ours["elapsed"]
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
@@ -250,13 +309,22 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
           f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
     row = {"model": label, "kvscope": f"{ours_rate:,.0f} tok/s"}
+    rates = {"kvscope": ours_rate}
+    if peer is not None:
+        theirs = _median(vllm_runs)
+        rates["vLLM"] = theirs["generated"] / theirs["elapsed"]
+        print(f"vLLM {peer.version}: {theirs['generated']} output tokens in {theirs['elapsed']:.2f} s = "
+              f"{rates['vLLM']:,.0f} tok/s{runs}")
+        print(f"kvscope / vLLM: {ours_rate / rates['vLLM']:.2f}x")
+        row |= {"vLLM": f"{rates['vLLM']:,.0f} tok/s", "kvscope/vLLM": f"{ours_rate / rates['vLLM']:.2f}x"}
     if model is not None:
-        medians = {size: sorted(r, key=lambda x: x["elapsed"])[len(r) // 2] for size, r in hf_runs.items()}
+        medians = {size: _median(r) for size, r in hf_runs.items()}
         for size, hf in medians.items():
             print(f"transformers generate (static batches of {size}): {hf['generated']} output "
                   f"tokens in {hf['elapsed']:.2f} s = {hf['generated'] / hf['elapsed']:,.0f} tok/s{runs}")
         best = min(medians, key=lambda size: medians[size]["elapsed"])
         hf_rate = medians[best]["generated"] / medians[best]["elapsed"]
+        rates["transformers"] = hf_rate
         vs = f" (vs transformers' fastest batch size here, {best})" if len(medians) > 1 else ""
         print(f"speed-up: {ours_rate / hf_rate:.2f}x{vs}")
         row |= {"transformers": f"{hf_rate:,.0f} tok/s", "speed-up": f"{ours_rate / hf_rate:.2f}x"}
@@ -266,49 +334,88 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     facts = model_facts(engine)
     kv_read = kv_read_bytes(prompts, outputs, facts.kv_bytes_per_token)
     computed = sum(len(p) for p in prompts) + sum(outputs)
+    flops = 2 * facts.read_weight_bytes / facts.dtype_bytes * computed
+    if ceilings is not None:
+        # the least any engine could take: decode steps of the whole batch, every prompt computed once
+        ideal_steps = sum(outputs) / max(1, min(args.max_num_seqs, len(prompts)))
+        seconds, bound = ceilings.limit_seconds(ideal_steps * facts.read_weight_bytes + kv_read, flops)
+        limit = sum(outputs) / seconds
+        print(_roofline_line(f"{limit:,.0f} tok/s", bound, {k: r / limit for k, r in rates.items()}))
+        row["roofline"] = " ".join(f"{k} {100 * r / limit:.0f}%" for k, r in rates.items())
     lines = cpu_ceilings.report(engine, ours["elapsed"], ours["steps"] * facts.read_weight_bytes + kv_read,
-                                2 * facts.read_weight_bytes / facts.dtype_bytes * computed)
-    for line in lines:
+                                flops, ceilings)
+    for line in lines[1:]:
         print(line)
     if lines:
         row["ceilings"] = lines[-1].removeprefix("achieved: ")
     return row
 
 
+def _median(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["elapsed"])[len(runs) // 2]
+
+
+def _roofline_line(limit: str, bound: str, fractions: dict[str, float]) -> str:
+    reached = ", ".join(f"{name} {100 * f:.0f}%" for name, f in fractions.items())
+    return f"roofline for this workload (measured ceilings): {limit}, {bound}; reached: {reached}"
+
+
 def run_latency(args) -> int:
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     args.input_len = args.input_len or (512 if gpu else 128)
-    engine = _engine(args, max_num_seqs=8)
+    if args.against == "vllm":
+        bench_vllm.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
+    max_len = args.input_len + args.output_len + args.repeats + 1 if args.against == "vllm" else None
+    engine = _engine(args, max_num_seqs=8, max_model_len=max_len)
     prompts, _ = make_workload(1, (args.input_len, args.input_len), (1, 1), engine.model_config.vocab_size, args.seed)
     prompt, n = prompts[0], args.output_len
     print(f"batch 1: prompt {len(prompt)} tokens, {n} output tokens; model {engine.model_config.name}, "
-          f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}")
+          f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+          f"decode {engine.runner.decode_note}, {cpu_ceilings.threads_phrase()}")
+    print(_settings_line(engine))
+    ceilings = _start_ceilings(engine)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    ttfts, tpots, hf_ttfts, hf_tpots = [], [], [], []
-    run_kvscope(engine, [prompt[:8]], [4])   # warm-up
-    model = None if args.no_hf else hf_model_like(engine)
-    for r in range(args.repeats):   # alternated, so both see the same machine load
-        vocab = engine.model_config.vocab_size
-        fresh = [(t + r + 1) % vocab for t in prompt]   # a new prompt each time: no prefix-cache hits
-        ttft, tpot = _kvscope_latency(engine, fresh, n, clock)
-        ttfts.append(ttft)
-        tpots.append(tpot)
-        if model is not None:
-            ttft, tpot = _hf_latency(model, prompt, n, engine.device, clock)
-            hf_ttfts.append(ttft)
-            hf_tpots.append(tpot)
-    print(f"kvscope: TTFT {1e3 * statistics.median(ttfts):.2f} ms, "
-          f"time per output token {1e3 * statistics.median(tpots):.3f} ms "
-          f"({1 / statistics.median(tpots):,.0f} tok/s, {args.clock} clock, median of {args.repeats})")
-    if model is not None:
-        ttft, tpot = statistics.median(hf_ttfts), statistics.median(hf_tpots)
-        print(f"transformers generate: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
-              f"({1 / tpot:,.0f} tok/s)")
-        print(f"decode speed-up: {tpot / statistics.median(tpots):.2f}x")
+    peer = bench_vllm.start(engine, max_len, args) if args.against == "vllm" else None
+    if peer is not None and args.clock == "cpu":
+        print("note: vLLM runs in other processes; its times are wall-clock whatever --clock says")
+    times = {"kvscope": [], "vLLM": [], "transformers": []}
+    try:
+        run_kvscope(engine, [prompt[:8]], [4])   # warm-up
+        model = None if args.no_hf else hf_model_like(engine)
+        for r in range(args.repeats):   # alternated, so every engine sees the same machine load
+            vocab = engine.model_config.vocab_size
+            fresh = [(t + r + 1) % vocab for t in prompt]   # a new prompt each time: no prefix-cache hits
+            times["kvscope"].append(_kvscope_latency(engine, fresh, n, clock))
+            if peer is not None:
+                times["vLLM"].append(peer.latency(fresh, n))
+            if model is not None:
+                times["transformers"].append(_hf_latency(model, prompt, n, engine.device, clock))
+    finally:
+        if peer is not None:
+            peer.close()
+    medians = {name: (statistics.median(t for t, _ in runs), statistics.median(p for _, p in runs))
+               for name, runs in times.items() if runs}
+    ttft, tpot = medians["kvscope"]
+    print(f"kvscope: TTFT {1e3 * ttft:.2f} ms, time per output token {1e3 * tpot:.3f} ms "
+          f"({1 / tpot:,.0f} tok/s, {args.clock} clock, median of {args.repeats})")
+    if peer is not None:
+        v_ttft, v_tpot = medians["vLLM"]
+        print(f"vLLM {peer.version}: TTFT {1e3 * v_ttft:.2f} ms, time per output token {1e3 * v_tpot:.3f} ms "
+              f"({1 / v_tpot:,.0f} tok/s; one token then {n}, the difference)")
+        print(f"kvscope / vLLM decode speed: {v_tpot / tpot:.2f}x")
+    if "transformers" in medians:
+        hf_ttft, hf_tpot = medians["transformers"]
+        print(f"transformers generate: TTFT {1e3 * hf_ttft:.2f} ms, time per output token {1e3 * hf_tpot:.3f} ms "
+              f"({1 / hf_tpot:,.0f} tok/s)")
+        print(f"decode speed-up: {hf_tpot / tpot:.2f}x")
     facts = model_facts(engine)
     per_token = facts.read_weight_bytes + (len(prompt) + n / 2) * facts.kv_bytes_per_token
-    for line in cpu_ceilings.report(engine, statistics.median(tpots), per_token,
-                                    2 * facts.read_weight_bytes / facts.dtype_bytes):
+    flops = 2 * facts.read_weight_bytes / facts.dtype_bytes
+    if ceilings is not None:
+        seconds, bound = ceilings.limit_seconds(per_token, flops)
+        print(_roofline_line(f"{1e3 * seconds:.3f} ms per output token", bound,
+                             {name: seconds / p for name, (_, p) in medians.items()}))
+    for line in cpu_ceilings.report(engine, tpot, per_token, flops, ceilings)[1:]:
         print(line)
     return 0
 
@@ -348,7 +455,7 @@ def _hf_latency(model, prompt, n, device, clock):
 def run_parallel(args) -> int:
     """The same n samples of one prompt, on a fresh engine each time (prefix caching off, so
     only the fork shares): as one request with n choices, and as n separate requests."""
-    from kvscope.engine.observer import EngineObserver
+    from kvscope.engine.llm_engine import EngineObserver
 
     class PromptTokens(EngineObserver):
         computed = 0

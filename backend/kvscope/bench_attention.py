@@ -41,7 +41,8 @@ def decode_step(args, batch: int, num_blocks: int, rng: random.Random):
         length = rng.randint(*args.context_len)
         seq = Sequence([0] * length, SamplingParams())
         seq.block_table = [free.pop() for _ in range(cdiv(length, args.block_size))]
-        out.entries.append(ScheduledSeq(seq, 1, length - 1, samples=True))
+        seq.num_computed_tokens = length - 1
+        out.entries.append(ScheduledSeq.row(seq, 1))
     return prepare_inputs(out, args.block_size, StepBuffers(torch.device("cpu")), "torch").metadata
 
 

@@ -35,3 +35,28 @@ def resolve(model: str | None, load_format: str) -> tuple[str | None, str]:
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps(SHAPES[name], indent=1))
     return str(directory), "dummy"
+
+
+def checkpoint(model: str | None, seed: int = 0) -> str | None:
+    """A directory with real weights for a --model value, so that another engine (vLLM,
+    transformers) loads exactly the weights kvscope does: a shape:NAME gets random weights
+    written once (seeded) under ~/.cache/kvscope/shapes/; anything else is returned as is."""
+    if model is None or not model.startswith(PREFIX):
+        return model
+    name = model.removeprefix(PREFIX)
+    if name not in SHAPES:
+        raise ValueError(f"unknown benchmark shape {name!r}; known: {', '.join(sorted(SHAPES))}")
+    directory = Path.home() / ".cache" / "kvscope" / "shapes" / f"{name}-seed{seed}" / name
+    if not directory.is_dir():   # written under another name, then renamed: never half there
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        print(f"writing random {name} weights (seed {seed}) to {directory}, once...", flush=True)
+        staging = directory.with_name(name + ".partial")
+        staging.mkdir(parents=True, exist_ok=True)
+        (staging / "config.json").write_text(json.dumps(SHAPES[name], indent=1))
+        torch.manual_seed(seed)
+        dtype = getattr(torch, SHAPES[name]["torch_dtype"])
+        model_ = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(staging), dtype=dtype)
+        model_.save_pretrained(staging)
+        staging.rename(directory)
+    return str(directory)

@@ -51,23 +51,21 @@ def cmd_generate(args) -> int:
     from kvscope.llm import apply_chat_template
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, seed=args.seed, max_tokens=args.max_new_tokens)
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=args.speculative_config,
-              tensor_parallel_size=args.tensor_parallel_size)
-    prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}]) \
-        if args.chat else args.prompt
-    start = time.perf_counter()
-    try:
+    with LLM(args.model, device=args.device, dtype=args.dtype, speculative_config=args.speculative_config,
+             tensor_parallel_size=args.tensor_parallel_size) as llm:
+        prompt = apply_chat_template(llm.tokenizer, [{"role": "user", "content": args.prompt}]) \
+            if args.chat else args.prompt
+        start = time.perf_counter()
         out = llm.generate([prompt], params)[0]
-    finally:
-        llm.engine.shutdown()
-    elapsed = time.perf_counter() - start
-    if out.finish_reason == "error":
+        elapsed = time.perf_counter() - start
+    choice = out.outputs[0]
+    if choice.finish_reason == "error":
         raise ValueError(out.error)
-    print(args.prompt + out.text if not args.chat else out.text)
+    print(args.prompt + choice.text if not args.chat else choice.text)
     if args.show_stats:
         engine = llm.engine
-        rate = len(out.token_ids) / elapsed if elapsed > 0 else 0.0
-        print(f"prompt_tokens={len(out.prompt_token_ids)} generated_tokens={len(out.token_ids)} "
+        rate = len(choice.token_ids) / elapsed if elapsed > 0 else 0.0
+        print(f"prompt_tokens={len(out.prompt_token_ids)} generated_tokens={len(choice.token_ids)} "
               f"elapsed_seconds={elapsed:.3f} tokens_per_second={rate:.1f} "
               f"device={engine.device} dtype={engine.dtype_choice.name} dtype_reason={shlex.quote(engine.dtype_choice.reason)} "
               f"decode={shlex.quote(engine.runner.decode_note)}")

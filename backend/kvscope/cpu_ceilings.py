@@ -18,6 +18,17 @@ class CpuCeilings:
     gemv_bytes_per_s: float     # a [N, N] weight times one vector, in `dtype`: weight bytes / time
     matmul_flops: float         # a square matrix multiply in `dtype`
 
+    @property
+    def bandwidth(self) -> float:
+        """The read ceiling: the faster of a plain sum and a weight-streaming gemv."""
+        return max(self.read_bytes_per_s, self.gemv_bytes_per_s)
+
+    def limit_seconds(self, bytes_read: float, flops: float) -> tuple[float, str]:
+        """The least time a run that reads `bytes_read` and computes `flops` can take here,
+        and which ceiling binds it."""
+        memory, compute = bytes_read / self.bandwidth, flops / self.matmul_flops
+        return (memory, "memory-bound") if memory >= compute else (compute, "compute-bound")
+
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
         return (f"CPU ceilings (measured, {threads_phrase()}): memory read "
@@ -53,12 +64,13 @@ def measure(dtype: torch.dtype, size_mib: int = 256, repeats: int = 5) -> CpuCei
     return CpuCeilings(dtype, read, gemv, flops)
 
 
-def report(engine, seconds: float, bytes_read: float, flops: float) -> list[str]:
+def report(engine, seconds: float, bytes_read: float, flops: float, ceilings: CpuCeilings | None = None) -> list[str]:
     """The ceilings line, then what a run that read `bytes_read` and computed `flops` in
-    `seconds` reached of them. Empty on a GPU (the roofline line uses its spec sheet)."""
+    `seconds` reached of them. Empty on a GPU (the roofline line uses its spec sheet).
+    `ceilings`: measured already (at the bench's start); measured now when not given."""
     if engine.device.type != "cpu":
         return []
-    c = measure(engine.dtype)
+    c = ceilings or measure(engine.dtype)
     achieved_bw, achieved_flops = bytes_read / seconds, flops / seconds
     return [c.describe(),
             f"achieved: {achieved_bw / 1e9:.1f} GB/s of weights and KV read = {100 * achieved_bw / c.gemv_bytes_per_s:.0f}% "

@@ -1,4 +1,6 @@
-"""The offline API: LLM(model).generate(prompts, params) and LLM.chat(messages)."""
+"""The offline API, shaped as vLLM's: LLM(model, ...).generate(prompts, params) returns one
+RequestOutput per prompt, LLM.chat(messages) formats with the tokenizer's chat template.
+A script that imports LLM and SamplingParams from vllm runs unchanged on kvscope."""
 from __future__ import annotations
 
 from kvscope.config import EngineConfig
@@ -6,39 +8,95 @@ from kvscope.engine.llm_engine import LLMEngine
 from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# str, token ids, or vLLM's TextPrompt / TokensPrompt dicts
+Prompt = str | list[int] | dict
 
 
 class LLM:
-    def __init__(self, model: str | None = None, **engine_args):
+    def __init__(self, model: str | None = None, *, num_gpu_blocks_override: int | None = None,
+                 skip_tokenizer_init: bool = False, **engine_args):
+        """Engine arguments take vLLM's names (dtype, seed, max_model_len, max_num_seqs,
+        max_num_batched_tokens, block_size, enable_prefix_caching, enable_chunked_prefill,
+        enforce_eager, tensor_parallel_size, speculative_config, gpu_memory_utilization,
+        kv_cache_memory_bytes, num_gpu_blocks_override, skip_tokenizer_init) plus kvscope's
+        own (EngineConfig)."""
+        if num_gpu_blocks_override is not None:
+            engine_args["num_kv_blocks"] = num_gpu_blocks_override
         self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        if skip_tokenizer_init:   # token ids in and out, no text (as vLLM)
+            self.engine.tokenizer = None
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        """Run every prompt to the end; one RequestOutput per prompt, in prompt order.
+        (use_tqdm is accepted for vLLM's signature; kvscope draws no progress bar.)"""
+        prompts = as_prompt_list(prompts)
         params = sampling_params or SamplingParams()
         if isinstance(params, list):
             if len(params) != len(prompts):
                 raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         else:
             params = [params] * len(prompts)
-        seqs = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        choices = [c for s in seqs for c in (s, *s.forks)]   # with n > 1, a prompt's n choices in a row
+        requests = [self.engine.add_request(prompt_input(p), sp) for p, sp in zip(prompts, params)]
+        groups = [[seq, *seq.forks] for seq in requests]   # the forks exist from the start
         while self.engine.has_unfinished():
             self.engine.step()
-        return [RequestOutput.from_sequence(c) for c in choices]
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None \
+            else next(iter(self.engine.model_config.eos_token_ids), None)
+        return [RequestOutput.from_sequences(group, prompt_text(p), self.tokenizer, eos_token_id=eos)
+                for p, group in zip(prompts, groups)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [apply_chat_template(self.tokenizer, conv) for conv in conversations]
         return self.generate(prompts, sampling_params)
+
+    def close(self) -> None:
+        """Stop the engine's workers and free what it holds; the LLM is unusable afterwards."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    """One prompt (text, token ids or a prompt dict) or a list of them, as a list."""
+    if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)
+
+
+def prompt_input(prompt: Prompt) -> str | list[int]:
+    """What the engine takes: text or token ids. Dicts are vLLM's {"prompt": ...} (TextPrompt)
+    or {"prompt_token_ids": [...]} (TokensPrompt)."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"]
+        raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+    return prompt
+
+
+def prompt_text(prompt: Prompt) -> str | None:
+    if isinstance(prompt, dict):
+        return prompt.get("prompt")
+    return prompt if isinstance(prompt, str) else None
 
 
 def apply_chat_template(tokenizer, messages: list[dict]) -> str:

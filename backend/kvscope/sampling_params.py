@@ -1,7 +1,31 @@
-"""Per-request generation settings, validated up front so bad input fails with a clear message."""
+"""Per-request generation settings, validated up front so bad input fails with a clear message.
+Names and defaults are vLLM's (max_tokens 16, top_k 0 or -1 for no filter), so a script
+written for vllm.SamplingParams runs unchanged."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's constraint on a request's output: exactly one of a JSON schema (a dict or its
+    text), any JSON object, a regex the whole output must match, a list of choices, or an
+    EBNF grammar (engine/structured_output.py applies it)."""
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self):
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object")
+                 if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("structured outputs take exactly one of json, regex, choice, grammar, "
+                             f"json_object; got {given or 'none'}")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError("structured outputs: choice must be a non-empty list of non-empty strings")
 
 
 @dataclass
@@ -11,12 +35,13 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None     # same seed => same output, whatever else is in the batch
-    max_tokens: int = 64
+    max_tokens: int = 16
     stop_token_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n alternatives per generated token
     n: int = 1                  # parallel samples of one prompt; choice i draws with seed + i
+    structured_outputs: StructuredOutputsParams | None = None   # a grammar the output must follow
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -25,6 +50,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k is None or self.top_k < 0:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
 
     def validate(self) -> None:

@@ -5,8 +5,12 @@ import { getClient } from './client.js';
 const $ = (id) => document.getElementById(id);
 const MAX_LOG = 200;
 const THROUGHPUT_WINDOW_S = 5;
-const PROJECTOR_WIDGETS = ['kv-batch-timeline', 'kv-pages'];
+// The projector shows the engine's pool without the learner-only parts (own load, sandbox).
+const PROJECTOR_WIDGETS = [['kv-batch-timeline', {}], ['kv-pages', { 'pool-only': '' }]];
+// A burst the room can follow: at full speed the engine finishes it in a fraction of a second.
+const ROOM_BURST = { n: 6, max_tokens: 24, slow_motion_s: 0.25 };
 const recentSteps = [];   // [ts, tokens sampled] of the last few seconds' steps
+const lastBurst = { peakRunning: 0, tokens: 0, firstTs: null, lastTs: null };   // held after it ends
 
 function log(text, kind = 'info') {
   const item = document.createElement('li');
@@ -29,6 +33,7 @@ function showEngine(e) {
     + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
   $('s-viewers').textContent = String(e.num_viewers);
   $('s-slow').textContent = e.slow_motion_s ? `${e.slow_motion_s} s between steps` : 'off';
+  showSlowMotion(e.slow_motion_s);
   $('p-state').textContent = `${e.paused ? 'paused' : 'running'}${e.slow_motion_s ? `, ${e.slow_motion_s} s/step` : ''}`;
   $('p-running').textContent = String(e.num_running);
   $('p-waiting').textContent = String(e.num_waiting);
@@ -41,15 +46,32 @@ function showEngine(e) {
   }
 }
 
-/** The projector's big figures: queue lengths, and output tokens a second over the last few seconds. */
+/** The slow-motion menu says what the server keeps (it survives pause and resume). */
+function showSlowMotion(seconds) {
+  const select = $('slow-interval');
+  if (document.activeElement === select) return;
+  const value = String(seconds || 0);
+  if (![...select.options].some((o) => o.value === value)) select.append(new Option(`${value} s`, value));
+  select.value = value;
+}
+
+/** The projector's big figures: queue lengths, output tokens a second over the last few
+ * seconds, and the last burst's figures, which stay up after the burst has ended. */
 function showProjectorStep(e) {
-  recentSteps.push([e.ts, e.seqs.filter((s) => s.samples).length]);
+  const sampled = e.seqs.filter((s) => s.samples).length;
+  recentSteps.push([e.ts, sampled]);
   while (recentSteps.length && recentSteps[0][0] < e.ts - THROUGHPUT_WINDOW_S) recentSteps.shift();
   const tokens = recentSteps.reduce((a, [, n]) => a + n, 0);
   $('p-step').textContent = String(e.step);
   $('p-running').textContent = String(e.queues.running);
   $('p-waiting').textContent = String(e.queues.waiting);
   $('p-throughput').textContent = (tokens / THROUGHPUT_WINDOW_S).toFixed(1);
+  if (lastBurst.lastTs === null || e.ts - lastBurst.lastTs > 1) Object.assign(lastBurst, { peakRunning: 0, tokens: 0, firstTs: e.ts });
+  lastBurst.lastTs = e.ts;
+  lastBurst.tokens += sampled;
+  lastBurst.peakRunning = Math.max(lastBurst.peakRunning, e.seqs.length);
+  const seconds = lastBurst.lastTs - lastBurst.firstTs;
+  $('p-burst').textContent = `${lastBurst.peakRunning} at once · ${lastBurst.tokens} tokens in ${seconds.toFixed(1)} s`;
 }
 
 function toggleProjector() {
@@ -59,9 +81,12 @@ function toggleProjector() {
   $('projector-toggle').setAttribute('aria-pressed', String(on));
   $('projector-toggle').textContent = on ? 'Back to the full console' : 'Show the projector view';
   if (on && !$('projector-widgets').children.length) {
-    for (const tag of PROJECTOR_WIDGETS) {
-      import(`./widgets/${tag}.js`).then(() => $('projector-widgets').append(document.createElement(tag)))
-        .catch((error) => log(`${tag}: ${error.message}`, 'error'));
+    for (const [tag, attributes] of PROJECTOR_WIDGETS) {
+      import(`./widgets/${tag}.js`).then(() => {
+        const widget = document.createElement(tag);
+        for (const [name, value] of Object.entries(attributes)) widget.setAttribute(name, value);
+        $('projector-widgets').append(widget);
+      }).catch((error) => log(`${tag}: ${error.message}`, 'error'));
     }
   }
 }
@@ -127,6 +152,12 @@ function connect(token) {
   $('slow').onsubmit = (event) => {
     event.preventDefault();
     run('slow_motion', { interval_s: Number($('slow-interval').value) });
+  };
+  // A burst for the room: slow motion first (when the engine runs at full speed), so the
+  // projector's timeline grows while people watch; the menu above shows it and sets it back.
+  $('room-burst').onclick = async () => {
+    if (!client.engine?.slow_motion_s) await run('slow_motion', { interval_s: ROOM_BURST.slow_motion_s });
+    run('inject', { n: ROOM_BURST.n, max_tokens: ROOM_BURST.max_tokens });
   };
   $('inject').onsubmit = (event) => {
     event.preventDefault();

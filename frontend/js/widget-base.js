@@ -5,6 +5,9 @@
 //     static replayEvents = ['request'];       // subscribed only while replaying (live, the widget
 //                                              // follows its own requests)
 //     static label = 'Page allocator';         // heading; a `label` attribute overrides it
+//     static requires = ['kv', 'steps'];       // what the live view needs (hello.backend.capabilities);
+//                                              // a server without one: the widget plays its
+//                                              // chapter's recording at once, and says why
 //     setup() { this.body.innerHTML = '<svg ...>'; }   // once, after the frame is built
 //     onEvent(event) { ...update state...; this.requestRender(); }
 //     render() { ...draw state into this.body... }     // at most once per animation frame
@@ -21,14 +24,40 @@
 // `prefersReducedMotion()`, and the shared formatters and colours re-exported below.
 // The first widget to paint sets performance mark 'kv:first-widget-paint'.
 
-import { getClient } from './client.js';
+import { EventClient, getClient } from './client.js';
 import { familyOf } from './lib/replay-socket.js';
+import { recordingUrl } from './lib/recordings.js';
 
 export { formatValue, formatInt, formatFloat, formatBytes, formatSeconds, formatSI, getPath, pausedText } from './lib/format.js';
 export { CATEGORICAL, categoricalColor, cssVar, heatColor, heatTextColor } from './lib/colors.js';
 
 const ALWAYS_DELIVERED = new Set(['hello', 'engine']);
 let widgetCount = 0;
+
+// How to start a kvscope server that has a capability it can lack.
+const HOW_TO_SEE_LIVE = {
+  speculation: 'This server does not speculate; start it with '
+    + '`kvscope serve --speculative-config \'{"method": "ngram", "num_speculative_tokens": 3}\'` to see it live.',
+  tensor_parallel: 'This server runs one rank; start it with `kvscope serve --tensor-parallel-size 2` to see it live.',
+};
+
+/** The capabilities of `needed` that the server of `hello` lacks ([] when it has them all;
+ *  a hello without `backend` comes from a server older than the field, which had them all). */
+export function missingCapabilities(hello, needed) {
+  const have = hello && hello.backend ? new Set(hello.backend.capabilities) : null;
+  return have ? needed.filter((c) => !have.has(c)) : [];
+}
+
+/** One sentence: why the live view cannot be shown, and how to see it live. */
+export function fallbackReason(hello, missing) {
+  const backend = hello.backend;
+  if (backend.engine !== 'kvscope') {
+    return `This needs kvscope's own engine; the attached ${backend.engine === 'vllm' ? 'vLLM ' : ''}server `
+      + `does not expose it (${missing.join(', ')}).`;
+  }
+  const hint = missing.map((c) => HOW_TO_SEE_LIVE[c]).find(Boolean);
+  return hint || `This server does not offer ${missing.join(', ')}.`;
+}
 
 /** True when the reader asked for no animation; widgets then jump straight to the end state. */
 export function prefersReducedMotion() {
@@ -104,6 +133,7 @@ function htmlSnapshotSvg(widget) {
 
 export class KvWidget extends HTMLElement {
   static events = [];
+  static requires = [];
   static label = 'Widget';
 
   constructor() {
@@ -159,6 +189,7 @@ export class KvWidget extends HTMLElement {
     this._offs.push(this.client.on('*', (event) => {
       // Replies (they carry a ref) go to the command's promise, not to every widget.
       if (event.ref !== undefined && event.ref !== null) return;
+      if (event.type === 'hello' && this._fallsBack(event)) return;
       if (wanted.has(familyOf(event.type))) this.onEvent(event);
     }));
     this._offs.push(this.client.onModeChange((mode) => {
@@ -172,9 +203,55 @@ export class KvWidget extends HTMLElement {
     if (!this._caughtUp) {
       // A widget loaded after the connection opened still starts from the model's facts.
       this._caughtUp = true;
+      if (this.client.hello && this._fallsBack(this.client.hello)) return;
       if (this.client.hello) this.onEvent(this.client.hello);
       if (this.client.engine) this.onEvent(this.client.engine);
     }
+  }
+
+  // -- a server that cannot show this widget live: its recording instead ------------------
+  /** True (and the switch started) when a live `hello` lacks a capability this widget needs. */
+  _fallsBack(hello) {
+    if (this._fellBack || this.client.mode !== 'live') return false;
+    const missing = missingCapabilities(hello, this.constructor.requires);
+    if (!missing.length) return false;
+    this._fellBack = true;
+    this.dataset.fallback = missing.join(' ');
+    this._playRecording(fallbackReason(hello, missing));
+    return true;
+  }
+
+  /** Re-attach the widget to its own replay of the chapter's recording (the `recording`
+   *  attribute, else the page's), paused at the end until the learner asks again. */
+  async _playRecording(reason) {
+    const name = this.getAttribute('recording') || document.body.dataset.recording;
+    this._recordingClient = new EventClient({ recordingUrl: name ? await recordingUrl(name) : null, live: false });
+    const said = `${reason} ${name ? 'Playing the recording.' : 'This page has no recording to play instead.'}`;
+    // `a command` in the sentence is shown as code.
+    this.fallbackText.replaceChildren(...said.split('`').map((part, i) => {
+      if (i % 2 === 0) return part;
+      const code = document.createElement('code');
+      code.textContent = part;
+      return code;
+    }));
+    this.fallbackEl.hidden = false;
+    if (!name) return;
+    // Handlers subclasses attached to the page's client follow the widget to its own one.
+    this.disconnectedCallback();
+    this.client = this._recordingClient;
+    this._caughtUp = false;
+    if (this.isConnected) this.connectedCallback();
+    this.client.addEventListener('replaystate', () => this._showReplayState());
+    this.client.start();
+  }
+
+  _showReplayState() {
+    const state = this.client.replay.state;
+    const ended = state.loaded && !state.playing && state.stepIndex >= state.stepCount;
+    this.replayButton.textContent = ended ? 'Replay from the start' : (state.playing ? 'Pause' : 'Play');
+    this.replayButton.hidden = !state.loaded;
+    this.dataset.replayStep = String(state.stepIndex);
+    this.dataset.replayEnded = String(ended);
   }
 
   /** Holds the `replayEvents` subscription exactly while the page replays. */
@@ -210,6 +287,20 @@ export class KvWidget extends HTMLElement {
     this.toolbar.append(imageButton, dataButton);
     header.append(title, this.toolbar);
 
+    // The line that says why this widget plays a recording on a live page, with its control.
+    this.fallbackEl = document.createElement('p');
+    this.fallbackEl.className = 'kv-widget__fallback';
+    this.fallbackEl.setAttribute('role', 'note');
+    this.fallbackEl.hidden = true;
+    this.fallbackText = document.createElement('span');
+    this.replayButton = this._button('Play', () => {
+      const replay = this.client.replay;
+      if (replay.state.playing) replay.pause();
+      else replay.play();
+    });
+    this.replayButton.hidden = true;
+    this.fallbackEl.append(this.fallbackText, ' ', this.replayButton);
+
     this.body = document.createElement('div');
     this.body.className = 'kv-widget__body';
     this.legendEl = document.createElement('ul');
@@ -223,7 +314,7 @@ export class KvWidget extends HTMLElement {
 
     // Whatever the author put inside the element (rare) stays, above the drawing.
     const authored = [...this.childNodes];
-    this.replaceChildren(header, ...authored, this.body, this.legendEl, this.statusEl);
+    this.replaceChildren(header, this.fallbackEl, ...authored, this.body, this.legendEl, this.statusEl);
   }
 
   _button(text, onClick) {

@@ -183,7 +183,7 @@ def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, s
 def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screenshot, assert_clean):
     widget = open_widget(page, live_server, "05-multi-head-attention", "kv-heads")
     page.wait_for_function("el => el.innerText.includes('What sharing saves')", arg=widget.element_handle())
-    assert "For your" not in widget.inner_text()   # no prompt run yet: no token count to quote
+    assert "For your" not in widget.inner_text()   # no prompt run yet: only the recorded example's count
     for _ in range(2):
         data = run_prompt(page, widget, "The keys to the old cabinet are on the table")
         assert sorted(int(k) for k in data["layers"]) == list(range(data["num_layers"]))

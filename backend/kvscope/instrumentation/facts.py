@@ -9,7 +9,7 @@ import torch
 
 from kvscope import __version__
 from kvscope.hardware import H100_SXM, device_spec
-from kvscope.instrumentation.schema import SCHEMA_VERSION
+from kvscope.instrumentation.schema import CAPABILITIES, SCHEMA_VERSION
 
 
 def h100_reference() -> dict:
@@ -87,6 +87,23 @@ def device_facts(engine) -> dict:
             "peak_flops": float(spec.peak_flops)}
 
 
+def backend_facts(engine: str, version: str, capabilities: list[str],
+                  attached_url: str | None = None) -> dict:
+    """hello.backend: which engine answers, and what it can show (names from CAPABILITIES)."""
+    unknown = set(capabilities) - set(CAPABILITIES)
+    if unknown:
+        raise ValueError(f"unknown capabilities: {sorted(unknown)}")
+    return {"engine": engine, "version": version, "attached_url": attached_url,
+            "capabilities": [c for c in CAPABILITIES if c in capabilities]}
+
+
+def kvscope_backend(engine) -> dict:
+    """kvscope's own engine shows everything; speculation and tensor parallelism only when on."""
+    optional = {"speculation": engine.speculator is not None,
+                "tensor_parallel": engine.config.tensor_parallel_size > 1}
+    return backend_facts("kvscope", __version__, [c for c in CAPABILITIES if optional.get(c, True)])
+
+
 def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float = 0.0,
                 started_at: float | None = None) -> dict:
     cfg = engine.model_config
@@ -96,6 +113,7 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
         "type": "hello", "ts": ts, "schema_version": SCHEMA_VERSION,
         "server": f"kvscope {__version__}",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started_at or time.time())),
+        "backend": kvscope_backend(engine),
         "model": {
             "name": cfg.name or engine.model_path.name, "architecture": cfg.architecture,
             "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
@@ -117,6 +135,7 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "enable_prefix_caching": bm.enable_prefix_caching,
             "attention_backend": engine.runner.attention_backend,
             "decode": engine.runner.decode_note,
+            "kv_cache": engine.kv_cache_note,   # the pool's size and the rule that chose it
             "speculative": speculative_facts(engine),
             "tensor_parallel_size": engine.config.tensor_parallel_size,
             "rank_weight_bytes": sum({id(p): p.numel() * p.element_size() for p in engine.model.parameters()}.values()),

@@ -10,8 +10,8 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
 
 
-def short_hash(h: int | None) -> str | None:
-    return None if h is None else f"{h & 0xFFFFFF:06x}"
+def short_hash(h: bytes | None) -> str | None:
+    return None if h is None else h[:3].hex()
 
 
 def block_state(bm: BlockManager, block_id: int, owners: dict[str, int], seqs: dict[str, Sequence]) -> tuple:

@@ -6,21 +6,8 @@ import os
 
 import torch
 
+from kvscope.engine.devices import host_memory
 from kvscope.instrumentation.facts import ModelFacts
-
-
-def host_memory() -> tuple[int, int]:
-    """(total, available) host RAM in bytes, from /proc/meminfo (sysconf elsewhere)."""
-    info = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, rest = line.split(":", 1)
-                info[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total, total
-    return info.get("MemTotal", 0), info.get("MemAvailable", info.get("MemFree", 0))
 
 
 def process_rss() -> int:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvscope.engine.observer import EngineObserver, StepRecord
+from kvscope.engine.llm_engine import EngineObserver, StepRecord
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
@@ -98,8 +98,8 @@ class Instrumentation(EngineObserver):
             self._pending.append(event)
             return
         self._forget_watch(seq)
-        bm = self.engine.block_manager   # abort, error, reset: between steps, publish now
-        events, bm.events = bm.events or [], [] if bm.events is not None else None
+        # abort, error, reset: between steps, publish now
+        events = self.engine.block_manager.take_events()
         delta = self.kv.update([seq], [], events, self.engine.scheduler.num_steps, self.clock())
         self.sink([event] + ([delta] if delta else []))
 
@@ -121,9 +121,9 @@ class Instrumentation(EngineObserver):
         return self.kv.snapshot(self.engine.scheduler.num_steps, self.clock())
 
     # -- inside a step -----------------------------------------------------------------
-    def on_scheduled(self, scheduled) -> None:
+    def on_scheduled(self, scheduled) -> bool:
         if not self.watches:
-            return
+            return False
         watches = self.watches.by_seq_id()
         rows = watched_rows(scheduled, {seq_id: (w.layers(), w.internals) for seq_id, w in watches.items()})
         for r in rows:   # rows the prefix cache spared: rebuilt first, so every prompt row shows
@@ -134,7 +134,7 @@ class Instrumentation(EngineObserver):
             w.covered = max(w.covered, r.positions[-1] + 1)
         if rows:
             self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
-            self.engine.runner.force_eager = True   # a CUDA graph replay would run past the hooks
+        return bool(rows)   # the hooks need an eager forward: a graph replay would run past them
 
     def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None:
         event = {"type": "request.token", "ts": self.clock.at(seq.token_times[-1]), "request_id": seq.request_id,
@@ -159,7 +159,6 @@ class Instrumentation(EngineObserver):
             events += spec_events(record, self.engine, ts)
         if self._capture is not None:
             self._capture.remove()
-            self.engine.runner.force_eager = False
             events += self._watched_events(record, self._capture, ts)
             self._capture, self._recomputed = None, []
         for seq in record.finished:
@@ -176,7 +175,7 @@ class Instrumentation(EngineObserver):
     def _step_event(self, record: StepRecord, ts: float) -> dict:
         out = record.scheduled
         seqs = [{"request_id": e.seq.request_id,
-                 "kind": "prefill" if e.num_new_tokens > 1 and not e.spec_token_ids else "decode",
+                 "kind": "prefill" if e.kind == "prefill" else "decode",   # a verify pass draws tokens
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
                  "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
                  "num_drafts": len(e.spec_token_ids)} for e in out.entries]

@@ -50,13 +50,18 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
-              "rank_weight_bytes": NAT, "decode": STR})
+              "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
+# What a server can show (hello.backend.capabilities); a widget names the ones it needs.
+CAPABILITIES = ("requests", "tokenize", "kv", "steps", "step_rows", "memory", "attention", "sampling",
+                "internals", "sandbox", "speculation", "tensor_parallel", "instructor")
+BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attached_url": NULL_STR,
+               "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)})
 HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
-                        "started_at": STR, "model": MODEL, "device": DEVICE, "engine": ENGINE,
-                        "h100": H100})
+                        "started_at": STR, "backend": BACKEND, "model": MODEL, "device": DEVICE,
+                        "engine": ENGINE, "h100": H100})
 
 FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling", "internals",
             "memory", "spec", "sandbox", "viewers", "ack", "error"]
@@ -80,7 +85,10 @@ ENGINE_STATE = event("engine", {
     "paused": BOOL, "step": NAT, "knobs": KNOBS, "num_running": NAT, "num_waiting": NAT,
     "num_viewers": NAT,
     "recording": {"oneOf": [{"type": "null"}, obj({"name": STR, "events": NAT})]}},
-    {"slow_motion_s": NNUM})
+    {"slow_motion_s": NNUM,
+     # serve --attach: the vLLM server drawn, whether it answers, and its /metrics figures
+     "vllm": obj({"url": STR, "version": STR, "model": STR, "connected": BOOL, "kv_events": STR,
+                  "metrics": {"type": "object"}})})
 
 TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
              "complete": BOOL})
@@ -123,7 +131,9 @@ STEP = event("step", {
     "queues": obj({"waiting": NAT, "running": NAT}), "duration_s": NNUM, "schedule_s": NNUM,
     "model_s": NNUM, "cost": COST}, {"allreduce_bytes": NAT})
 
-BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)})
+# `text` (the block's tokens as text) and `hits` (prefix-cache reuses) come from an attached vLLM
+BLOCK = obj({"id": NAT, "ref": NAT, "filled": NAT, "hash": NULL_STR, "owners": arr(STR)},
+            {"text": NULL_STR, "hits": NAT})
 KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions": NAT}
 KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snapshot"}, "step": NAT,
                    "block_size": NAT, "num_blocks": NAT, "blocks": arr(BLOCK),
@@ -246,6 +256,8 @@ WATCH = obj({}, {"layers": arr(NAT, maxItems=256), "heads": arr(NAT, maxItems=25
                  "internals": BOOL})
 INTERVAL = {"type": "number", "minimum": 0, "maximum": 10}   # seconds between steps (pacing.MAX_INTERVAL_S)
 MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
+# vLLM's per-request `cache_salt`: only requests with equal salts share prefix-cache blocks
+CACHE_SALT = {"type": "string", "minLength": 1, "maxLength": 256}
 
 
 def command(name: str, required: dict | None = None, optional: dict | None = None) -> dict:
@@ -261,7 +273,9 @@ COMMANDS = {
         "prompt": {"type": "string", "minLength": 1},
         "messages": arr(MESSAGE, minItems=1, maxItems=64),
         "prompt_token_ids": arr(NAT, minItems=1),
-        "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL, "pace_s": INTERVAL}),
+        "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL, "pace_s": INTERVAL,
+        "prefill_chunk_tokens": {"type": "integer", "minimum": 1, "maximum": 8192},
+        "cache_salt": CACHE_SALT}),
     "cancel": command("cancel", {"request_id": RID}),
     "watch": command("watch", {"request_id": RID}, {"layers": arr(NAT, maxItems=256),
                                                     "heads": arr(NAT, maxItems=256), "sampling": BOOL}),
@@ -269,7 +283,10 @@ COMMANDS = {
     "hold": command("hold", {"request_id": RID}),
     "next": command("next", {"request_id": RID}),
     "release": command("release", {"request_id": RID}),
-    "pace": command("pace", {"request_id": RID, "interval_s": INTERVAL}),
+    "pace": command("pace", {"interval_s": INTERVAL}, {"request_id": RID, "request_ids": arr(RID, minItems=1, maxItems=16)}),
+    "measure": command("measure", {"concurrency": {"type": "integer", "minimum": 1, "maximum": 64},
+                                   "total": {"type": "integer", "minimum": 1, "maximum": 64},
+                                   "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
     "slow_motion": command("slow_motion", {"interval_s": INTERVAL}),
     "sandbox": command("sandbox", {"op": {"enum": ["allocate", "append", "fork", "free", "reset", "state"]}}, {
         "seq": NAME, "new_seq": NAME, "prefix_of": NAME,

@@ -3,7 +3,7 @@ for sampled requests, the p, q and uniform draw behind each decision), the bonus
 the request's running acceptance rate and tokens per target pass."""
 from __future__ import annotations
 
-from kvscope.engine.observer import StepRecord
+from kvscope.engine.llm_engine import StepRecord
 
 
 def spec_events(record: StepRecord, engine, ts: float) -> list[dict]:

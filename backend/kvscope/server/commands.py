@@ -106,16 +106,18 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
                      raw.get("sampling", True), raw.get("internals", False))
 
 
-def check_submit_allowance(s: Session) -> None:
+def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
+    """May this learner add `in_flight` more requests at once? One submit's allowance either way:
+    a measured run (`measure`) is one submission, whatever its number of requests."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
-    if len(s.viewer.active) >= limits.max_active_requests:
+    if len(s.viewer.active) + in_flight > limits.max_active_requests:
         raise CommandError("too_many_requests",
-                           f"you have {len(s.viewer.active)} requests in flight; the limit is {limits.max_active_requests} "
-                           f"(kvscope serve --learner-max-active-requests)")
+                           f"you have {len(s.viewer.active)} requests in flight and ask for {in_flight} more; "
+                           f"the limit is {limits.max_active_requests} (kvscope serve --learner-max-active-requests)")
     share = s.service.learner_share
-    if s.service.learner_requests() >= share:
+    if s.service.learner_requests() + in_flight > share:
         raise CommandError("too_many_requests", f"learners together have {share} requests in flight, their share of "
                                                 f"the engine (kvscope serve --max-learner-requests); try again soon")
     if not s.viewer.submits.take():
@@ -131,11 +133,15 @@ async def submit(s: Session, msg: dict) -> None:
     cap = None if viewer.is_instructor else service.config.limits.max_tokens
     params = sampling_params(msg.get("params"), cap)
     spec = watch_spec(s, msg["watch"], len(ids)) if "watch" in msg else None
+    chunk = msg.get("prefill_chunk_tokens")
+    if chunk is not None and not service.engine.config.enable_chunked_prefill:
+        raise CommandError("invalid_field", "prefill_chunk_tokens: this engine runs with chunked prefill off "
+                                            "(kvscope serve --no-enable-chunked-prefill), so prompts are never cut")
     check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
     done = await service.submit(rid, ids, params, "ws", label, (viewer.id, spec) if spec else None,
-                                msg.get("pace_s", 0.0))
+                                msg.get("pace_s", 0.0), chunk, msg.get("cache_salt"))
     if done.error:
         raise CommandError("engine", done.error, request_id=rid)
     if label.held:
@@ -177,9 +183,37 @@ async def next_token(s: Session, msg: dict) -> None:
 
 
 async def pace(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.pace(msg["request_id"], msg["interval_s"])
-    s.ack(msg, request_id=msg["request_id"], interval_s=msg["interval_s"])
+    """One request (`request_id`) or several at once (`request_ids`: they start together)."""
+    if ("request_id" in msg) == ("request_ids" in msg):
+        raise CommandError("invalid_field", "give exactly one of request_id or request_ids")
+    rids = list(dict.fromkeys(msg["request_ids"])) if "request_ids" in msg else [msg["request_id"]]
+    for rid in rids:
+        s.own(rid)
+    await s.service.pace(rids, msg["interval_s"])
+    ids = {"request_ids": rids} if "request_ids" in msg else {"request_id": rids[0]}
+    s.ack(msg, **ids, interval_s=msg["interval_s"])
+
+
+MAX_MEASURED_REQUESTS = 16   # a learner's measured run: enough for a percentile, short enough to wait for
+
+
+async def measure(s: Session, msg: dict) -> None:
+    """A throughput run the server drives (service.measure): the requests are this viewer's,
+    so its page sees their events, but they arrive as fast as the engine finishes the last
+    ones, not as fast as the page's submits may go. For a learner it costs one submit."""
+    concurrency, total, max_tokens = msg["concurrency"], msg["total"], msg["max_tokens"]
+    if not s.viewer.is_instructor:
+        limits = s.service.config.limits
+        if total > MAX_MEASURED_REQUESTS:
+            raise CommandError("invalid_field", f"total: {total} is over the limit of {MAX_MEASURED_REQUESTS} for a measured run")
+        if max_tokens > limits.max_tokens:
+            raise CommandError("invalid_field", f"max_tokens: {max_tokens} is over the limit of {limits.max_tokens} "
+                                                f"(kvscope serve --learner-max-tokens)")
+    if concurrency > total:
+        raise CommandError("invalid_field", f"concurrency: {concurrency} in flight needs at least as many requests; total is {total}")
+    check_submit_allowance(s, concurrency)
+    s.service.spawn(s.service.measure(s.viewer.id, concurrency, total, max_tokens))
+    s.ack(msg, concurrency=concurrency, total=total, max_tokens=max_tokens)
 
 
 async def release(s: Session, msg: dict) -> None:
@@ -288,7 +322,7 @@ async def viewers(s: Session, msg: dict) -> None:
 HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
     "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
-    "next": next_token, "release": release, "pace": pace, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
+    "next": next_token, "release": release, "pace": pace, "measure": measure, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
     "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
     "replay": replay_control,

@@ -13,8 +13,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from kvscope.engine.async_engine import StreamDelta
+from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
-from kvscope.outputs import RequestOutput
+from kvscope.outputs import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.policy import MAX_N, check_sampling_numbers
 from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
@@ -32,7 +33,7 @@ COMMON = {
     "presence_penalty": NUM, "frequency_penalty": NUM, "logit_bias": {"type": ["object", "null"]},
     "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
     "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "ignore_eos": {"type": "boolean"},
+    "ignore_eos": {"type": "boolean"}, "cache_salt": CACHE_SALT,
 }
 TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 COMPLETION = Draft202012Validator({"type": "object", "required": ["prompt"], "additionalProperties": False,
@@ -98,9 +99,11 @@ class Completion:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+        """As vLLM's with --enable-prompt-tokens-details: the prompt tokens the prefix cache served."""
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def check_model(service: EngineService, body: dict) -> None:
@@ -238,13 +241,15 @@ async def run_one(call: Completion, index: int, ids: list[int], text: str | None
     source_label = RequestLabel(prompt=text)
     outputs = [None] * params.n
     try:
-        async for delta in call.service.stream(rid, ids, params, "openai", source_label):
+        async for delta in call.service.stream(rid, ids, params, "openai", source_label,
+                                               cache_salt=call.body.get("cache_salt")):
             await sink(index * params.n + delta.index, delta)
             if delta.finished:
                 outputs[delta.index] = delta.output
     except Exception as exc:   # the request failed before or while running: its choices end in an error
         for k in (k for k, out in enumerate(outputs) if out is None):
-            outputs[k] = RequestOutput(rid, list(ids), [], "", "error", f"the request failed: {exc}")
+            outputs[k] = RequestOutput(rid, text, list(ids), [CompletionOutput(k, "", [], None, None, "error")],
+                                       finished=True, error=f"the request failed: {exc}")
             await sink(index * params.n + k, StreamDelta(rid, None, "", finished=True, output=outputs[k], index=k))
     return outputs
 
@@ -258,29 +263,31 @@ async def complete(call: Completion, params: SamplingParams):
     per_prompt = await asyncio.gather(*(run_one(call, i, ids, text, params, keep)
                                         for i, (ids, text) in enumerate(call.prompts)))
     outputs = [out for outs in per_prompt for out in outs]
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     for i, out in enumerate(outputs):
-        if out.finish_reason == "error":
+        choice = out.outputs[0]   # a stream's final output holds its one choice
+        if choice.finish_reason == "error":
             return OpenAIError(400 if "prompt" in (out.error or "") else 500, out.error or "the engine failed",
                                code="context_length_exceeded" if "prompt" in (out.error or "") else "engine_error",
                                kind="invalid_request_error" if "prompt" in (out.error or "") else "server_error")
         if i % params.n == 0:   # a prompt counts once, however many choices it has
             prompt_tokens += len(out.prompt_token_ids)
-        completion_tokens += len(out.token_ids)
+            cached_tokens += out.num_cached_tokens
+        completion_tokens += len(choice.token_ids)
         lps = texts.get(i)
-        finish = FINISH.get(out.finish_reason, "stop")
+        finish = FINISH.get(choice.finish_reason, "stop")
         if call.chat:
             lp = {"content": [c for t, l in lps for c in logprobs_for(call.service, True, t, l, 0)["content"]]} if lps else None
-            choices.append({"index": i, "message": {"role": "assistant", "content": out.text},
+            choices.append({"index": i, "message": {"role": "assistant", "content": choice.text},
                             "logprobs": lp, "finish_reason": finish})
         else:
             lp = None
             if lps:
                 parts = [logprobs_for(call.service, False, t, l, 0) for t, l in lps]
                 lp = {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-            choices.append({"index": i, "text": out.text, "logprobs": lp, "finish_reason": finish})
+            choices.append({"index": i, "text": choice.text, "logprobs": lp, "finish_reason": finish})
     return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
-            "choices": choices, "usage": call.usage(prompt_tokens, completion_tokens)}
+            "choices": choices, "usage": call.usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 async def stream_chunks(call: Completion, params: SamplingParams, include_usage: bool):
@@ -290,7 +297,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
         await queue.put((index, delta))
     tasks = [asyncio.ensure_future(run_one(call, i, ids, text, params, push))
              for i, (ids, text) in enumerate(call.prompts)]
-    open_choices, prompt_tokens, completion_tokens = len(tasks) * params.n, 0, 0
+    open_choices, prompt_tokens, completion_tokens, cached_tokens = len(tasks) * params.n, 0, 0, 0
     started, offsets = set(), {}
     try:
         while open_choices:
@@ -298,15 +305,17 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
             if delta.finished:
                 open_choices -= 1
                 out = delta.output
-                if out.finish_reason == "error":
+                choice = out.outputs[0]
+                if choice.finish_reason == "error":
                     err = {"message": out.error or "the engine failed", "type": "invalid_request_error",
                            "param": None, "code": "engine_error"}
                     yield f"data: {json.dumps({'error': err})}\n\n"
                     continue
                 if index % params.n == 0:
                     prompt_tokens += len(out.prompt_token_ids)
-                completion_tokens += len(out.token_ids)
-                yield call.chunk([call.choice_delta(index, "", FINISH.get(out.finish_reason, "stop"),
+                    cached_tokens += out.num_cached_tokens
+                completion_tokens += len(choice.token_ids)
+                yield call.chunk([call.choice_delta(index, "", FINISH.get(choice.finish_reason, "stop"),
                                                     first=index not in started)])
                 continue
             if not delta.text and delta.logprob is None and index in started:
@@ -316,7 +325,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
             yield call.chunk([call.choice_delta(index, delta.text, None, lp, first=index not in started)])
             started.add(index)
         if include_usage:
-            yield call.chunk([], call.usage(prompt_tokens, completion_tokens))
+            yield call.chunk([], call.usage(prompt_tokens, completion_tokens, cached_tokens))
         yield "data: [DONE]\n\n"
     finally:
         for t in tasks:   # the client left: cancelling the streams aborts their requests

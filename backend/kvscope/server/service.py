@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from kvscope.engine.async_engine import AsyncEngine, StreamDelta
-from kvscope.engine.knobs import current_knobs, set_knobs
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
@@ -64,6 +63,7 @@ class EngineService:
         self._ids = itertools.count(1)
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self._reaper: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()   # runs the server drives (measure), until done
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -72,9 +72,16 @@ class EngineService:
         self.aengine = AsyncEngine(self.engine)
         self._reaper = asyncio.get_running_loop().create_task(self._cancel_stale_holds())
 
+    def spawn(self, coro) -> None:
+        """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in [self._reaper, *self._tasks]:
+            if task is not None:
+                task.cancel()
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
@@ -161,17 +168,22 @@ class EngineService:
     # -- requests -----------------------------------------------------------------------
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
-                     pace_s: float = 0.0) -> Submitted:
-        """Add a request whose events reach its owner (and followers) through the hub."""
+                     pace_s: float = 0.0, prefill_chunk_tokens: int | None = None,
+                     cache_salt: str | None = None) -> Submitted:
+        """Add a request whose events reach its owner (and followers) through the hub.
+        `prefill_chunk_tokens` cuts this request's prompt into chunks of at most that many
+        tokens a step, whatever the engine's own chunking; no other request changes.
+        `cache_salt` (vLLM's field): only requests with equal salts share prefix-cache blocks."""
         def add() -> Submitted:
             self.instr.labels[rid] = label
             try:
-                seq = self.engine.add_request(ids, params, rid, source)
+                seq = self.engine.add_request(ids, params, rid, source, cache_salt=cache_salt)
             except ValueError as exc:
                 self.instr.labels.pop(rid, None)
                 return Submitted(rid, len(ids), str(exc))
             if seq.is_finished:
                 return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
+            seq.prefill_chunk_size = prefill_chunk_tokens
             if label.held:
                 seq.allowance = 0
             elif pace_s:
@@ -182,11 +194,11 @@ class EngineService:
         return await self.aengine.call(add)
 
     async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
-                     label: RequestLabel) -> AsyncIterator[StreamDelta]:
+                     label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
         """A request's token deltas as an async iterator (OpenAI endpoints). Leaving the
         iteration early aborts the request and frees its blocks."""
         self.instr.labels[rid] = label
-        async for delta in self.aengine.generate(ids, params, rid, source):
+        async for delta in self.aengine.generate(ids, params, rid, source, cache_salt=cache_salt):
             yield delta
 
     async def cancel(self, rid: str) -> bool:
@@ -226,14 +238,21 @@ class EngineService:
         self.hub.set_held(rid, False)
         self.touch_hold(rid, False)
 
-    async def pace(self, rid: str, seconds: float) -> None:
-        """Step this request at most once per `seconds`, whatever the others do."""
-        def pace(seq):
-            seq.allowance = None
-            self.aengine.pacing.pace(seq, seconds)
-        await self.on_request(rid, pace)
-        self.hub.set_held(rid, False)
-        self.touch_hold(rid, False)
+    async def pace(self, rids: list[str], seconds: float) -> None:
+        """Step these requests at most once per `seconds`, whatever the others do. They are
+        paced in one go between two steps, so held ones released here start together."""
+        def pace():
+            seqs = [self.engine.scheduler.find(rid) for rid in rids]
+            missing = [rid for rid, seq in zip(rids, seqs) if seq is None]
+            if missing:
+                raise CommandError("unknown_request", f"no request {missing[0]!r} is in flight")
+            for seq in seqs:
+                seq.allowance = None
+                self.aengine.pacing.pace(seq, seconds)
+        await self.aengine.call(pace)
+        for rid in rids:
+            self.hub.set_held(rid, False)
+            self.touch_hold(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
         def do():
@@ -279,10 +298,30 @@ class EngineService:
     async def set_knobs(self, knobs: dict) -> dict:
         def apply():
             try:
-                return set_knobs(self.engine, **knobs)
+                return self.engine.set_knobs(**knobs)
             except ValueError as exc:
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
+
+    async def measure(self, owner: str, concurrency: int, total: int, max_tokens: int) -> None:
+        """A throughput run driven here, next to the engine: `total` requests of `max_tokens`
+        tokens each (the synthetic prompts), `concurrency` of them in flight at any time, the
+        next one added the moment one finishes. Owned by `owner`, so its page gets every
+        request's events; it stops adding requests once that page has gone."""
+        tok = self._tokenizer()
+        numbers = iter(range(total))
+
+        async def worker():
+            for i in numbers:   # one iterator shared by the workers: each number is taken once
+                if owner not in self.hub.viewers:
+                    return
+                prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
+                params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
+                label = RequestLabel(owner=owner, prompt=prompt)
+                async for _ in self.stream(self.new_request_id(), tok.encode(prompt, add_special_tokens=False),
+                                           params, "ws", label):
+                    pass
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
 
     async def inject(self, n: int, max_tokens: int = 32, prompt_tokens: int | None = None) -> list[str]:
         """N synthetic requests, as if N learners had pressed submit at once."""
@@ -303,7 +342,7 @@ class EngineService:
         return {"type": "engine", "ts": self.clock(), "reason": reason,
                 "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
                 "slow_motion_s": self.aengine.pacing.min_step_interval_s if self.aengine else 0.0,
-                "knobs": current_knobs(self.engine.config), "num_running": len(sched.running),
+                "knobs": self.engine.knobs(), "num_running": len(sched.running),
                 "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
 

@@ -1,10 +1,11 @@
 // <kv-connection>: the header badge that says whether the page shows the live engine or
 // a recording, and, while replaying, the replay controls (play/pause, step, steps per second,
 // a scrubber with a step counter that goes back and forth); while
-// the instructor has paused the engine, a banner that says so.
+// the instructor has paused the engine, a banner that says so, and another while the
+// instructor's slow motion spaces the engine's steps (it stays on across pause and resume).
 
 import { getClient } from '../client.js';
-import { pausedText } from './format.js';
+import { pausedText, slowMotionText } from './format.js';
 import { BASE_STEPS_PER_S } from './replay-socket.js';
 
 const STEP_RATES = [1, 2, 4, 8, 16];   // engine steps a second while playing
@@ -24,7 +25,11 @@ class KvConnection extends HTMLElement {
     this.pausedBanner.className = 'kv-paused-banner';
     this.pausedBanner.setAttribute('role', 'status');
     this.pausedBanner.hidden = true;
-    this.replaceChildren(this.badge, this.pausedBanner, this.controls);
+    this.slowBanner = document.createElement('span');
+    this.slowBanner.className = 'kv-slow-banner';
+    this.slowBanner.setAttribute('role', 'status');
+    this.slowBanner.hidden = true;
+    this.replaceChildren(this.badge, this.pausedBanner, this.slowBanner, this.controls);
     this.client.onModeChange(() => this.update());
     this.client.addEventListener('replaystate', () => this.update());
     this.client.on('hello', () => this.update());
@@ -106,9 +111,15 @@ class KvConnection extends HTMLElement {
     const paused = mode === 'live' && Boolean(this.client.engine && this.client.engine.paused);
     this.pausedBanner.hidden = !paused;
     if (paused) this.pausedBanner.textContent = pausedText(this.client.engine);
+    const slow = mode === 'live' && this.client.engine ? this.client.engine.slow_motion_s : 0;
+    this.slowBanner.hidden = !slow;
+    if (slow) this.slowBanner.textContent = slowMotionText(slow);
+    this.dataset.slowMotion = String(slow || 0);
     this.controls.hidden = !(mode === 'replay' && replay.loaded);
-    this.playButton.textContent = replay.playing ? 'Pause' : 'Play';
-    this.playButton.setAttribute('aria-label', replay.playing ? 'Pause the replay' : 'Play the replay');
+    const ended = replay.loaded && !replay.playing && replay.stepIndex >= replay.stepCount;
+    this.playButton.textContent = replay.playing ? 'Pause' : (ended ? 'Replay from the start' : 'Play');
+    this.playButton.setAttribute('aria-label', replay.playing ? 'Pause the replay' : (ended ? 'Replay the recording from the start' : 'Play the replay'));
+    this.dataset.replayEnded = String(ended);
     this.speedSelect.value = String(replay.speed);
     this.scrubber.max = String(replay.stepCount);
     if (document.activeElement !== this.scrubber || replay.playing) this.scrubber.value = String(replay.stepIndex);

@@ -96,3 +96,8 @@ export function getPath(object, path) {
 export function pausedText(engine) {
   return `Paused by the instructor · step ${formatInt(engine.step)}`;
 }
+
+/** The banner while the instructor's slow motion spaces the engine's steps. */
+export function slowMotionText(seconds) {
+  return `Slow motion · at least ${seconds} s between engine steps (set by the instructor)`;
+}

@@ -11,6 +11,8 @@
 // to a `step` event, that event, and what the engine published with it), and playing sends
 // BASE_STEPS_PER_S × speed groups a second, whatever the recorded run's wall-clock gaps.
 // `seek(n)` goes to the state after n groups, backwards too (by replaying from the start).
+// At the end it stops and keeps what it drew (a learner may be reading it): `play()` then
+// starts over.
 //
 // What it emulates: `hello`, a `session` with `replay: true`, subscriptions per family
 // (with request_id/layer/head filters), a snapshot on subscribe (kv, memory, request),
@@ -28,7 +30,6 @@ const LOCAL_COMMANDS = new Set(['subscribe', 'unsubscribe', 'snapshot', 'ping', 
 export const BASE_STEPS_PER_S = 4;
 // What the engine publishes with a step, after the `step` event itself (docs/events.md).
 const AFTER_STEP = new Set(['kv', 'attention', 'sampling', 'memory', 'spec']);
-const LOOP_PAUSE_S = 3;
 
 /** The family an event type belongs to: 'request.token' → 'request', 'session' → 'hello'. */
 export function familyOf(type) {
@@ -85,7 +86,7 @@ export class ReplaySocket extends EventTarget {
   static CLOSED = CLOSED;
 
   /** `text`: the recording's contents when already fetched (then `url` is only its name). */
-  constructor(url, { speed = 1, loop = true, autoplay = true, text = null } = {}) {
+  constructor(url, { speed = 1, autoplay = true, text = null } = {}) {
     super();
     this.url = String(url);
     this.readyState = CONNECTING;
@@ -94,7 +95,6 @@ export class ReplaySocket extends EventTarget {
     this.onclose = null;
     this.onerror = null;
     this.header = null;
-    this.loop = loop;
     this.playing = autoplay;
     this._speed = speed;
     this._events = [];
@@ -273,13 +273,13 @@ export class ReplaySocket extends EventTarget {
     this.dispatchEvent(new Event('progress'));   // for a scrubber
   }
 
-  /** Playing: one step group now, the next one 1 / stepsPerSecond later. */
+  /** Playing: one step group now, the next one 1 / stepsPerSecond later; at the end, stop. */
   _schedule() {
     clearTimeout(this._timer);
     if (!this.playing || this.readyState !== OPEN) return;
     if (this._position >= this._events.length) {
-      if (this.loop) this._timer = setTimeout(() => { this._restart(); this._schedule(); }, LOOP_PAUSE_S * 1000);
-      else this.playing = false;
+      this.playing = false;
+      this.dispatchEvent(new Event('progress'));
       return;
     }
     this._emitGroup();

@@ -14,7 +14,7 @@ import { injectStyle, modeText } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { drawHeatmap, drawHeatmapCanvas, weightsOverText, CANVAS_ROWS, HEATMAP_CSS } from './lib/heatmap.js';
 import { tokenLabel, idLabel, visibleText } from './lib/tokens.js';
-import { recordedOfType } from './lib/recording.js';
+import { recordedPromptTokens } from './lib/recording.js';
 import { AttentionStore } from './lib/attention-store.js';
 
 const DEFAULT_PROMPT = 'The little cat sat on the mat because it was';
@@ -31,6 +31,7 @@ kv-attention .kva-over .kva-future { opacity: .45; background: repeating-linear-
 
 class KvAttention extends withHandlers(KvWidget) {
   static events = [];
+  static requires = ['requests', 'attention'];
   static replayEvents = ['attention', 'request'];
   static label = 'Attention heatmap';
 
@@ -116,6 +117,7 @@ class KvAttention extends withHandlers(KvWidget) {
     this.numOutput = 0;
     this.active = -1;
     this.seenAdded = new Map();  // replay: requests seen before one is followed
+    this.seenTokens = [];        // replay: their tokens (a prefill's token comes before its attention)
     delete this.dataset?.finished;
     this.requestRender?.();
   }
@@ -192,11 +194,13 @@ class KvAttention extends withHandlers(KvWidget) {
       this.seenAdded.set(e.request_id, e);
       return false;
     }
+    if (e.type === 'request.token') this.seenTokens.push(e);
     if (e.type !== 'attention') return false;
     this.rid = e.request_id;
     const added = this.seenAdded.get(e.request_id);
     if (added) this.onAdded(added);
     else if (e.query_positions.length > 1) this.numPrompt = e.query_positions[e.query_positions.length - 1] + 1;
+    for (const token of this.seenTokens.splice(0)) if (token.request_id === this.rid) this.onToken(token);
     this.labelFromRecording(e.token_ids);
     return true;
   }
@@ -209,9 +213,7 @@ class KvAttention extends withHandlers(KvWidget) {
   }
 
   async labelFromRecording(ids) {
-    const recorded = await recordedOfType(this.client, 'tokens');
-    const match = recorded.find((t) => t.ids.length <= ids.length && t.ids.every((id, i) => id === ids[i]));
-    if (match) this.labelPrompt(match);
+    this.labelPrompt(await recordedPromptTokens(this.client, ids));
   }
 
   onAdded(e) {

@@ -2,7 +2,9 @@
 // engine's steps (one per `step` event); each cell says what that request did in that step:
 // waited, prefilled a chunk (its size on hover), decoded one token, was preempted. A burst
 // button sends the learner's own requests, of different lengths, so they visibly join and
-// leave mid-flight. Beside it: the same finished requests under static batching (each batch
+// leave mid-flight: they are submitted held and released in one `pace` command, so they start
+// in the same step, and paced (each steps at most every BURST_PACE_S), so the burst lasts long
+// enough to watch — only the learner's own requests go slowly, nobody else's. Beside it: the same finished requests under static batching (each batch
 // waits for its longest member), computed from the very same requests, and the difference.
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
@@ -10,6 +12,7 @@ import { h, svg, uniqueId } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { BatchModel, staticBatching, continuousBatching } from './lib/batch-model.js';
 import { LoadMaker } from '../lib/load-maker.js';
+import { setBusy, isBusy } from './lib/busy.js';
 
 const CELL_W = 13;
 const CELL_H = 18;
@@ -19,12 +22,15 @@ const COLOURS = {
   waiting: 'var(--kv-free)', prefill: 'var(--kv-prefill)', decode: 'var(--kv-decode)', preempted: 'var(--kv-evicted)',
 };
 // The burst: three requests now, a fourth once the shortest has left, so both joining and
-// leaving mid-flight show. Lengths differ so they leave at different steps.
-const BURST = [6, 22, 12];
+// leaving mid-flight show. Lengths differ so they leave at different steps; at one step per
+// BURST_PACE_S the longest lasts about 9 s.
+const BURST = [10, 30, 18];
 const LATE = 16;
+const BURST_PACE_S = 0.3;
 
 const STYLE = `
 kv-batch-timeline .kbt-grid:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
+kv-batch-timeline .kbt-grid[hidden] { display: none; }
 kv-batch-timeline .kbt-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
 kv-batch-timeline .kbt-compare { display: grid; grid-template-columns: max-content 1fr max-content; gap: .2rem .6rem; align-items: center; font-size: .9rem; }
 kv-batch-timeline .kbt-compare .kvw-bar { min-width: 6rem; }
@@ -33,20 +39,21 @@ kv-batch-timeline .kbt-hatch { stroke: var(--kv-fg-soft); stroke-width: 1; }
 
 class KvBatchTimeline extends KvWidget {
   static events = ['step', 'request'];
+  static requires = ['requests', 'steps', 'step_rows'];
   static label = 'Continuous batching, step by step';
 
   setup() {
     injectStyle('kv-batch-timeline', STYLE);
-    this.model = new BatchModel({ maxSteps: 60, maxRequests: 14 });
+    this.model = new BatchModel({ maxSteps: 64, maxRequests: 14 });
     this.cursor = null;              // { row, col } of the focused cell
     this.load = new LoadMaker(this.client, { onChange: () => this.showControls(), onFinished: (rid) => this.onMineFinished(rid) });
     this.late = null;                // the burst request whose finish lets the late one join
     this.modeBadge = h('span', { class: 'kvw-mode' });
-    this.burstButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.burst() },
+    this.burstButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => { if (!isBusy(this.burstButton)) this.burst(); } },
       'Send a burst of my requests');
     this.loadStatus = h('span', { class: 'kvw-note', 'aria-live': 'polite' });
     this.patternId = uniqueId('kbt-hatch');
-    this.grid = svg('svg', { class: 'kvw-svg kbt-grid', tabindex: '0', role: 'img' });
+    this.grid = svg('svg', { class: 'kvw-svg kbt-grid', tabindex: '0', role: 'img', hidden: '' });   // shown from the first step
     this.detailEl = h('p', { class: 'kbt-detail', 'aria-live': 'polite' });
     this.compareEl = h('div', { class: 'kbt-compare', 'aria-label': 'Continuous versus static batching of the same requests' });
     this.verdictEl = h('p', { class: 'kvw-note' });
@@ -95,9 +102,16 @@ class KvBatchTimeline extends KvWidget {
 
   // -- load -------------------------------------------------------------------------------
   async burst() {
-    this.burstButton.disabled = true;
+    setBusy(this.burstButton, true);
     this.late = 'first';             // the first of the burst to finish lets the late one in
-    for (const maxTokens of BURST) await this.load.burst(1, this.requestFields(maxTokens));
+    const held = [];
+    for (const maxTokens of BURST) held.push(...await this.load.burst(1, { ...this.requestFields(maxTokens), hold: true }));
+    try {
+      // one command releases them all between two engine steps: they start in the same step
+      if (held.length) await this.client.command('pace', { request_ids: held, interval_s: BURST_PACE_S });
+    } catch (error) {
+      this.load.error = error;
+    }
     this.showControls();
   }
 
@@ -108,16 +122,17 @@ class KvBatchTimeline extends KvWidget {
   }
 
   requestFields(maxTokens) {
-    return { pace_s: 0, params: { temperature: 0.8, seed: maxTokens, max_tokens: maxTokens, ignore_eos: true } };
+    return { pace_s: BURST_PACE_S, params: { temperature: 0.8, seed: maxTokens, max_tokens: maxTokens, ignore_eos: true } };
   }
 
   showControls() {
     if (!this.load) return;
-    this.burstButton.disabled = !this.isLive || this.load.running.size > 0;
+    this.burstButton.disabled = !this.isLive;
+    setBusy(this.burstButton, this.isLive && this.load.running.size > 0);   // busy, not disabled: focus stays
     if (!this.isLive) this.loadStatus.textContent = 'The burst needs the live engine; the grid replays a recording.';
     else if (this.load.error) this.loadStatus.textContent = this.describeError(this.load.error);
     else if (this.load.running.size) this.loadStatus.textContent = `Your requests in flight: ${[...this.load.running].join(', ')}${this.late ? '; one more joins when the shortest leaves' : ''}.`;
-    else this.loadStatus.textContent = 'Sends 3 of your requests of different lengths, and a 4th once the first has left.';
+    else this.loadStatus.textContent = `Sends 3 of your requests of different lengths, started in the same step, and a 4th once the first has left; yours step once every ${BURST_PACE_S} s so you can follow them (nobody else’s are slowed).`;
   }
 
   // -- keyboard ---------------------------------------------------------------------------
@@ -158,6 +173,7 @@ class KvBatchTimeline extends KvWidget {
     const width = LABEL_W + Math.max(steps.length, 10) * CELL_W + 4;
     const height = 20 + requests.length * CELL_H + BAR_H + 18;
     const focused = document.activeElement === this.grid;
+    this.grid.toggleAttribute('hidden', !steps.length);   // nothing to draw yet: the note below says what to do (an SVG element has no .hidden)
     const nodes = [svg('defs', {}, svg('pattern', { id: this.patternId, width: 4, height: 4, patternUnits: 'userSpaceOnUse', patternTransform: 'rotate(45)' },
       svg('line', { x1: 0, y1: 0, x2: 0, y2: 4, class: 'kbt-hatch' })))];
     nodes.push(svg('text', { x: 0, y: 12, 'font-size': 11, class: 'kvw-soft' }, steps.length ? `steps ${steps[0].step}–${steps[steps.length - 1].step} →` : 'no step yet'));

@@ -11,6 +11,8 @@ import { injectStyle, modeText } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { drawCacheGrid, CACHE_GRID_CSS } from './lib/cache-grid.js';
 import { visibleText, tokenLabel, idLabel } from './lib/tokens.js';
+import { setBusy } from './lib/busy.js';
+import { recordedPromptTokens } from './lib/recording.js';
 
 const DEFAULT_PROMPT = 'Once upon a time, a little fox';
 const DEFAULT_MAX_TOKENS = 24;
@@ -23,6 +25,7 @@ kv-cache-view .kvc-text mark { background: var(--kv-cat-5); color: #111; }
 
 class KvCacheView extends withHandlers(KvWidget) {
   static events = [];
+  static requires = ['requests', 'kv', 'steps'];
   static replayEvents = ['request'];
   static label = 'KV cache, one token at a time';
 
@@ -111,8 +114,12 @@ class KvCacheView extends withHandlers(KvWidget) {
   updateButtons() {
     const replay = this.client.mode === 'replay';
     const live = Boolean(this.rid) && !this.finished;
-    this.startBtn.disabled = replay || this.starting;
-    this.nextBtn.disabled = replay ? false : (!live || this.waiting);
+    // Busy (a command on its way) is not disabled: a disabled button drops the keyboard focus
+    // to <body>, and then N does nothing until the learner tabs back.
+    this.startBtn.disabled = replay;
+    setBusy(this.startBtn, !replay && Boolean(this.starting));
+    this.nextBtn.disabled = replay ? false : !live;
+    setBusy(this.nextBtn, !replay && live && this.waiting);
     this.stopBtn.disabled = replay || !live;
     this.dataset.state = this.finished ? 'finished' : (this.waiting ? 'waiting' : (this.rid ? 'held' : 'idle'));
   }
@@ -140,6 +147,7 @@ class KvCacheView extends withHandlers(KvWidget) {
     } finally {
       this.starting = false;
       this.updateButtons();
+      if (document.activeElement === this.startBtn && !this.nextBtn.disabled) this.nextBtn.focus();   // what the learner presses next
       this.requestRender();
     }
   }
@@ -178,6 +186,11 @@ class KvCacheView extends withHandlers(KvWidget) {
     this.rid = e.request_id;
     this.numPrompt = e.num_prompt_tokens;
     this.promptLabels = e.prompt_token_ids.map(idLabel);
+    recordedPromptTokens(this.client, e.prompt_token_ids).then((t) => {
+      if (!t || this.rid !== e.request_id) return;
+      t.tokens.forEach((token, i) => { this.promptLabels[i] = tokenLabel(token); });
+      this.requestRender();
+    });
     if (e.prompt) this.promptEl.value = e.prompt;
     this.maxTokens = e.params.max_tokens;
     this.updateButtons();
@@ -201,10 +214,12 @@ class KvCacheView extends withHandlers(KvWidget) {
 
   onFinished(e) {
     if (e.request_id !== this.rid) return;
+    const hadFocus = this.contains(document.activeElement) && document.activeElement !== this.promptEl;
     this.finished = true;
     this.waiting = false;
     this.announce(`The request finished (${e.reason}); its blocks are freed.`);
     this.updateButtons();
+    if (hadFocus && document.activeElement !== this.startBtn && !this.startBtn.disabled) this.startBtn.focus();   // Next and Stop are off now
     this.requestRender();
   }
 

@@ -1,22 +1,27 @@
-// <kv-chunked-prefill>: a long prompt arrives while two requests decode. Per step, a bar of
+// <kv-chunked-prefill>: a long prompt arrives while another request decodes. Per step, a bar of
 // the tokens the engine computed — the prompt's chunk and the decodes — against the token
-// budget; under it, the longest engine time a decoding request waited between two tokens.
-// Two runs the project recorded on the real engine (with chunks of 16 under a budget of 24,
-// and with chunking off), and, live, the same arrivals sent now as the learner's own requests
-// under whatever knobs the engine has.
+// budget; under it, the longest engine time the decoding request waited between two tokens.
+// Two runs the project recorded on the real engine (chunks of 16 under a budget of 24, and
+// chunking off), and, live, the learner's own pair: the same long prompt sent once cut into
+// chunks of their choice (`prefill_chunk_tokens`, a cap on their request alone: nobody else's
+// request changes) and once whole, each beside a decoding request of their own.
 
 import { KvWidget, formatInt, formatSeconds } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { percentile } from './lib/request-trace.js';
+import { setBusy, isBusy } from './lib/busy.js';
 
 const RECORDED = [
   ['chunked-prefill', 'Recorded: chunked, chunks of 16, budget 24'],
   ['chunked-prefill-off', 'Recorded: chunking off (budget 1,024)'],
 ];
-const LONG_PROMPT = Array(8).fill('The little fox ran along the river to find the shiny stone.').join(' ');
-const DECODERS = ['The robot woke up', 'Tom looked out'];
+// about 350 tokens: one whole step of prefill is many decode steps' worth of work
+const LONG_PROMPT = Array(14).fill('The little fox ran along the river to find the shiny stone, and the old owl watched her from the tall tree.').join(' ');
+const DECODER = 'The robot woke up';
+const CHUNKS = [16, 32, 64, 128];
+const STEPS_BEFORE = 3;    // decode steps drawn before the long prompt's first step
 const BAR_W = 14;
 const CHART_H = 90;
 
@@ -24,6 +29,7 @@ const STYLE = `
 kv-chunked-prefill .kcp-panels { display: grid; grid-template-columns: repeat(auto-fit, minmax(20rem, 1fr)); gap: .6rem; }
 kv-chunked-prefill .kcp-panel h4 { margin: 0 0 .3rem; font-size: .95rem; }
 kv-chunked-prefill .kcp-gap { font-size: .88rem; margin: .3rem 0 0; }
+kv-chunked-prefill .kcp-gap strong { font-variant-numeric: tabular-nums; }
 kv-chunked-prefill svg:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 `;
 
@@ -62,17 +68,27 @@ export function summarizeRun(events, { only = null } = {}) {
 
 class KvChunkedPrefill extends KvWidget {
   static events = ['step', 'request'];
+  static requires = ['requests', 'steps', 'step_rows'];
   static label = 'Chunked prefill, step by step';
 
   setup() {
     injectStyle('kv-chunked-prefill', STYLE);
     this.runs = new Map();       // name -> { label, summary }
-    this.live = null;            // { mine: Set, events: [] } while a live run goes on
+    this.live = null;            // the run under way: { name, chunk, mine: Set, events: [], longRid }
+    this.runNumber = 0;
     this.modeBadge = h('span', { class: 'kvw-mode' });
-    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() }, 'Run it on the live engine');
+    const uid = this.getAttribute('aria-labelledby') || 'kcp';
+    this.chunkSelect = h('select', { class: 'kvw-select', id: `${uid}-chunk` },
+      ...CHUNKS.map((n) => h('option', { value: String(n), ...(n === 32 ? { selected: '' } : {}) }, `${n} tokens`)));
+    this.chunkedButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive(true) }, 'Run my prompt chunked');
+    this.wholeButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.runLive(false) }, 'Run it unchunked');
+    this.liveNote = h('span', { class: 'kvw-note' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.panelsEl = h('div', { class: 'kcp-panels' });
-    this.body.append(h('div', { class: 'kvw-row' }, this.runButton, this.modeBadge), this.errorEl, this.panelsEl);
+    this.body.append(
+      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' },
+        h('label', { for: this.chunkSelect.id }, 'Chunks of'), this.chunkSelect, this.chunkedButton, this.wholeButton, this.modeBadge),
+      this.liveNote, this.errorEl, this.panelsEl);
     this.setLegend([
       { label: 'prompt chunk (prefill tokens in the step)', color: 'var(--kv-prefill)' },
       { label: 'decode tokens (one per decoding request)', color: 'var(--kv-decode)' },
@@ -92,26 +108,43 @@ class KvChunkedPrefill extends KvWidget {
   updateMode(mode) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
-    this.runButton.disabled = mode !== 'live' || Boolean(this.live && !this.live.done);
+    const running = Boolean(this.live && !this.live.done);
+    const knobs = this.client.engine && this.client.engine.knobs;
+    const chunkingOff = Boolean(knobs && !knobs.enable_chunked_prefill);
+    for (const button of [this.chunkedButton, this.wholeButton]) {
+      button.disabled = mode !== 'live';
+      setBusy(button, running);   // busy, not disabled: focus stays on the button pressed
+    }
+    if (chunkingOff) this.chunkedButton.disabled = true;
+    this.liveNote.textContent = mode !== 'live' ? 'With the live engine you can run the same long prompt (about 350 tokens) yourself, chunked and unchunked.'
+      : chunkingOff ? 'The engine runs with chunked prefill off (kvscope serve --no-enable-chunked-prefill): prompts are never cut, so only the unchunked run is possible.'
+        : 'Each run sends a short request of yours that decodes, then the long prompt (about 350 tokens). “Chunked” caps your prompt at the chosen chunk per step — only your request: the engine’s settings and everyone else’s requests stay as they are.';
   }
 
-  async runLive() {
+  async runLive(chunked) {
+    if (isBusy(this.chunkedButton)) return;
     this.errorEl.textContent = '';
-    const live = { mine: new Set(), events: [], done: false, pending: 3 };
+    const chunk = chunked ? Number(this.chunkSelect.value) : null;
+    const name = chunked ? 'live-chunked' : 'live-unchunked';
+    const live = { name, chunk, mine: new Set(), events: [], longRid: null, decoderRid: null, done: false };
     this.live = live;
     this.updateMode(this.client.mode);
-    // Our requests are known by their request.added events (owner = this page), which come
-    // before the acks; a fast request may even finish before its ack arrives.
-    const submit = (prompt, maxTokens) => this.client.command('submit', { prompt, params: { temperature: 0, max_tokens: maxTokens, ignore_eos: true } });
+    this.runNumber += 1;
+    // A different first word each run: the prefix cache must not hand the second run the first one's blocks.
+    const prompt = `Story ${this.runNumber}${Date.now() % 1000}. ${LONG_PROMPT}`;
+    const submit = (fields) => this.client.command('submit', fields);
     try {
-      const decoding = new Promise((resolve) => { live.onTokens = resolve; });
-      await Promise.all(DECODERS.map((p) => submit(p, 32)));
-      await decoding;   // the decoders are decoding before the long prompt arrives
-      await submit(LONG_PROMPT, 4);
+      // Our requests are known by their request.added events (owner = this page), which come before the acks.
+      const decoding = new Promise((resolve) => { live.onDecode = resolve; });
+      live.decoderRid = (await submit({ prompt: DECODER, params: { temperature: 0, max_tokens: 128, ignore_eos: true } })).request_id;
+      await decoding;   // the short request decodes before the long prompt arrives
+      const ack = await submit({ prompt, params: { temperature: 0, max_tokens: 4, ignore_eos: true }, ...(chunk ? { prefill_chunk_tokens: chunk } : {}) });
+      live.longRid = ack.request_id;
+      live.promptTokens = ack.num_prompt_tokens;
+      this.update(live);
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
-      live.done = true;
-      this.updateMode(this.client.mode);
+      this.finish(live);
     }
   }
 
@@ -122,34 +155,50 @@ class KvChunkedPrefill extends KvWidget {
       live.mine.add(event.request_id);
     } else if (event.type === 'step' && event.seqs.some((s) => live.mine.has(s.request_id))) {
       live.events.push(event);
-      const decoding = event.seqs.some((s) => live.mine.has(s.request_id) && s.kind === 'decode');
-      if (decoding && live.onTokens) { live.onTokens(); live.onTokens = null; }
-      this.runs.set('live', { label: this.liveLabel(event), summary: summarizeRun(live.events, { only: live.mine }) });
-      this.requestRender();
-    } else if (event.type === 'request.finished' && live.mine.has(event.request_id)) {
-      live.pending -= 1;
-      if (live.pending === 0) {
-        live.done = true;
-        this.dataset.live = 'done';
-        this.updateMode(this.client.mode);
-      }
+      if (live.onDecode && event.seqs.some((s) => live.mine.has(s.request_id) && s.kind === 'decode')) { live.onDecode(); live.onDecode = null; }
+      this.update(live);
+    } else if (event.type === 'request.finished' && event.request_id === live.longRid) {
+      this.finish(live);   // the long prompt is done: the decoder has shown what it had to
     }
   }
 
-  liveLabel(step) {
-    const knobs = this.client.engine && this.client.engine.knobs;
-    const chunk = knobs ? (knobs.enable_chunked_prefill ? `chunked${knobs.prefill_chunk_size ? `, chunks of ${knobs.prefill_chunk_size}` : ''}` : 'chunking off') : '';
-    return `Live now: ${chunk}, budget ${formatInt(step.token_budget)}`;
+  /** The steps worth drawing: a few decode steps, then from the long prompt's first step on. */
+  update(live) {
+    const first = live.longRid === null ? -1 : live.events.findIndex((e) => e.seqs.some((s) => s.request_id === live.longRid));
+    const from = first < 0 ? Math.max(0, live.events.length - STEPS_BEFORE) : Math.max(0, first - STEPS_BEFORE);
+    this.runs.set(live.name, { label: this.liveLabel(live), chunk: live.chunk, summary: summarizeRun(live.events.slice(from), { only: live.mine }) });
+    this.requestRender();
+  }
+
+  finish(live) {
+    if (live.done) return;
+    live.done = true;
+    if (live.decoderRid) this.client.command('cancel', { request_id: live.decoderRid }).catch(() => {});
+    this.dataset.live = 'done';
+    this.dataset.lastRun = live.name;
+    this.updateMode(this.client.mode);
+  }
+
+  liveLabel(live) {
+    const tokens = live.promptTokens ? `${formatInt(live.promptTokens)} prompt tokens` : 'your long prompt';
+    return live.chunk ? `Live, yours: ${tokens} in chunks of ${live.chunk}` : `Live, yours: ${tokens} unchunked (one step)`;
   }
 
   render() {
-    const runs = [...this.runs.entries()];
-    const top = Math.max(1, ...runs.flatMap(([, r]) => r.summary.steps.map((s) => Math.min(s.budget, Math.max(s.tokens, 24)))));
-    this.panelsEl.replaceChildren(...runs.map(([name, run]) => this.panel(name, run, top)));
+    // the learner's own runs first: they are what they just asked for
+    const runs = [...this.runs.entries()].sort(([a], [b]) => Number(b.startsWith('live')) - Number(a.startsWith('live')));
+    // Each pair on one scale: the recorded pair, and the learner's own pair.
+    const tops = new Map();
+    for (const [name, r] of runs) {
+      const group = name.startsWith('live') ? 'live' : 'recorded';
+      const top = Math.max(1, ...r.summary.steps.map((s) => Math.min(s.budget, Math.max(s.tokens, 24))));
+      tops.set(group, Math.max(tops.get(group) || 1, top));
+    }
+    this.panelsEl.replaceChildren(...runs.map(([name, run]) => this.panel(name, run, tops.get(name.startsWith('live') ? 'live' : 'recorded'))));
     if (!runs.length) this.panelsEl.replaceChildren(h('p', { class: 'kvw-note' }, 'Loading the recorded runs…'));
   }
 
-  panel(name, { label, summary }, top) {
+  panel(name, { label, summary, chunk }, top) {
     const steps = summary.steps;
     const width = Math.max(steps.length, 12) * BAR_W + 40;
     const y = (tokens) => 10 + CHART_H - (Math.min(tokens, top * 1.15) / (top * 1.15)) * CHART_H;
@@ -170,6 +219,10 @@ class KvChunkedPrefill extends KvWidget {
     } else if (budget) {
       nodes.push(svg('text', { x: 0, y: 14, 'font-size': 10 }, `budget ${formatInt(budget)} ↑`));
     }
+    if (chunk) {   // the learner's own cap, which every chunk of their prompt stays under
+      nodes.push(svg('line', { x1: 34, x2: width, y1: y(chunk), y2: y(chunk), stroke: 'var(--kv-prefill)', 'stroke-dasharray': '2 2' }),
+        svg('text', { x: 0, y: y(chunk) + 4, 'font-size': 10 }, String(chunk)));
+    }
     nodes.push(svg('text', { x: 0, y: 10 + CHART_H + 12, 'font-size': 10, class: 'kvw-soft' }, 'steps →'));
     const chart = svg('svg', {
       class: 'kvw-svg', role: 'img', tabindex: '0', width, height: CHART_H + 26, viewBox: `0 0 ${width} ${CHART_H + 26}`,
@@ -178,8 +231,8 @@ class KvChunkedPrefill extends KvWidget {
     return h('section', { class: 'kvw-panel kcp-panel', 'data-run': name },
       h('h4', {}, label), h('div', { class: 'kvw-scroll' }, chart),
       h('p', { class: 'kcp-gap', 'data-worst-gap': summary.worst.seconds },
-        `Longest wait between two tokens of a decoding request: ${formatSeconds(summary.worst.seconds)} of engine time`
-        + `${summary.worst.step ? ` (up to step ${summary.worst.step})` : ''}; median gap ${formatSeconds(percentile(summary.gaps, 0.5) || 0)}.`));
+        'Longest wait between two tokens of a decoding request: ', h('strong', {}, formatSeconds(summary.worst.seconds)),
+        ` of engine time${summary.worst.step ? ` (up to step ${summary.worst.step})` : ''}; median gap ${formatSeconds(percentile(summary.gaps, 0.5) || 0)}.`));
   }
 
   exportData() {

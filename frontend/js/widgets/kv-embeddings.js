@@ -26,6 +26,7 @@ const CHOSEN = CATEGORICAL[0];
 
 class KvEmbeddings extends KvWidget {
   static events = [];
+  static requires = ['requests', 'internals'];
   static label = 'Embeddings: your tokens as rows of numbers';
 
   setup() {

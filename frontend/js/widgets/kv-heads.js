@@ -23,6 +23,7 @@ const LEFT = 56;
 
 class KvHeads extends KvWidget {
   static events = [];
+  static requires = ['requests', 'attention'];
   static label = 'Every head of every layer';
 
   setup() {
@@ -142,7 +143,8 @@ class KvHeads extends KvWidget {
     const mha = gqa * group;
     // Before a run there is no prompt to count: say the per-token saving only.
     const tokens = this.store.size ? this.store.size + 1 : 0;
-    const yours = tokens ? `For your ${tokens} tokens: ${formatBytes(gqa * tokens)} instead of ${formatBytes(mha * tokens)} — ` : 'That is ';
+    const whose = this.dataset.example ? 'the example’s' : 'your';   // before a Run: the recorded example
+    const yours = tokens ? `For ${whose} ${tokens} tokens: ${formatBytes(gqa * tokens)} instead of ${formatBytes(mha * tokens)} — ` : 'That is ';
     this.bytesEl.replaceChildren(h('h4', {}, 'What sharing saves'),
       h('p', {}, `Each token stores ${m.num_kv_heads} keys and ${m.num_kv_heads} values per layer: ${formatBytes(gqa)} per token `
         + `in ${m.dtype}. With one KV head per query head (${m.num_heads}) it would be ${formatBytes(mha)}. `

@@ -29,6 +29,7 @@ function short(text, n = 7) {
 
 class KvLogitLens extends KvWidget {
   static events = [];
+  static requires = ['requests', 'internals'];
   static label = 'Logit lens: what each layer would predict';
 
   setup() {

@@ -32,6 +32,7 @@ kv-memory .kvw-table th[scope=row] { text-align: left; font-weight: 400; color: 
 
 class KvMemory extends KvWidget {
   static events = ['step', 'memory'];
+  static requires = ['requests', 'memory', 'steps', 'step_rows'];
   static label = 'Memory hierarchy and bytes moved';
 
   setup() {

@@ -43,6 +43,7 @@ function histogram(edges, counts, color, title) {
 
 class KvMlp extends KvWidget {
   static events = [];
+  static requires = ['requests', 'internals'];
   static label = 'Inside one MLP: gate, up and their product';
 
   setup() {

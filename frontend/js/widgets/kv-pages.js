@@ -10,12 +10,15 @@ import { KvPool } from './lib/kv-pool.js';
 import { PoolCanvas, OwnerPalette } from './lib/pool-canvas.js';
 import { SandboxPanel, SANDBOX_CSS } from './lib/sandbox-panel.js';
 import { PrefixDemo, PREFIX_CSS } from './lib/prefix-demo.js';
+import { PrefixLessons, LESSONS_CSS } from './lib/prefix-lessons.js';
+import { EvictionDemo, EVICTION_CSS } from './lib/eviction-demo.js';
+import { AttachedPanel, ATTACHED_CSS } from './lib/attached-panel.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { LoadMaker } from '../lib/load-maker.js';
 
 const MAX_TABLES = 24;
 
-const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}
+const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}
 kv-pages .kvp-pool { display: block; border-radius: 4px; cursor: crosshair; }
 kv-pages .kvp-poolwrap { max-height: 420px; overflow: auto; border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: 4px; }
 kv-pages .kvp-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
@@ -27,6 +30,9 @@ kv-pages .kvp-tables button:hover, kv-pages .kvp-tables button[aria-pressed=true
 
 class KvPages extends withHandlers(KvWidget) {
   static events = ['kv'];
+  // attached to vLLM (no `step` events) the pool still draws; the prefix demo then reads
+  // each request's cached tokens from request.finished instead of counting steps
+  static requires = ['kv'];
   static label = 'Page allocator';
 
   setup() {
@@ -50,24 +56,34 @@ class KvPages extends withHandlers(KvWidget) {
     this.loadButton = h('button', { type: 'button', class: 'kvw-btn', 'aria-pressed': 'false', onclick: () => this.toggleLoad() },
       'Keep 3 requests running');
     this.loadStatus = h('span', { class: 'kvw-note', 'aria-live': 'polite' });
-    this.sandbox = new SandboxPanel(this, this.palette);
+    // pool-only (the projector): the engine's pool and tables, without the learner's own
+    // load and sandbox, which a room's screen has no use for
+    this.poolOnly = this.hasAttribute('pool-only');
+    this.sandbox = this.poolOnly ? null : new SandboxPanel(this, this.palette);
+    this.attached = new AttachedPanel();
     this.demo = this.getAttribute('prompt') ? new PrefixDemo(this, this.getAttribute('prompt')) : null;
+    this.lessons = this.demo ? new PrefixLessons(this, this.getAttribute('prompt')) : null;
+    this.eviction = this.demo && this.sandbox ? new EvictionDemo(this) : null;
     this.handlers = clientHandlers(this, {
-      'request.finished': (e) => this.demo?.onFinished(e),
+      'request.added': (e) => this.lessons?.onAdded(e),
+      'request.finished': (e) => { this.demo?.onFinished(e); this.lessons?.onFinished(e); },
       step: (e) => this.demo?.onStep(e),
     });
     this.followSteps();
     this.handlers.attach();
     this.body.append(
-      ...(this.demo ? [this.demo.el] : []),
+      ...(this.demo ? [this.demo.el, this.lessons.el] : []),
       h('div', { class: 'kvw-row' }, h('strong', {}, 'The engine’s pool'), this.modeBadge),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus),
+      this.attached.el,
+      ...(this.poolOnly ? [] : [h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus)]),
       this.figuresEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
       this.detailEl, this.eventsEl,
+      this.attached.blocksEl,
       h('h4', {}, 'Block tables (logical → physical)'),
       this.tablesEl,
-      this.sandbox.el,
+      ...(this.eviction ? [this.eviction.el] : []),
+      ...(this.sandbox ? [this.sandbox.el] : []),
     );
     this.canvas.addEventListener('keydown', (e) => this.onPoolKey(e));
     this.canvas.addEventListener('pointermove', (e) => {
@@ -87,7 +103,7 @@ class KvPages extends withHandlers(KvWidget) {
     ]);
     this.updateMode(this.client.mode);
     this.showLoad();
-    this.sandbox.start();
+    this.sandbox?.start();
   }
 
   toggleLoad() {
@@ -100,9 +116,11 @@ class KvPages extends withHandlers(KvWidget) {
     const { active, running, error } = this.load;
     this.loadButton.setAttribute('aria-pressed', String(active));
     this.loadButton.textContent = active ? 'Stop my requests' : 'Keep 3 requests running';
-    this.loadButton.disabled = !this.isLive;
+    const attached = this.client.hello?.backend?.engine === 'vllm';
+    this.loadButton.disabled = !this.isLive || attached;
     this.dataset.load = active ? 'on' : 'off';
     if (!this.isLive) this.loadStatus.textContent = 'Needs the live engine.';
+    else if (attached) this.loadStatus.textContent = 'Paced requests need kvscope’s own engine; attached to vLLM, send prompts from the prefix demo or any OpenAI client.';
     else if (error) this.loadStatus.textContent = this.describeError(error);
     else if (active || running.size) {
       this.loadStatus.textContent = `${running.size} of your requests in flight (${[...running].join(', ')}), each stepped every ${this.load.paceS} s so you can watch its blocks fill and be freed.`;
@@ -111,7 +129,8 @@ class KvPages extends withHandlers(KvWidget) {
 
   /** The prefix demo counts its requests' work from `step` events. */
   followSteps() {
-    if (this.demo && !this.stopSteps) this.stopSteps = this.client.subscribe(['step']);
+    // replaying, the recorded requests' events too: the lessons panel lists them
+    if (this.demo && !this.stopSteps) this.stopSteps = this.client.subscribe(this.isLive ? ['step'] : ['step', 'request']);
   }
 
   connectedCallback() {
@@ -129,7 +148,14 @@ class KvPages extends withHandlers(KvWidget) {
   onModeChange(mode) {
     this.showLoad();
     this.updateMode(mode);
-    this.sandbox.start();
+    this.sandbox?.start();
+    if (this.stopSteps) {   // live and replay follow different families
+      this.stopSteps();
+      this.stopSteps = null;
+      this.followSteps();
+    }
+    this.lessons?.showBlockSize();
+    this.eviction?.showButton();
   }
 
   updateMode(mode) {
@@ -145,6 +171,11 @@ class KvPages extends withHandlers(KvWidget) {
     } else if (event.type === 'engine' && event.reason === 'reset') {
       this.requestRender();
     }
+    if (event.type === 'engine') this.attached.onEngine(event);
+    if (event.type === 'hello') {
+      this.showLoad();
+      this.lessons?.showBlockSize();
+    }
   }
 
   setHighlight(rid) {
@@ -159,7 +190,8 @@ class KvPages extends withHandlers(KvWidget) {
     const tables = [...this.pool.tables].filter(([, t]) => t.includes(id)).map(([rid, t]) => `${rid}[${t.indexOf(id)}]`);
     const state = b.ref > 0 ? `ref count ${b.ref}` : (b.hash ? 'free, cached' : 'free');
     this.detailEl.textContent = `block ${id}: ${state} · ${b.filled}/${this.pool.blockSize} slots · hash ${b.hash || '—'}`
-      + `${b.owners.length ? ` · owners ${b.owners.join(', ')}` : ''}${tables.length ? ` · logical ${tables.join(', ')}` : ''}`;
+      + `${b.owners.length ? ` · owners ${b.owners.join(', ')}` : ''}${tables.length ? ` · logical ${tables.join(', ')}` : ''}`
+      + `${b.hits ? ` · ${b.hits} hit${b.hits === 1 ? '' : 's'}` : ''}${b.text ? ` · “${b.text}”` : ''}`;
   }
 
   onPoolKey(e) {
@@ -190,9 +222,11 @@ class KvPages extends withHandlers(KvWidget) {
       fig('Step', formatInt(p.step), 'step'),
     );
     if (!p.ready) {
-      this.detailEl.textContent = 'Waiting for the pool snapshot…';
+      const hint = this.client.engine?.vllm?.kv_events;
+      this.detailEl.textContent = hint && !hint.startsWith('subscribed') ? hint : 'Waiting for the pool snapshot…';
       return;
     }
+    if (this.client.hello?.backend?.engine === 'vllm') this.attached.renderBlocks(p.blocks);
     const live = new Set(p.tables.keys());
     const rid = this.highlightSeq && live.has(this.highlightSeq) ? this.highlightSeq : null;
     const table = rid ? p.tables.get(rid) : null;
@@ -235,7 +269,9 @@ class KvPages extends withHandlers(KvWidget) {
       });
       return h('li', {}, button);
     }), ...(entries.length > MAX_TABLES ? [h('li', { class: 'kvw-note' }, `… and ${entries.length - MAX_TABLES} more`)] : []),
-    ...(entries.length ? [] : [h('li', { class: 'kvw-note' }, 'No sequence holds blocks right now. Press “Keep 3 requests running” to see tables appear.')]));
+    ...(entries.length ? [] : [h('li', { class: 'kvw-note' }, this.isLive
+      ? `No sequence holds blocks right now.${this.poolOnly ? '' : ' Press “Keep 3 requests running” to see tables appear.'}`
+      : 'No sequence holds blocks right now: the recorded requests have finished and their blocks are free.')]));
     if (focused) this.tablesEl.querySelector(`[data-seq="${CSS.escape(focused)}"]`)?.focus();
     const owners = entries.slice(0, 6).map(([rid]) => ({ label: rid, color: this.palette.cssColour(rid) }));
     this.legendOwners(owners);
@@ -268,7 +304,7 @@ class KvPages extends withHandlers(KvWidget) {
   }
 
   exportData() {
-    return { pool: this.pool.toJSON(), sandbox: this.sandbox.state };
+    return { pool: this.pool.toJSON(), sandbox: this.sandbox ? this.sandbox.state : null };
   }
 }
 

@@ -36,6 +36,7 @@ kv-pipeline .kpl-text { font-family: var(--kv-font-mono); font-size: .9rem; min-
 
 class KvPipeline extends KvWidget {
   static events = ['step', 'request'];
+  static requires = ['requests', 'tokenize', 'steps'];
   static label = 'The journey of one request';
 
   setup() {

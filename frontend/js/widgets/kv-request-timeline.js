@@ -1,27 +1,37 @@
 // <kv-request-timeline prompt="…">: one real request on a time axis — its wait in the queue,
 // its prefill step(s), then one decode step per token — with the measured time to first token
 // and inter-token latencies, and, per step, the FLOPs and bytes the engine reports for it, so
-// compute-bound prefill and bandwidth-bound decode can be told apart by their numbers.
+// compute-bound prefill and bandwidth-bound decode can be told apart by their numbers. It runs
+// at full speed unless the learner ticks "slow it down"; then the figures say the latency is
+// the pace they chose, next to the engine's own step time.
 
 import { KvWidget, formatInt, formatSeconds, formatSI, formatBytes, formatFloat, pausedText } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { RequestTrace, percentile } from './lib/request-trace.js';
+import { setBusy, isBusy } from './lib/busy.js';
 
 const WIDTH = 720;
 const LEFT = 70;
-const MAX_ROWS = 8;   // the first steps and the last two: the pattern shows, the page stays short
+const MAX_ROWS = 8;   // the first steps and the last two, with a row saying how many are left out
 const PACE_S = 0.15;
 
 const STYLE = `
-kv-request-timeline table { border-collapse: collapse; font-size: .85rem; font-variant-numeric: tabular-nums; }
-kv-request-timeline th, kv-request-timeline td { padding: .15rem .5rem; border-bottom: 1px solid var(--kv-border); text-align: right; }
+kv-request-timeline table { border-collapse: collapse; font-size: .76rem; font-variant-numeric: tabular-nums; width: 100%; }
+kv-request-timeline th, kv-request-timeline td { padding: .15rem .2rem; border-bottom: 1px solid var(--kv-border); text-align: right; }
+kv-request-timeline th { vertical-align: bottom; font-weight: 600; }
+kv-request-timeline td { white-space: nowrap; }
+kv-request-timeline td:last-child { white-space: normal; min-width: 4.5rem; }
+kv-request-timeline tr.krt-skipped td { text-align: center; color: var(--kv-fg-soft); font-style: italic; white-space: normal; }
+kv-request-timeline .krt-slowed { border-left: 4px solid var(--kv-replay); padding: .2rem .5rem; background: var(--kv-bg-soft); font-size: .88rem; margin: .3rem 0; }
 kv-request-timeline th:first-child, kv-request-timeline td:first-child { text-align: left; }
+kv-request-timeline td .kvw-soft { color: var(--kv-fg-soft); font-size: .75rem; }
 kv-request-timeline .krt-axis:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 `;
 
 class KvRequestTimeline extends KvWidget {
   static events = ['step', 'request'];
+  static requires = ['requests', 'steps', 'step_rows'];
   static label = 'One request, prefill then decode';
 
   setup() {
@@ -29,16 +39,17 @@ class KvRequestTimeline extends KvWidget {
     this.trace = new RequestTrace(null);
     this.modeBadge = h('span', { class: 'kvw-mode' });
     this.promptInput = h('input', { class: 'kvw-input', type: 'text', value: this.getAttribute('prompt') || 'The cat sat on the', 'aria-label': 'Prompt', size: 30 });
-    this.slowBox = h('input', { type: 'checkbox', id: `${this.getAttribute('aria-labelledby')}-slow`, checked: '' });
-    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Run');
+    this.slowBox = h('input', { type: 'checkbox', id: `${this.getAttribute('aria-labelledby')}-slow` });
+    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => { if (!isBusy(this.runButton)) this.run(); } }, 'Run');
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Measured latencies' });
+    this.slowedEl = h('p', { class: 'krt-slowed', hidden: '' });
     this.axis = svg('svg', { class: 'kvw-svg krt-axis', role: 'img', tabindex: '0', viewBox: `0 0 ${WIDTH} 90`, width: WIDTH, height: 90 });
     this.table = h('table', { 'aria-label': 'Each step of the request: tokens, time, FLOPs and bytes' });
     this.body.append(
       h('div', { class: 'kvw-row' }, this.promptInput, this.runButton,
         h('label', { for: this.slowBox.id }, this.slowBox, ` slow it down (one step per ${PACE_S} s)`), this.modeBadge),
-      this.errorEl, this.figuresEl, h('div', { class: 'kvw-scroll' }, this.axis), h('div', { class: 'kvw-scroll' }, this.table),
+      this.errorEl, this.figuresEl, this.slowedEl, h('div', { class: 'kvw-scroll' }, this.axis), h('div', { class: 'kvw-scroll' }, this.table),
       h('p', { class: 'kvw-note' }, 'FLOPs and bytes are the whole step’s (every request batched with this one). FLOPs per byte above a few hundred means the step is limited by arithmetic (compute-bound); a few per byte, as in decode, means it waits on memory (bandwidth-bound).'),
     );
     this.setLegend([
@@ -61,30 +72,32 @@ class KvRequestTimeline extends KvWidget {
     this.runButton.disabled = mode !== 'live';
   }
 
-  follow(rid, owner = null) {
+  follow(rid, owner = null, paceS = 0) {
     this.trace = new RequestTrace(rid, { owner });
+    this.paceS = paceS;   // the pace this page asked for its request (0: full speed)
     this.requestRender();
   }
 
   async run() {
     this.errorEl.textContent = '';
-    this.runButton.disabled = true;
+    setBusy(this.runButton, true);   // busy, not disabled: focus stays on Run
     try {
       // Its events may arrive before the ack: follow this page's next request from the start.
-      this.follow(null, this.client.session.client_id);
+      const paceS = this.slowBox.checked ? PACE_S : 0;
+      this.follow(null, this.client.session.client_id, paceS);
       await this.client.command('submit', {
-        prompt: this.promptInput.value, params: { temperature: 0, max_tokens: 16, ignore_eos: true },
-        pace_s: this.slowBox.checked ? PACE_S : 0,
+        prompt: this.promptInput.value, params: { temperature: 0, max_tokens: 16, ignore_eos: true }, pace_s: paceS,
       });
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
     } finally {
-      this.runButton.disabled = !this.isLive;
+      setBusy(this.runButton, false);
     }
   }
 
   onEvent(event) {
     if (event.type === 'engine' && event.reason === 'reset' && !this.isLive) this.follow(null);   // the replay went back
+    if (event.type === 'request.added' && event.request_id === this.trace.rid && !this.isLive) this.paceS = 0;
     if (event.type === 'engine') this.requestRender();   // paused or resumed: say so
     if (this.trace.apply(event)) {
       this.dataset.steps = String(this.trace.steps.length);
@@ -97,6 +110,7 @@ class KvRequestTimeline extends KvWidget {
     const t = this.trace;
     const ttft = t.ttftS;
     const itl = t.itlS;
+    const decodeStep = t.decodeSteps.length ? percentile(t.decodeSteps.map((s) => s.durationS), 0.5) : null;
     const fig = (label, value, key) => h('div', {}, h('dt', {}, label), h('dd', { 'data-figure': key }, value));
     this.figuresEl.replaceChildren(
       fig('Request', t.rid || '—', 'rid'),
@@ -104,8 +118,21 @@ class KvRequestTimeline extends KvWidget {
       fig('Waited in queue', t.queueS === null ? '—' : formatSeconds(t.queueS), 'queue'),
       fig('Time to first token', ttft === null ? '—' : formatSeconds(ttft), 'ttft'),
       fig('Inter-token p50', itl.length ? formatSeconds(percentile(itl, 0.5)) : '—', 'itl_p50'),
+      fig('Engine decode step p50', decodeStep === null ? '—' : formatSeconds(decodeStep), 'step_p50'),
       fig('Tokens', formatInt(t.tokens.length), 'tokens'),
     );
+    // Slowed on purpose (this page's pace, or the instructor's slow motion for the room): say
+    // so beside the figure it inflates, by how much, and what the engine's own step took.
+    const room = this.isLive && this.client.engine ? this.client.engine.slow_motion_s || 0 : 0;
+    const slowed = Boolean(this.paceS || room) && t.rid !== null;
+    this.slowedEl.hidden = !slowed;
+    this.dataset.slowed = String(slowed);
+    if (slowed) {
+      const own = `the engine's own decode step took ${decodeStep === null ? '…' : formatSeconds(decodeStep)} (median)`;
+      this.slowedEl.textContent = this.paceS
+        ? `Slowed down on purpose: your request took at most one step every ${formatSeconds(this.paceS)}, so its inter-token latency here is that pace, not the engine's; ${own}. Untick “slow it down” and run again to see the real inter-token latency.`
+        : `Slowed down by the instructor's slow motion: at least ${formatSeconds(room)} between any two engine steps, so inter-token latency here is that, not the engine's; ${own}.`;
+    }
     this.renderAxis();
     this.renderTable();
     if (!t.rid) this.announce(this.isLive ? 'Press Run to send the prompt and see its timeline.' : 'Waiting for the recording’s first request…');
@@ -144,14 +171,25 @@ class KvRequestTimeline extends KvWidget {
   }
 
   renderTable() {
-    const head = h('tr', {}, ...['step', 'kind', 'its tokens', 'batch', 'time', 'FLOPs', 'bytes read+written', 'FLOPs/byte', 'on an H100'].map((c) => h('th', { scope: 'col' }, c)));
+    // Seven narrow columns: the widget may sit in a 30rem side column, and the last two are
+    // the comparison the chapter asks for, so they must not scroll out of sight.
+    const head = h('tr', {}, ...['step', 'tokens', 'time', 'FLOPs', 'bytes moved', 'FLOPs per byte', 'on an H100'].map((c) => h('th', { scope: 'col' }, c)));
     const steps = this.trace.steps;
-    const shown = steps.length > MAX_ROWS ? [...steps.slice(0, MAX_ROWS - 2), ...steps.slice(-2)] : steps;
-    const rows = shown.map((s) => h('tr', { 'data-kind': s.kind },
-      h('td', {}, String(s.step)), h('td', {}, s.kind), h('td', {}, formatInt(s.tokens)), h('td', {}, `${s.batch}×, ${s.batchTokens} tok`),
-      h('td', {}, formatSeconds(s.durationS)), h('td', { 'data-flops': s.cost.flops }, formatSI(s.cost.flops)),
-      h('td', { 'data-bytes': s.cost.bytes }, formatBytes(s.cost.bytes)), h('td', {}, formatFloat(s.cost.arithmetic_intensity, 1)),
-      h('td', {}, `${s.cost.h100.bound}-bound`)));
+    const row = (s) => h('tr', { 'data-kind': s.kind, 'data-step': s.step },
+      h('td', { title: `engine step ${s.step}: ${s.batch} sequences, ${s.batchTokens} tokens in all` }, String(s.step), h('br'), h('span', { class: 'kvw-soft' }, s.kind)),
+      h('td', {}, formatInt(s.tokens)), h('td', {}, formatSeconds(s.durationS)),
+      h('td', { 'data-flops': s.cost.flops }, formatSI(s.cost.flops)), h('td', { 'data-bytes': s.cost.bytes }, formatBytes(s.cost.bytes)),
+      h('td', { 'data-intensity': s.cost.arithmetic_intensity }, formatFloat(s.cost.arithmetic_intensity, 1)),
+      h('td', {}, `${s.cost.h100.bound}-bound`));
+    let rows = steps.map(row);
+    if (steps.length > MAX_ROWS) {
+      const skipped = steps.slice(MAX_ROWS - 2, -2);
+      const kinds = [...new Set(skipped.map((s) => s.kind))].join(' and ');
+      rows = [...rows.slice(0, MAX_ROWS - 2),
+        h('tr', { class: 'krt-skipped', 'data-skipped': skipped.length },
+          h('td', { colspan: 7 }, `⋮ ${skipped.length} more ${kinds} steps of this request not shown (engine steps ${skipped[0].step}–${skipped[skipped.length - 1].step}; the timeline above draws them all)`)),
+        ...rows.slice(-2)];
+    }
     this.table.replaceChildren(h('thead', {}, head), h('tbody', {}, ...rows));
   }
 

@@ -1,7 +1,10 @@
 // <kv-residual prompt="…">: the residual stream of the live model for one token of the
 // learner's prompt. Bars: the size (norm) of the hidden state after each sublayer —
 // embedding, then attention and MLP in every layer — and beside each, how much that
-// sublayer added. Below: RMSNorm applied to one real vector, before and after.
+// sublayer added. Below: RMSNorm applied to the chosen token's vector entering layer 0,
+// before and after (the engine sends it for the last position of each step; for the other
+// prompt tokens the page applies the same rule to the token's embedding row, which is
+// exactly what enters layer 0).
 
 import { KvWidget, CATEGORICAL, heatColor } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
@@ -28,6 +31,7 @@ function stripOf(values, width, title) {
 
 class KvResidual extends KvWidget {
   static events = [];
+  static requires = ['requests', 'internals'];
   static label = 'The residual stream, sublayer by sublayer';
 
   setup() {
@@ -35,8 +39,11 @@ class KvResidual extends KvWidget {
     this.run = new WatchedRun(this, {
       watch: { internals: true, layers: [], sampling: false }, wants: ['internals.residual'],
       params: { temperature: 0, max_tokens: 2 },
-      onEvent: (e) => { if (e.type === 'internals.residual') this.add(e); },
-      onReset: () => { this.byPos = new Map(); this.pos = -1; this.rmsnorm = null; },
+      onEvent: (e) => {
+        if (e.type === 'internals.residual') this.add(e);
+        if (e.type === 'internals.embeddings') e.positions.forEach((p, i) => this.embeddingRows.set(p, e.rows[i]));
+      },
+      onReset: () => { this.byPos = new Map(); this.pos = -1; this.rmsnorms = new Map(); this.embeddingRows = new Map(); },
     });
     const uid = this.getAttribute('aria-labelledby');
     this.tokenSel = h('select', { class: 'kvw-select', id: `${uid}-token`, onchange: () => { this.pos = Number(this.tokenSel.value); this.requestRender(); } });
@@ -60,7 +67,7 @@ class KvResidual extends KvWidget {
       this.byPos.set(p, e.layers.map((l) => ({ layer: l.layer, input: l.input_norm[r], attention: l.attention_norm[r],
         afterAttention: l.after_attention_norm[r], mlp: l.mlp_norm[r], output: l.output_norm[r] })));
     });
-    if (e.positions.includes(0) || !this.rmsnorm) this.rmsnorm = e.rmsnorm;
+    this.rmsnorms.set(e.rmsnorm.position, e.rmsnorm);
     if (this.pos < 0 || !this.byPos.has(this.pos)) this.pos = e.positions[e.positions.length - 1];
   }
 
@@ -114,9 +121,22 @@ class KvResidual extends KvWidget {
     this.dataset.points = String(pts.length);
   }
 
+  /** RMSNorm (layer 0's input norm) of the vector at `pos`: the engine's, else the same rule
+   *  on the token's embedding row with the engine's weight and ε; null when neither is known. */
+  rmsnormAt(pos) {
+    if (this.rmsnorms.has(pos)) return this.rmsnorms.get(pos);
+    const input = this.embeddingRows.get(pos);
+    const known = this.rmsnorms.values().next().value;
+    if (!input || !known) return null;
+    const rms = Math.sqrt(input.reduce((s, x) => s + x * x, 0) / input.length + known.eps);
+    return { position: pos, layer: 0, eps: known.eps, rms, input, weight: known.weight,
+      output: input.map((x, i) => (x / rms) * known.weight[i]) };
+  }
+
   renderNorm() {
-    const n = this.rmsnorm;
-    if (!n) return;
+    const n = this.rmsnormAt(this.pos);
+    this.dataset.normPosition = n ? String(n.position) : '';
+    if (!n) { this.normEl.replaceChildren(); return; }
     const width = Math.min(this.normEl.clientWidth || 600, 700) - 30;
     const sq = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
     this.normEl.replaceChildren(
@@ -131,7 +151,7 @@ class KvResidual extends KvWidget {
   exportData() {
     return { request_id: this.run.rid, position: this.pos, token: this.pos >= 0 ? this.run.labelAt(this.pos) : null,
       stream: this.points(this.pos).map(([label, stream, added]) => ({ point: label, stream_norm: stream, added_norm: added })),
-      rmsnorm: this.rmsnorm };
+      rmsnorm: this.pos >= 0 ? this.rmsnormAt(this.pos) : null };
   }
 }
 

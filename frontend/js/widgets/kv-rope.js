@@ -28,6 +28,7 @@ export function ropeScore(invFreq, m, n) {
 
 class KvRope extends KvWidget {
   static events = [];
+  static requires = ['requests', 'internals'];
   static label = 'RoPE: rotation by position';
 
   setup() {

@@ -31,6 +31,7 @@ const SLIDERS = [
 
 class KvSampling extends KvWidget {
   static events = [];
+  static requires = ['requests', 'sampling'];
   static label = 'Sampling: reshape the next-token distribution';
 
   setup() {
@@ -39,8 +40,12 @@ class KvSampling extends KvWidget {
     this.run = new WatchedRun(this, {
       watch: { internals: true, layers: [], sampling: true }, wants: ['sampling'],
       params: { temperature: 0, max_tokens: 4 },
-      onEvent: (e) => { if (e.type === 'sampling' && e.distribution) this.add(e); },
-      onReset: () => { this.steps = []; this.index = 0; this.drawn = []; },
+      onEvent: (e) => {
+        if (e.type === 'sampling' && e.distribution) this.add(e);
+        // the embeddings event names the vocabulary: a draw outside the top ten keeps its text
+        if (e.type === 'internals.embeddings' && e.vocab) this.vocab = new Map(e.vocab.ids.map((id, i) => [id, e.vocab.texts[i]]));
+      },
+      onReset: () => { this.steps = []; this.index = 0; this.drawn = []; this.vocab = new Map(); },
     });
     const uid = this.getAttribute('aria-labelledby');
     this.stepSel = h('select', { class: 'kvw-select', id: `${uid}-step`, onchange: () => { this.index = Number(this.stepSel.value); this.drawn = []; this.requestRender(); } });
@@ -102,6 +107,8 @@ class KvSampling extends KvWidget {
 
   get current() { return this.steps[this.index]; }
 
+  tokenText(id) { return this.current.texts.get(id) ?? this.vocab.get(id) ?? `#${id}`; }
+
   /** The shown distribution: [{id, text, raw, shaped}] for the most likely raw tokens, and the totals. */
   distribution() {
     const s = this.current;
@@ -109,7 +116,7 @@ class KvSampling extends KvWidget {
     const shaped = reshape(s.logits, this.params);
     const top = raw.map((p, i) => i).sort((a, b) => raw[b] - raw[a]).slice(0, SHOWN);
     return {
-      rows: top.map((i) => ({ id: s.ids[i], text: s.texts.get(s.ids[i]) ?? `#${s.ids[i]}`, raw: raw[i], shaped: shaped[i] })),
+      rows: top.map((i) => ({ id: s.ids[i], text: this.tokenText(s.ids[i]), raw: raw[i], shaped: shaped[i] })),
       shaped, sum: shaped.reduce((a, b) => a + b, 0), kept: shaped.filter((p) => p > 0).length,
       rest: 1 - top.reduce((a, i) => a + shaped[i], 0),
     };
@@ -164,7 +171,7 @@ class KvSampling extends KvWidget {
     const { shaped } = this.distribution();
     const i = drawIndex(shaped, this.random());
     const s = this.current;
-    this.drawn.push(s.texts.get(s.ids[i]) ?? `#${s.ids[i]}`);
+    this.drawn.push(this.tokenText(s.ids[i]));
     this.requestRender();
   }
 

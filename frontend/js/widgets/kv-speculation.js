@@ -4,8 +4,8 @@
 // target added itself (a bonus when every draft was kept). Below, each pass as text, with
 // p, q and the uniform draw u for sampled requests; figures: acceptance rate and tokens per
 // target pass, as the engine counted them (`spec` events).
-// Live it needs a server started with --speculative-config; with no backend it replays the
-// page's recording.
+// Live it needs a server started with --speculative-config; on any other server, or with no
+// backend, it plays the page's recording (the `speculation` capability, widget-base.js).
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
@@ -41,6 +41,7 @@ kv-speculation .kvs-chart .kvs-cross { stroke: var(--kv-fg-soft); }
 
 class KvSpeculation extends withHandlers(KvWidget) {
   static events = ['spec'];
+  static requires = ['requests', 'speculation'];
   static replayEvents = ['request'];
   static label = 'Speculative decoding: drafts and verification';
 
@@ -169,8 +170,6 @@ class KvSpeculation extends withHandlers(KvWidget) {
     else if (spec) this.configEl.textContent = spec.method === 'ngram'
       ? `This engine drafts by prompt lookup: k = ${spec.num_speculative_tokens} tokens, n-grams of ${spec.prompt_lookup_min} to ${spec.prompt_lookup_max} tokens.`
       : `This engine drafts with the model ${spec.model}: k = ${spec.num_speculative_tokens} tokens per pass.`;
-    else if (this.client.hello) this.configEl.textContent = 'This server runs without speculative decoding: start it with '
-      + `kvscope serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}' to see drafts here.`;
     const fig = (label, value, key) => h('div', {}, h('dt', {}, label), h('dd', { 'data-figure': key }, value));
     this.figuresEl.replaceChildren(
       fig('Verify passes', formatInt(f.num_passes), 'num_passes'),

@@ -46,6 +46,7 @@ export function commBytesPerToken(m, n) {
 
 class KvTensorParallel extends KvWidget {
   static events = ['step'];
+  static requires = ['steps'];
   static label = 'Tensor parallelism: who holds what';
 
   setup() {

@@ -1,8 +1,10 @@
-// <kv-throughput>: throughput against latency, measured. Each press of Run sends a bounded
-// load of the learner's own requests to the live engine — so many in flight at once, so many
-// tokens each — and plots what the run measured: output tokens per second against time to
-// first token and inter-token latency (p50 and p90). Points accumulate into the curve. An
-// instructor also gets the engine's sequence cap and token budget, applied before the run.
+// <kv-throughput>: throughput against latency, measured. Each press of Run asks the server for
+// a measured run (the `measure` command): it keeps so many of the learner's own requests in
+// flight, adding the next the moment one finishes, so what the run measures is the engine —
+// not the page's round trips, and never the learner's submit limit (a run counts as one
+// submit). The plot: output tokens per second against time to first token and inter-token
+// latency (p50 and p90). Points accumulate into the curve. An instructor also gets the
+// engine's sequence cap and token budget, applied before the run.
 // Without a live engine it plots the runs the project recorded (frontend/recordings/throughput).
 
 import { KvWidget, formatInt, formatSeconds, formatFloat } from '../widget-base.js';
@@ -10,18 +12,14 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { percentile } from './lib/request-trace.js';
 import { namedRecordingEvents } from './lib/recording.js';
+import { setBusy, isBusy } from './lib/busy.js';
 
-const PROMPTS = [
-  'Once upon a time, a little fox found a shiny stone by the river.',
-  'The old lighthouse keeper climbed the stairs every evening and',
-  'Mia wanted to bake a cake for her grandmother, so she',
-  'In a small village by the sea, there lived a curious cat named',
-];
-const RETRY_MS = 3000;
 const RUN_GAP_S = 0.3;   // scripts/make_recordings.py pauses 0.5 s between runs
 const W = 560;
-const H = 240;
-const PAD = { left: 56, right: 12, top: 12, bottom: 36 };
+const H = 276;
+const PAD = { left: 56, right: 16, top: 12, bottom: 72 };
+const LABEL_ROWS = 4;   // concurrency labels under the axis: close runs go on the next row, not on each other
+const LABEL_GAP = 26;   // px a label needs beside another on its row
 const SERIES = [
   ['ttft_p50', 'TTFT p50', 'var(--kv-cat-2)', 'circle'],
   ['ttft_p90', 'TTFT p90', 'var(--kv-cat-2)', 'ring'],
@@ -33,8 +31,11 @@ const STYLE = `
 kv-throughput .ktp-knobs { display: flex; flex-wrap: wrap; gap: .5rem 1rem; align-items: end; }
 kv-throughput .ktp-knobs label { display: flex; flex-direction: column; font-size: .85rem; color: var(--kv-fg-soft); }
 kv-throughput svg:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
-kv-throughput table { border-collapse: collapse; font-size: .85rem; font-variant-numeric: tabular-nums; }
-kv-throughput th, kv-throughput td { padding: .15rem .5rem; border-bottom: 1px solid var(--kv-border); text-align: right; }
+kv-throughput table { border-collapse: collapse; font-size: .82rem; font-variant-numeric: tabular-nums; width: 100%; }
+kv-throughput th, kv-throughput td { padding: .15rem .35rem; border-bottom: 1px solid var(--kv-border); text-align: right; }
+kv-throughput th { font-weight: 600; vertical-align: bottom; }
+kv-throughput td { white-space: nowrap; }
+kv-throughput .ktp-measured { margin: .2rem 0 .4rem; }
 `;
 
 /** The figures of one finished run, from its requests' `request.added` and `request.finished` events. */
@@ -75,6 +76,7 @@ export function recordedRuns(events) {
 
 class KvThroughput extends KvWidget {
   static events = ['request'];
+  static requires = ['requests'];
   static label = 'Throughput against latency, measured';
 
   setup() {
@@ -94,7 +96,7 @@ class KvThroughput extends KvWidget {
     let label;
     [label, this.concurrencyInput] = number('Requests in flight', 1, 1, 4);
     const concurrencyLabel = label;
-    [label, this.totalInput] = number('Requests in the run', 6, 1, 8);
+    [label, this.totalInput] = number('Requests in the run', 8, 1, 16);
     const totalLabel = label;
     [label, this.tokensInput] = number('Tokens each', 24, 4, 64);
     const tokensLabel = label;
@@ -102,15 +104,16 @@ class KvThroughput extends KvWidget {
     this.seqsLabel = label;
     [label, this.budgetInput] = number('Token budget (instructor)', 256, 16, 8192);
     this.budgetLabel = label;
-    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.start() }, 'Run');
+    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => { if (!isBusy(this.runButton)) this.start(); } }, 'Run');
     this.clearButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => { this.points = []; this.requestRender(); } }, 'Clear points');
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
+    this.measuredEl = h('p', { class: 'kvw-note ktp-measured' });
     this.chart = svg('svg', { class: 'kvw-svg', role: 'img', tabindex: '0', width: W, height: H, viewBox: `0 0 ${W} ${H}` });
     this.table = h('table', { 'aria-label': 'Every run: its setting and what it measured' });
     this.body.append(
       h('div', { class: 'ktp-knobs', role: 'group', 'aria-label': 'Load settings' }, concurrencyLabel, totalLabel, tokensLabel, this.seqsLabel, this.budgetLabel,
         this.runButton, this.clearButton, this.modeBadge),
-      this.errorEl, h('div', { class: 'kvw-scroll' }, this.chart), h('div', { class: 'kvw-scroll' }, this.table),
+      this.errorEl, this.measuredEl, h('div', { class: 'kvw-scroll' }, this.chart), h('div', { class: 'kvw-scroll' }, this.table),
     );
     this.setLegend(SERIES.map(([, name, color, shape]) => ({ label: `${name} (${shape})`, color, shape: shape === 'circle' || shape === 'ring' ? 'circle' : 'square' })));
     this.updateMode(this.client.mode);
@@ -130,7 +133,11 @@ class KvThroughput extends KvWidget {
     this.budgetLabel.hidden = !instructor;
     const limits = this.client.session && this.client.session.limits;
     if (limits && limits.max_active_requests) this.concurrencyInput.max = String(instructor ? 64 : limits.max_active_requests);
-    this.runButton.disabled = mode !== 'live' || Boolean(this.run);
+    this.runButton.disabled = mode !== 'live';
+    setBusy(this.runButton, Boolean(this.run));   // busy, not disabled: focus stays on Run
+    this.measuredEl.textContent = mode === 'live'
+      ? 'What a run measures: the server keeps your requests in flight, the number you ask for, and adds the next one the moment one finishes (the same story prompts, sampled, every token counted), so the figures are the engine’s — a run counts as one submit against your limit.'
+      : 'The runs the project recorded on the embedded model, each driven as a live run is (scripts/make_recordings.py).';
   }
 
   async start() {
@@ -146,29 +153,13 @@ class KvThroughput extends KvWidget {
       this.errorEl.textContent = this.describeError(error);
       return;
     }
-    this.run = { setting, sent: 0, mine: new Set(), added: [], finished: [] };
+    setting.concurrency = Math.min(setting.concurrency, setting.total);
+    this.run = { setting, added: [], finished: [] };
     this.updateMode(this.client.mode);
     this.announce(`Running ${setting.total} requests, ${setting.concurrency} at a time…`);
-    for (let i = 0; i < setting.concurrency; i += 1) this.sendNext();
-  }
-
-  async sendNext() {
-    const run = this.run;
-    if (!run || run.sent >= run.setting.total) return;
-    run.sent += 1;
     try {
-      const ack = await this.client.command('submit', {
-        prompt: PROMPTS[run.sent % PROMPTS.length],
-        params: { temperature: 0.8, seed: run.sent, max_tokens: run.setting.max_tokens, ignore_eos: true },
-      });
-      run.mine.add(ack.request_id);
+      await this.client.command('measure', { concurrency: setting.concurrency, total: setting.total, max_tokens: setting.max_tokens });
     } catch (error) {
-      if (error.code === 'rate_limited') {   // the learner's submit allowance: wait, and say so in the point
-        run.sent -= 1;
-        run.setting.throttled = true;
-        setTimeout(() => this.sendNext(), RETRY_MS);
-        return;
-      }
       this.errorEl.textContent = this.describeError(error);
       this.run = null;
       this.updateMode(this.client.mode);
@@ -181,7 +172,7 @@ class KvThroughput extends KvWidget {
     if (event.type === 'request.added' && event.owner === (this.client.session && this.client.session.client_id)) run.added.push(event);
     if (event.type !== 'request.finished' || !run.added.some((e) => e.request_id === event.request_id)) return;
     run.finished.push(event);
-    if (run.finished.length === run.setting.total) {
+    if (run.finished.length === run.setting.total) {   // (the server adds the next ones itself)
       const ids = new Set(run.finished.map((e) => e.request_id));
       this.points.push(runReport(run.added.filter((e) => ids.has(e.request_id)), run.finished, run.setting));
       this.run = null;
@@ -190,8 +181,6 @@ class KvThroughput extends KvWidget {
       const p = this.points[this.points.length - 1];
       this.announce(`${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens/s, first token p50 ${formatSeconds(p.ttft_p50)}, inter-token p50 ${formatSeconds(p.itl_p50)}.`);
       this.requestRender();
-    } else {
-      this.sendNext();
     }
   }
 
@@ -210,7 +199,7 @@ class KvThroughput extends KvWidget {
     // Scale ends only once there is a point: before the first run they would be made-up numbers.
     if (pts.length) nodes.push(
       svg('text', { x: PAD.left - 4, y: PAD.top + 10, 'font-size': 10, 'text-anchor': 'end', class: 'kvw-soft' }, formatSeconds(maxY)),
-      svg('text', { x: W - PAD.right, y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'end', class: 'kvw-soft' }, formatFloat(maxX, 1)),
+      svg('text', { x: W - PAD.right, y: H - PAD.bottom - 4, 'font-size': 10, 'text-anchor': 'end', class: 'kvw-soft' }, `${formatFloat(maxX, 1)} tok/s`),
     );
     for (const [key, name, color, shape] of SERIES) {
       const line = pts.filter((p) => p[key] !== null).sort((a, b) => a.throughput - b.throughput);
@@ -226,22 +215,26 @@ class KvThroughput extends KvWidget {
         nodes.push(mark);
       });
     }
-    // Runs whose throughput lands within a label's width share one label ("×2 ×4"), not a smudge.
-    const labels = [];
+    // Each run's concurrency under its throughput, with a tick; a run too close to one already
+    // labelled goes on the next row down, so no two labels overlap.
+    const rowEnds = Array(LABEL_ROWS).fill(-Infinity);
     for (const p of [...pts].sort((a, b) => a.throughput - b.throughput || a.concurrency - b.concurrency)) {
-      const last = labels[labels.length - 1];
-      if (last && x(p.throughput) - last.at < 24) last.text += ` ×${p.concurrency}`;
-      else labels.push({ at: x(p.throughput), text: `×${p.concurrency}` });
+      const at = x(p.throughput);
+      let row = rowEnds.findIndex((end) => at - end >= LABEL_GAP);
+      if (row < 0) row = rowEnds.indexOf(Math.min(...rowEnds));
+      rowEnds[row] = at;
+      nodes.push(svg('line', { x1: at, x2: at, y1: H - PAD.bottom, y2: H - PAD.bottom + 4 + row * 12, stroke: 'var(--kv-fg-soft)', 'stroke-width': 0.75 }),
+        svg('text', { x: at, y: H - PAD.bottom + 14 + row * 12, 'font-size': 10, 'text-anchor': 'middle', class: 'kvw-soft', 'data-label': p.concurrency }, `×${p.concurrency}`));
     }
-    labels.forEach((l) => nodes.push(svg('text', { x: l.at, y: H - PAD.bottom + 14, 'font-size': 10, 'text-anchor': 'middle', class: 'kvw-soft' }, l.text)));
     if (!pts.length) nodes.push(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' }, this.isLive ? 'Press Run: each run adds a point per latency.' : 'Loading the recorded runs…'));
     this.dataset.shown = this.isLive ? 'live' : 'recorded';
     this.chart.replaceChildren(...nodes);
     this.chart.setAttribute('aria-label', `Throughput against latency: ${pts.length} runs. ${pts.map((p) => `${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens per second, first token p50 ${formatSeconds(p.ttft_p50)}, inter-token p50 ${formatSeconds(p.itl_p50)}`).join('; ')}`);
-    const head = h('tr', {}, ...['in flight', 'requests', 'tokens', 'seconds', 'tok/s', 'TTFT p50', 'TTFT p90', 'ITL p50', 'ITL p90'].map((c) => h('th', { scope: 'col' }, c)));
-    this.table.replaceChildren(h('thead', {}, head), h('tbody', {}, ...pts.map((p) => h('tr', {},
-      ...[p.throttled ? `${p.concurrency} (slowed by your submit limit)` : p.concurrency, p.requests, formatInt(p.tokens), formatFloat(p.seconds, 2), formatFloat(p.throughput, 1),
-        formatSeconds(p.ttft_p50), formatSeconds(p.ttft_p90), formatSeconds(p.itl_p50), formatSeconds(p.itl_p90)].map((v) => h('td', {}, String(v)))))));
+    // Seven columns that fit a 30rem side column: the inter-token ones are the lesson's other half.
+    const head = h('tr', {}, ...['in flight', 'tok/s', 'TTFT p50', 'TTFT p90', 'inter-token p50', 'inter-token p90', 'run took'].map((c) => h('th', { scope: 'col' }, c)));
+    this.table.replaceChildren(h('thead', {}, head), h('tbody', {}, ...pts.map((p) => h('tr', { title: `${p.requests} requests, ${formatInt(p.tokens)} tokens` },
+      ...[p.concurrency, formatFloat(p.throughput, 1), formatSeconds(p.ttft_p50), formatSeconds(p.ttft_p90), formatSeconds(p.itl_p50), formatSeconds(p.itl_p90),
+        `${formatFloat(p.seconds, 2)} s`].map((v) => h('td', {}, String(v)))))));
   }
 
   exportData() {

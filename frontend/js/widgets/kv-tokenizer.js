@@ -47,6 +47,7 @@ kv-tokenizer .kvt-ids { font-family: var(--kv-font-mono); font-size: .8rem; word
 
 class KvTokenizer extends KvWidget {
   static events = [];
+  static requires = ['tokenize'];
   static label = 'Tokenizer';
 
   setup() {

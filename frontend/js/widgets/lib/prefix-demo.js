@@ -64,9 +64,12 @@ export class PrefixDemo {
     }
   }
 
-  /** Submit one held request and let it run its prefill (one `next`): resolves after its first token. */
+  /** Submit one held request and let it run its prefill (one `next`): resolves after its first token.
+   *  Attached to vLLM (no hold, no steps) the request runs to the end and its cached tokens
+   *  come from vLLM's own answer (usage.prompt_tokens_details.cached_tokens). */
   async sendHeld() {
     const client = this.host.client;
+    if (client.hello?.backend?.engine === 'vllm') return this.sendAttached();
     const question = QUESTIONS[this.sent % QUESTIONS.length];
     this.sent += 1;
     const ack = await client.command('submit', {
@@ -84,13 +87,29 @@ export class PrefixDemo {
     return rid;
   }
 
+  async sendAttached() {
+    const question = QUESTIONS[this.sent % QUESTIONS.length];
+    this.sent += 1;
+    const run = { question, prompt: 0, computed: 0, cached: 0, prefillS: 0, row: h('li', {}), firstToken: null };
+    const finished = new Promise((resolve) => { run.firstToken = resolve; });
+    const ack = await this.host.client.command('submit', {
+      prompt: `${this.prompt}\n\nQuestion: ${question}`, params: { temperature: 0, max_tokens: 16, ignore_eos: true },
+    });
+    run.prompt = ack.num_prompt_tokens;
+    run.row.dataset.request = ack.request_id;
+    this.runs.set(ack.request_id, run);
+    this.list.append(run.row);
+    await finished;
+    return ack.request_id;
+  }
+
   show(rid) {
     const run = this.runs.get(rid);
     run.row.dataset.computed = String(run.computed);
     run.row.dataset.cached = String(run.cached);
     run.row.textContent = `${rid} (“${run.question}”): ${formatInt(run.prompt)} prompt tokens — `
       + `${formatInt(run.computed)} computed, ${formatInt(run.cached)} found in the prefix cache; `
-      + `prefill step ${formatSeconds(run.prefillS)}.`;
+      + `${this.host.client.hello?.backend?.engine === 'vllm' ? 'time to first token' : 'prefill step'} ${formatSeconds(run.prefillS)}.`;
   }
 
   explain(first, second) {
@@ -117,6 +136,12 @@ export class PrefixDemo {
   onFinished(e) {
     const run = this.runs.get(e.request_id);
     if (!run) return;
+    if (this.host.client.hello?.backend?.engine === 'vllm') {
+      // vLLM's answer: the cached tokens it reported, the rest computed; TTFT as seen by its client
+      Object.assign(run, { cached: e.num_cached_tokens, computed: e.num_prompt_tokens - e.num_cached_tokens, prefillS: e.ttft_s ?? 0 });
+      this.show(e.request_id);
+      run.firstToken?.();
+    }
     run.row.append(` Finished (${e.reason}): ${formatInt(e.num_cached_tokens)} tokens came from the cache.`);
     if (this.host.pinnedSeq === e.request_id) this.host.pinnedSeq = null;
   }

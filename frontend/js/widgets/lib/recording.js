@@ -27,6 +27,14 @@ export async function recordedOfType(client, ...types) {
   return events.filter((e) => types.includes(e.type));
 }
 
+/** The recording's `tokens` reply for a prompt whose ids begin `ids` (the longest such;
+ *  null when the recording tokenized none): a replay labels prompt tokens with their text. */
+export async function recordedPromptTokens(client, ids) {
+  const recorded = await recordedOfType(client, 'tokens');
+  const matches = recorded.filter((t) => t.ids.length && t.ids.length <= ids.length && t.ids.every((id, i) => id === ids[i]));
+  return matches.reduce((best, t) => (!best || t.ids.length > best.ids.length ? t : best), null);
+}
+
 /** All events of a committed recording by name; [] when it cannot be read. */
 export async function namedRecordingEvents(name) {
   return recordingEvents({ recordingUrl: await recordingUrl(name) });

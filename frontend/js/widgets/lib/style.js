@@ -20,6 +20,7 @@ const COMMON = `
 }
 .kvw-btn:hover:not(:disabled) { border-color: var(--kv-focus); }
 .kvw-btn:disabled { opacity: .55; cursor: not-allowed; }
+.kvw-btn[aria-disabled="true"] { opacity: .55; cursor: progress; }   /* busy: keeps focus (lib/busy.js) */
 .kvw-btn--primary { background: var(--kv-cat-1); border-color: var(--kv-cat-1); color: #fff; }
 .kvw-figures { display: flex; flex-wrap: wrap; gap: .4rem 1.2rem; margin: .5rem 0; padding: 0; }
 .kvw-figures > div { display: flex; flex-direction: column; min-width: 6.5rem; }

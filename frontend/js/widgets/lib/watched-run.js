@@ -1,8 +1,9 @@
 // A learner's prompt, run by the live engine as a *watched* request, and the events that
 // come back for it: the prompt row (input, Run, mode badge, error line) that the
 // inside-the-model widgets share, and the bookkeeping of which request they follow.
-// Live: the request this widget submitted. Replay: the first request in the recording
-// that carries the event types the widget needs.
+// Live: the request this widget submitted; before the first Run, the recorded request of
+// the page's recording, drawn at once as an example. Replay: the first request in the
+// recording that carries the event types the widget needs.
 //
 //   this.run = new WatchedRun(this, { watch: { internals: true, layers: [] }, wants: ['internals.mlp'],
 //                                     onEvent: (e) => ..., onReset: () => ... });
@@ -11,14 +12,13 @@
 import { h } from './svg.js';
 import { modeText } from './style.js';
 import { idLabel, tokenLabel, visibleText } from './tokens.js';
-import { recordedOfType } from './recording.js';
+import { recordedPromptTokens, recordingEvents } from './recording.js';
 
 const FAMILIES = ['request', 'internals', 'attention', 'sampling'];
 
 export class WatchedRun {
   constructor(widget, { watch, wants, params = { temperature: 0, max_tokens: 4 }, prompt, onEvent, onReset }) {
     this.widget = widget;
-    this.client = widget.client;
     this.watch = watch;
     this.wants = new Set(wants);
     this.params = params;
@@ -31,12 +31,17 @@ export class WatchedRun {
     this.button = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.start() }, 'Run');
     this.badge = h('span', { class: 'kvw-mode' });
     this.error = h('p', { class: 'kvw-error', role: 'alert' });
+    this.exampleNote = h('p', { class: 'kvw-note kvw-example' });
+    this.exampleNote.hidden = true;
     this.controls = h('div', {},
       h('div', { class: 'kvw-row' }, h('label', { for: this.input.id }, 'Prompt'), this.input, this.button, this.badge),
-      this.error);
+      this.exampleNote, this.error);
     this.reset();
     this.offs = [];
   }
+
+  /** The widget's client (it changes when the widget falls back to its recording). */
+  get client() { return this.widget.client; }
 
   /** Call from the widget's connectedCallback / disconnectedCallback. */
   attach() {
@@ -59,7 +64,9 @@ export class WatchedRun {
     this.numPrompt = 0;
     this.numCached = 0;
     this.finished = false;
-    this.seen = new Map();   // replay: request.added events, before one request is followed
+    this.seen = new Map();   // replay: each request's events before one is followed
+    this.exampleNote.hidden = true;
+    delete this.widget.dataset.example;
     delete this.widget.dataset.finished;
     this.onResetCb?.();
   }
@@ -71,6 +78,26 @@ export class WatchedRun {
     this.badge.textContent = modeText(mode);
     if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(FAMILIES);
     if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
+    if (mode === 'live' && !this.rid && !this.pending) this.showExample();
+  }
+
+  /** Live, before the learner's first Run: draw the recording's request (its events, read
+   *  from the file, not replayed), so the widget shows something real on arrival. */
+  async showExample() {
+    if (this.exampleLoading) return;
+    this.exampleLoading = true;
+    const events = await recordingEvents(this.client);
+    const first = events.find((e) => this.wants.has(e.type));
+    if (!first || this.rid || this.pending || this.client.mode !== 'live') return;
+    this.reset();
+    const own = events.filter((e) => e.request_id === first.request_id && e.ref === undefined);
+    for (const e of own) this.deliver(e);
+    const added = own.find((e) => e.type === 'request.added');
+    this.labelFromRecording();
+    this.exampleNote.textContent = `A recorded example${added && added.prompt ? ` (“${added.prompt}”)` : ''}: press Run to compute your own prompt on the live engine.`;
+    this.exampleNote.hidden = false;
+    this.widget.announce(this.exampleNote.textContent);   // not the recorded request's own news
+    this.widget.dataset.example = 'true';
   }
 
   async start() {
@@ -119,20 +146,17 @@ export class WatchedRun {
     }
     if (this.pending) { this.buffer.push(e); return; }
     if (this.client.mode !== 'replay') return;
-    if (e.type === 'request.added') { this.seen.set(e.request_id, e); return; }
+    if (!this.seen.has(e.request_id)) this.seen.set(e.request_id, []);
+    this.seen.get(e.request_id).push(e);
     if (!this.wants.has(e.type)) return;
     this.rid = e.request_id;   // replay: follow the first request that has what we draw
-    const added = this.seen.get(e.request_id);
-    if (added) this.deliver(added);
+    for (const earlier of this.seen.get(e.request_id)) this.deliver(earlier);
+    this.seen.clear();
     this.labelFromRecording();
-    this.deliver(e);
   }
 
   async labelFromRecording() {
-    const ids = this.tokenIds.slice(0, this.numPrompt);
-    const recorded = await recordedOfType(this.client, 'tokens');
-    const match = recorded.find((t) => ids.length && t.ids.length === ids.length && t.ids.every((id, i) => id === ids[i]));
-    if (match) this.labelPrompt(match);
+    this.labelPrompt(await recordedPromptTokens(this.client, this.tokenIds.slice(0, this.numPrompt)));
   }
 
   deliver(e) {

@@ -1,0 +1,91 @@
+"""Structured outputs: every token drawn under the grammar's mask keeps the output in the
+language, at temperature 1 across seeds, and the request ends when the grammar is done.
+The model is the shipped one (its own tokenizer), so the masks are over a real vocabulary."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
+
+from kvscope.engine.structured_output import StructuredOutputManager  # noqa: E402
+from kvscope.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+SEEDS = range(4)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from kvscope import LLM
+    with LLM(max_num_seqs=8) as engine:
+        yield engine
+
+
+def texts(llm, constraint: dict, max_tokens: int = 64) -> list[str]:
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens,
+                             structured_outputs=StructuredOutputsParams(**constraint)) for seed in SEEDS]
+    outs = llm.generate(["Once upon a time"] * len(params), params)
+    return [(o.outputs[0].text, o.outputs[0].finish_reason) for o in outs]
+
+
+def test_choice_lands_in_the_set_and_stops(llm):
+    for text, reason in texts(llm, {"choice": ["yes", "no", "maybe later"]}):
+        assert text in ("yes", "no", "maybe later") and reason == "stop"
+
+
+def test_regex_is_matched_whole(llm):
+    pattern = r"[0-9]{3}-[a-z]{2,4}"
+    for text, reason in texts(llm, {"regex": pattern}):
+        assert re.fullmatch(pattern, text), text
+        assert reason == "stop"
+
+
+def test_json_parses_and_validates_against_its_schema(llm):
+    for text, reason in texts(llm, {"json": SCHEMA}, max_tokens=200):
+        assert reason == "stop", (text, reason)
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_the_mask_really_narrows_the_choice(llm):
+    """Unconstrained, the same seeds do not all give a choice from the set: the mask did the work."""
+    free = llm.generate(["Once upon a time"] * len(SEEDS),
+                        [SamplingParams(temperature=1.0, seed=s, max_tokens=4) for s in SEEDS])
+    assert not all(o.outputs[0].text in ("yes", "no", "maybe later") for o in free)
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ({"json": '{"type": "object", "properties": '}, "invalid json"),
+    ({"regex": "([a-z"}, "invalid regex"),
+    ({"grammar": "root ::= "}, "invalid grammar"),
+])
+def test_bad_constraints_are_a_clear_error_not_a_crashed_step(llm, constraint, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["hi"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(**constraint)))
+    # the engine still serves the next request
+    assert llm.generate(["hi"], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+
+
+def test_exactly_one_constraint():
+    with pytest.raises(ValueError, match="exactly one"):
+        StructuredOutputsParams(regex="a", choice=["a"])
+
+
+def test_counts_of_allowed_tokens_are_kept_per_step():
+    from transformers import AutoTokenizer
+    from kvscope.default_model import default_model_path
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    manager = StructuredOutputManager(tok, 2048, [tok.eos_token_id])
+    matcher = manager.matcher_for(StructuredOutputsParams(choice=["yes", "no"]))
+    import torch
+    logits = torch.zeros(1, 2048)
+    manager.mask_logits(logits, [matcher])
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert matcher.num_allowed == [len(allowed)] and 2 <= len(allowed) < 50
+    assert all(tok.decode([t]) and ("yes".startswith(tok.decode([t])) or "no".startswith(tok.decode([t])))
+               for t in allowed)
