@@ -16,6 +16,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    disable_any_whitespace: bool = False   # JSON without free whitespace between tokens
 
     def __post_init__(self):
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object")

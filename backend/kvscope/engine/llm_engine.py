@@ -21,6 +21,7 @@ from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_dev
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.draft_proposer import DraftModelProposer
 from kvscope.engine.spec_decode import NgramProposer, SpeculativeConfig, Speculator, spec_logprobs
+from kvscope.engine.structured_output import StructuredOutputManager, grammar_key
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
@@ -177,6 +178,11 @@ class LLMEngine:
         self.failure = self.failure or "the engine was shut down"
         self.process_state.restore()
 
+    @functools.cached_property
+    def structured_outputs(self) -> StructuredOutputManager:
+        """Grammar compiler for structured outputs, made on first use (xgrammar is optional)."""
+        return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()))
+
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)
         gen_cfg = self.model_path / "generation_config.json"
@@ -208,11 +214,16 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
         ids = self.tokenize(prompt)
+        constraint = params.structured_outputs
+        if constraint is not None:
+            self.structured_outputs.compile(grammar_key(constraint))   # a bad grammar fails here, not in a step
         seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
         seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
                      for i in range(1, params.n)]
         for s in seq.choices:
             s.cache_salt = cache_salt
+            if constraint is not None:
+                s.grammar = self.structured_outputs.matcher_for(constraint)
         error = self.failure or self.scheduler.admission_error(seq)
         for obs in self.observers:
             for s in seq.choices:
@@ -338,12 +349,15 @@ class LLMEngine:
                 result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
 
     def _on_token(self, seq: Sequence, index: int, final: bool, result, deltas: list[TokenDelta]) -> bool:
-        """One appended token: its logprobs, text and stop strings. True when a stop string
-        ends the sequence here."""
+        """One appended token: its logprobs, text, stop strings and grammar. True when a stop
+        string, or a grammar that is complete, ends the sequence here."""
         if seq.seq_id in result.logprobs:
             seq.logprobs.append(result.logprobs[seq.seq_id][index])
         text, stopped = self._detokenize(seq, final)
         token = seq.token_ids[-1]
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+            stopped = stopped or seq.grammar.is_terminated
         deltas.append(TokenDelta(seq, token, text))
         for obs in self.observers:
             obs.on_token(seq, token, text)

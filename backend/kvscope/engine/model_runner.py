@@ -10,6 +10,7 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import CompiledDecode, DecodeGraphs, compile_unavailable
+from kvscope.engine import structured_output
 from kvscope.engine.sampler import Sampler, SamplingBatch, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
@@ -182,7 +183,12 @@ class ModelRunner:
             if plain_rows is not None and len(plain_rows) < logits.shape[0]:   # indexing copies every row
                 logits = logits[plain_rows]
             batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
-            self._collect(result, plain, logits, self.sampler(logits, batch))
+            raw = logits
+            if any(s.grammar is not None for s in plain):
+                # logprobs stay those of the model's own distribution, as in vLLM
+                logits = logits.clone() if any(s.params.logprobs is not None for s in plain) else logits
+                structured_output.apply_masks(logits, [s.grammar for s in plain])
+            self._collect(result, plain, raw, self.sampler(logits, batch))
         return result
 
     @staticmethod

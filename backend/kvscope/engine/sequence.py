@@ -32,6 +32,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hash of each full block
     cache_salt: str | None = None     # vLLM's per-request salt: only equal salts share cached blocks
+    grammar: object | None = None     # its structured-output matcher (engine/structured_output.py)
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None
     num_preemptions: int = 0

@@ -194,7 +194,8 @@ class Speculator:
         self.last_stats.clear()
         ready, ks = [], []
         for seq in running:
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.held or seq.forks:
+            # a grammar's mask holds for the next token only, so constrained requests are not drafted
+            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.held or seq.forks or seq.grammar is not None:
                 continue
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
             k = min(self.config.num_speculative_tokens, room)

@@ -48,7 +48,7 @@ class GrammarMatcher:
 
 
 class StructuredOutputManager:
-    """Compiles grammars (cached) and masks a step's logits for the sequences that have one."""
+    """Compiles grammars (cached, one compiler per engine) and makes each sequence's matcher."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
         if tokenizer is None:
@@ -70,7 +70,8 @@ class StructuredOutputManager:
         kind, spec = key
         try:
             if kind == "json":
-                return self.compiler.compile_json_schema(spec)
+                schema, any_whitespace = spec
+                return self.compiler.compile_json_schema(schema, any_whitespace=any_whitespace)
             if kind == "json_object":
                 return self.compiler.compile_builtin_json_grammar()
             if kind == "regex":
@@ -85,30 +86,34 @@ class StructuredOutputManager:
         """A fresh matcher; raises ValueError with the reason for a bad schema, regex or grammar."""
         return GrammarMatcher(self.compile(grammar_key(params)), self.vocab_size)
 
-    def mask_logits(self, logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
-        """In place: each row whose matcher is set keeps only the tokens its grammar allows."""
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        if not rows:
-            return
-        xgr = _xgrammar()
-        bitmask = xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
-        for i in rows:
-            matchers[i].fill_bitmask(bitmask, i)
-        allowed = _bitmask_counts(bitmask, self.vocab_size)
-        for i in rows:
-            matchers[i].num_allowed.append(int(allowed[i]))
-        width = logits.shape[1]
-        if width > self.vocab_size:    # rows of padding in the LM head are never a token
-            logits[:, self.vocab_size:] = float("-inf")
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=min(width, self.vocab_size),
-                                        indices=rows)
+
+
+def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
+    """In place: each row whose matcher is set keeps only the tokens its grammar allows
+    (the others get -inf); each matcher records how many tokens it allowed."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return
+    xgr = _xgrammar()
+    vocab_size = matchers[rows[0]].vocab_size
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
+    for i in rows:
+        matchers[i].fill_bitmask(bitmask, i)
+    allowed = _bitmask_counts(bitmask, vocab_size)
+    for i in rows:
+        matchers[i].num_allowed.append(int(allowed[i]))
+    width = logits.shape[1]
+    if width > vocab_size:    # rows of padding in the LM head are never a token
+        logits[rows, vocab_size:] = float("-inf")
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=min(width, vocab_size),
+                                    indices=rows)
 
 
 def grammar_key(params: StructuredOutputsParams) -> tuple:
     """What identifies a grammar, hashable for the compile cache."""
     if params.json is not None:
         schema = params.json if isinstance(params.json, str) else json.dumps(params.json, sort_keys=True)
-        return "json", schema
+        return "json", (schema, not params.disable_any_whitespace)
     if params.json_object:
         return "json_object", None
     if params.regex is not None:

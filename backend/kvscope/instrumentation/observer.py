@@ -144,6 +144,8 @@ class Instrumentation(EngineObserver):
             lp = seq.logprobs[-1]
             event["logprob"] = lp["logprob"]
             event["top"] = [{"id": i, "logprob": v} for i, v in lp["top"]]
+        if seq.grammar is not None and seq.grammar.num_allowed:
+            event["allowed_tokens"] = seq.grammar.num_allowed[-1]   # what the grammar's mask let through
         self._pending.append(event)
 
     def on_step(self, record: StepRecord) -> None:

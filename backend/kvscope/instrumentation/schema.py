@@ -106,7 +106,7 @@ REQUEST_ADDED = event("request.added", {
 TOP = arr(obj({"id": NAT, "logprob": NUM}))
 REQUEST_TOKEN = event("request.token", {"request_id": STR, "index": NAT, "token_id": NAT,
                                         "text": STR, "step": NAT},
-                      {"logprob": NUM, "top": TOP})
+                      {"logprob": NUM, "top": TOP, "allowed_tokens": NAT})
 REQUEST_FINISHED = event("request.finished", {
     "request_id": STR, "reason": {"enum": ["stop", "length", "abort", "error"]},
     "error": NULL_STR, "text": STR, "num_prompt_tokens": NAT, "num_output_tokens": NAT,

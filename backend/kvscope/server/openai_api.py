@@ -16,7 +16,8 @@ from kvscope.engine.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.outputs import CompletionOutput, RequestOutput
-from kvscope.sampling_params import SamplingParams
+from kvscope.engine.structured_output import grammar_key
+from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.policy import MAX_N, check_sampling_numbers
 from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
 from kvscope.server.service import EngineService
@@ -34,6 +35,7 @@ COMMON = {
     "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": "boolean"}}},
     "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "ignore_eos": {"type": "boolean"}, "cache_salt": CACHE_SALT,
+    "response_format": {"type": ["object", "null"]}, "structured_outputs": {"type": ["object", "null"]},
 }
 TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 COMPLETION = Draft202012Validator({"type": "object", "required": ["prompt"], "additionalProperties": False,
@@ -50,8 +52,7 @@ CHAT = Draft202012Validator({"type": "object", "required": ["messages"], "additi
         "properties": {"role": {"enum": ["system", "developer", "user", "assistant"]}, "content": CONTENT,
                        "name": {"type": "string"}}}},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
-        "logprobs": {"type": ["boolean", "null"]}, "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20},
-        "response_format": {"type": ["object", "null"]}}})
+        "logprobs": {"type": ["boolean", "null"]}, "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20}}})
 FINISH = {"stop": "stop", "length": "length", "abort": "stop"}
 
 
@@ -131,9 +132,29 @@ def sampling_for(body: dict, chat: bool, max_cap: int) -> SamplingParams:
         return SamplingParams(temperature=1.0 if temperature is None else temperature,
                               top_p=body.get("top_p") or 1.0, top_k=body.get("top_k", 0), min_p=body.get("min_p", 0.0),
                               seed=body.get("seed"), max_tokens=max_tokens, stop=body.get("stop") or [],
-                              ignore_eos=body.get("ignore_eos", False), logprobs=logprobs, n=body.get("n") or 1)
-    except ValueError as exc:
+                              ignore_eos=body.get("ignore_eos", False), logprobs=logprobs, n=body.get("n") or 1,
+                              structured_outputs=structured_for(body))
+    except (ValueError, TypeError) as exc:
         raise OpenAIError(400, str(exc)) from None
+
+
+def structured_for(body: dict) -> StructuredOutputsParams | None:
+    """vLLM's `structured_outputs` field, or OpenAI's `response_format` (json_object, or
+    json_schema with its `schema`); 'text' asks for nothing."""
+    fields, fmt = body.get("structured_outputs"), body.get("response_format")
+    if fields and fmt and fmt.get("type") != "text":
+        raise OpenAIError(400, "give either response_format or structured_outputs, not both", "response_format")
+    if fields:
+        return StructuredOutputsParams(**fields)
+    if not fmt or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    schema = (fmt.get("json_schema") or {}).get("schema") if fmt.get("type") == "json_schema" else None
+    if not isinstance(schema, dict):
+        raise OpenAIError(400, "response_format must be {'type': 'text' | 'json_object'} or "
+                          "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
+    return StructuredOutputsParams(json=schema)
 
 
 def message_text(content) -> str:
@@ -184,6 +205,13 @@ def openai_router(service: EngineService) -> APIRouter:
         except CommandError as exc:
             raise from_command_error(exc, exc.message.split(":", 1)[0]) from None
         params = sampling_for(body, chat, policy.max_tokens(instructor, service.engine.max_model_len))
+        if params.structured_outputs is not None:   # a bad schema or regex is the caller's 400, not a failed step
+            try:
+                await service.off_loop(service.engine.structured_outputs.compile,
+                                       grammar_key(params.structured_outputs))
+            except ValueError as exc:
+                raise OpenAIError(400, str(exc), "response_format" if body.get("response_format") else
+                                  "structured_outputs") from None
         prompts = await prompt_list(service, body, chat, instructor)
         if len(prompts) > 1:   # a list of prompts costs one allowance per prompt
             try:
