@@ -15,6 +15,7 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.hardware import cpu_bf16_flags
+from kvscope.layers.kv_quant import kv_cache_format
 from kvscope.models.config import ModelConfig
 
 # On a CPU the KV cache takes this share of the memory available at start-up (as
@@ -34,8 +35,10 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return block_size * cfg.kv_elements_per_token * torch.empty(0, dtype=dtype).element_size()
+def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
+    """One block's K and V across all layers, as stored (an 8-bit cache: half or a quarter)."""
+    fmt = kv_cache_format(kv_cache_dtype, dtype)
+    return block_size * fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
 
 def host_memory() -> tuple[int, int]:
@@ -55,7 +58,7 @@ def host_memory() -> tuple[int, int]:
 def kv_cache_blocks(config: EngineConfig, cfg: ModelConfig, model, device: torch.device,
                     dtype: torch.dtype, max_model_len: int) -> tuple[int, str]:
     """The pool's size in blocks, and how it was chosen (printed at start-up)."""
-    per_block = block_bytes(cfg, config.block_size, dtype)
+    per_block = block_bytes(cfg, config.block_size, dtype, config.kv_cache_dtype)
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks, f"{config.num_kv_blocks} blocks, as asked for"
     if config.kv_cache_memory_bytes is not None:
@@ -76,7 +79,7 @@ def _free_cpu_budget(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
                      max_model_len: int) -> tuple[int, str]:
     available = host_memory()[1]
     share = int(available * CPU_KV_FRACTION)
-    per_token = block_bytes(cfg, 1, dtype)
+    per_token = block_bytes(cfg, 1, dtype, config.kv_cache_dtype)
     fillable = config.max_num_seqs * max_model_len * per_token
     if fillable <= share:
         return fillable, (f"what {config.max_num_seqs} sequences of {max_model_len} tokens fill; "

@@ -59,6 +59,8 @@ def compile_unavailable(runner) -> str | None:
         return f"the {runner.attention_backend} attention backend runs eagerly"
     if runner.config.tensor_parallel_size > 1:
         return "tensor-parallel ranks run eagerly"
+    if runner.kv_format.quantized:
+        return f"a {runner.kv_format.name} KV cache decodes eagerly"
     return None
 
 

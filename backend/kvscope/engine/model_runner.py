@@ -17,6 +17,7 @@ from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
+from kvscope.layers.kv_quant import SCALE_DTYPE, as_bytes, kv_cache_format
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
 
@@ -79,8 +80,17 @@ class ModelRunner:
         self.block_size = config.block_size
         self.num_blocks = num_blocks
         self.max_model_len = max_model_len
+        self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim)
+        if self.kv_format.quantized and self.attention_backend != "torch":
+            if config.attention_backend != "auto":
+                raise ValueError(f"kv_cache_dtype={self.kv_format.name!r} is read by the 'torch' attention "
+                                 f"backend only, not {config.attention_backend!r}")
+            log.warning("attention: the %s kernel reads unquantized caches; kv_cache_dtype=%s uses the "
+                        "PyTorch reference, which dequantizes the blocks it reads", self.attention_backend,
+                        self.kv_format.name)
+            self.attention_backend = "torch"
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
@@ -121,10 +131,16 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> None:
         layer = self.attn_layers[0]    # under tensor parallelism, this rank's KV heads only
         shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
-        self.k_caches, self.v_caches = [], []
+        fmt = self.kv_format
+        self.k_caches, self.v_caches, self.scale_caches = [], [], []
         for layer in self.attn_layers:
-            layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.kv_format = fmt
+            layer.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
+            layer.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
+            if fmt.per_token_head:   # one scale per token and KV head, beside the values
+                layer.k_scales = torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=self.device)
+                layer.v_scales = torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=self.device)
+                self.scale_caches += [layer.k_scales, layer.v_scales]
             layer.backend = self.attention_backend
             self.k_caches.append(layer.k_cache)
             self.v_caches.append(layer.v_cache)
@@ -135,7 +151,7 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches))
+        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches, *self.scale_caches))
 
     @staticmethod
     def _replayable(out: SchedulerOutput) -> bool:
@@ -149,8 +165,9 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
-        for cache in (*self.k_caches, *self.v_caches):
-            cache[dst] = cache[src]
+        for cache in (*self.k_caches, *self.v_caches, *self.scale_caches):
+            raw = as_bytes(cache)    # fp8 has no indexing kernels on CPU; its bytes copy the same
+            raw[dst] = raw[src]
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()

@@ -33,6 +33,7 @@ class GrammarMatcher:
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self.num_allowed: list[int] = []      # tokens the mask allowed at each sampled step
+        self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
@@ -41,6 +42,15 @@ class GrammarMatcher:
         if not self.matcher.accept_token(token_id):
             # cannot happen for a token drawn under the mask; says so loudly if it does
             raise RuntimeError(f"token {token_id} is outside the grammar")
+
+    def last_allowed(self, width: int) -> torch.Tensor | None:
+        """Which of `width` logits the latest mask let through (bool), or None before any."""
+        if self.last_bitmask is None:
+            return None
+        allowed = torch.zeros(width, dtype=torch.bool)
+        n = min(width, self.vocab_size)
+        allowed[:n] = _bits(self.last_bitmask.unsqueeze(0), self.vocab_size)[0, :n].bool()
+        return allowed
 
     @property
     def is_terminated(self) -> bool:
@@ -102,6 +112,7 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
     allowed = _bitmask_counts(bitmask, vocab_size)
     for i in rows:
         matchers[i].num_allowed.append(int(allowed[i]))
+        matchers[i].last_bitmask = bitmask[i]
     width = logits.shape[1]
     if width > vocab_size:    # rows of padding in the LM head are never a token
         logits[rows, vocab_size:] = float("-inf")
@@ -128,7 +139,12 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)
 
 
+def _bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten(1)[:, :vocab_size]
+
+
 def _bitmask_counts(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
     """How many of the first vocab_size bits are set in each row of an int32 bitmask."""
-    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.flatten(1)[:, :vocab_size].sum(dim=1).tolist()
+    return _bits(bitmask, vocab_size).sum(dim=1).tolist()

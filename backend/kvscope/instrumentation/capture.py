@@ -116,7 +116,7 @@ class StepCapture:
             context = w.positions[-1] + 1
             blocks = torch.tensor(w.seq.block_table[:cdiv(context, self.block_size)],
                                   dtype=torch.long, device=q.device)
-            keys = gather_context(module.k_cache, blocks, context)
+            keys = gather_context(module.readable_caches()[0], blocks, context)
             probs = attention_weights(q[w.rows], keys, w.positions, module.scale)
             self.attention[(w.seq.seq_id, module.layer_idx)] = probs.cpu()
 

@@ -57,7 +57,8 @@ def model_facts(engine) -> ModelFacts:
         layer_matmul_params=layer_params, lm_head_params=whole[id(model.lm_head.weight)],
         num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        vocab_size=cfg.vocab_size, kv_bytes_per_token=cfg.kv_elements_per_token * dtype_bytes)
+        vocab_size=cfg.vocab_size,   # as stored: an 8-bit cache (kv_cache_dtype) halves or quarters it
+        kv_bytes_per_token=engine.runner.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
 
 
 def whole_numels(model) -> dict[int, int]:
@@ -135,7 +136,8 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "enable_prefix_caching": bm.enable_prefix_caching,
             "attention_backend": engine.runner.attention_backend,
             "decode": engine.runner.decode_note,
-            "kv_cache": engine.kv_cache_note,   # the pool's size and the rule that chose it
+            "kv_cache": engine.kv_cache_note,
+            "kv_cache_dtype": engine.config.kv_cache_dtype,   # the pool's size and the rule that chose it
             "speculative": speculative_facts(engine),
             "tensor_parallel_size": engine.config.tensor_parallel_size,
             "rank_weight_bytes": sum({id(p): p.numel() * p.element_size() for p in engine.model.parameters()}.values()),

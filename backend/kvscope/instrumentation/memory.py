@@ -46,4 +46,4 @@ def memory_event(engine, facts: ModelFacts, last_tokens: int, last_sampled: int,
             "kv_used_bytes": bm.num_used_blocks * block_bytes, "kv_used_blocks": bm.num_used_blocks,
             "num_blocks": bm.num_blocks, "block_bytes": block_bytes,
             "activations_bytes": int(activations), "activations_peak_bytes": int(max(peak, 0)),
-            "process_bytes": int(process)}
+            "process_bytes": int(process), "kv_cache_dtype": engine.config.kv_cache_dtype}

@@ -50,7 +50,8 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "max_num_batched_tokens": NAT, "max_num_seqs": NAT, "max_model_len": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
-              "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR})
+              "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR,
+              "kv_cache_dtype": {"enum": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"]}})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
@@ -161,7 +162,7 @@ SAMPLING = event("sampling", {
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
     "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},
-    {"distribution": obj({"complete": BOOL, "logits": arr(NUM)}, {"ids": arr(NAT)})})
+    {"distribution": obj({"complete": BOOL, "logits": arr(NUM)}, {"ids": arr(NAT)}), "allowed_tokens": NAT})
 # internals of a watched request (see kvscope/instrumentation/internals.py)
 def internals_event(kind: str, fields: dict) -> dict:
     return event(f"internals.{kind}", {"request_id": STR, "step": NAT, "positions": arr(NAT), **fields})
@@ -194,7 +195,7 @@ MEMORY = event("memory", {
     "device_total_bytes": NAT, "device_free_bytes": NAT, "weights_bytes": NAT,
     "kv_cache_bytes": NAT, "kv_used_bytes": NAT, "kv_used_blocks": NAT, "num_blocks": NAT,
     "block_bytes": NAT, "activations_bytes": NAT, "activations_peak_bytes": NAT,
-    "process_bytes": NAT})
+    "process_bytes": NAT}, {"kv_cache_dtype": STR})
 PROB01 = {"type": "number", "minimum": 0, "maximum": 1}
 SPEC = event("spec", {
     "step": NAT, "request_id": STR, "method": {"enum": ["ngram", "draft_model"]}, "greedy": BOOL,
@@ -258,6 +259,12 @@ INTERVAL = {"type": "number", "minimum": 0, "maximum": 10}   # seconds between s
 MESSAGE = obj({"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}})
 # vLLM's per-request `cache_salt`: only requests with equal salts share prefix-cache blocks
 CACHE_SALT = {"type": "string", "minLength": 1, "maxLength": 256}
+# vLLM's StructuredOutputsParams: exactly one of json, regex, choice, grammar, json_object
+STRUCTURED_OUTPUTS = obj({}, {
+    "json": {"type": ["object", "string"]}, "regex": {"type": "string", "minLength": 1, "maxLength": 1024},
+    "choice": arr({"type": "string", "minLength": 1, "maxLength": 256}, minItems=1, maxItems=64),
+    "grammar": {"type": "string", "minLength": 1, "maxLength": 8192}, "json_object": BOOL,
+    "disable_any_whitespace": BOOL})
 
 
 def command(name: str, required: dict | None = None, optional: dict | None = None) -> dict:
@@ -275,7 +282,7 @@ COMMANDS = {
         "prompt_token_ids": arr(NAT, minItems=1),
         "params": SAMPLING_PARAMS, "watch": WATCH, "hold": BOOL, "pace_s": INTERVAL,
         "prefill_chunk_tokens": {"type": "integer", "minimum": 1, "maximum": 8192},
-        "cache_salt": CACHE_SALT}),
+        "cache_salt": CACHE_SALT, "structured_outputs": STRUCTURED_OUTPUTS}),
     "cancel": command("cancel", {"request_id": RID}),
     "watch": command("watch", {"request_id": RID}, {"layers": arr(NAT, maxItems=256),
                                                     "heads": arr(NAT, maxItems=256), "sampling": BOOL}),

@@ -139,10 +139,14 @@ def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, tex
 
 def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, tokenizer, ts: float,
                    with_distribution: bool = False) -> dict:
-    """logits: the raw [vocab] row the sampler saw for this sequence; `with_distribution`
-    adds the raw logits themselves (watches that ask for internals)."""
+    """logits: the model's [vocab] row for this sequence; `with_distribution` adds the
+    logits themselves (watches that ask for internals). A request under structured outputs
+    is shown as the sampler saw it: the grammar's forbidden tokens at -inf (`allowed_tokens`
+    counts the rest), while `logprob` stays the model's own, as on request.token."""
     p = seq.params
-    row = logits.float().unsqueeze(0)
+    model_row = logits.float()
+    allowed = seq.grammar.last_allowed(model_row.shape[0]) if seq.grammar is not None else None
+    row = (model_row if allowed is None else model_row.masked_fill(~allowed, float("-inf"))).unsqueeze(0)
     stages = [("logits", True, row)]
     cur = apply_temperature(row, torch.tensor([p.temperature])) if not p.greedy else row
     stages.append(("temperature", not p.greedy, cur))
@@ -152,7 +156,8 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
         if on and not p.greedy:
             cur = fn(cur, arg)
         stages.append((name, on and not p.greedy, cur))
-    order = row[0].topk(min(TOP_CANDIDATES, row.shape[1])).indices.tolist()
+    order = [i for i in row[0].topk(min(TOP_CANDIDATES, row.shape[1])).indices.tolist()
+             if row[0, i] > float("-inf")]
     if chosen not in order:
         order.append(chosen)
     texts = {i: _text(tokenizer, i) for i in order}
@@ -167,25 +172,33 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
     low = float(sorted_probs[:rank].sum())
     draw = {"method": "greedy" if p.greedy else "sample", "rank": rank,
             "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(sorted_probs[rank]), 1.0), 6)}
-    logprob = float(row[0].log_softmax(dim=0)[chosen])
+    logprob = float(model_row.log_softmax(dim=0)[chosen])
     event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
             "index": seq.num_output_tokens - 1,
             "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
             "stages": out_stages, "draw": draw,
             "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(final[chosen]), 6),
                        "logprob": round(logprob, 6)}}
+    if allowed is not None:
+        event["allowed_tokens"] = int(allowed.sum())
     if with_distribution:
         event["distribution"] = raw_distribution(row[0])
     return event
 
 
 def raw_distribution(logits: torch.Tensor) -> dict:
-    """The raw logits for a widget to reshape as the sampler does: the whole row for a
-    small vocabulary (exact), else the DISTRIBUTION_TOP largest (`complete` false)."""
-    if logits.shape[0] <= DISTRIBUTION_FULL:
-        return {"complete": True, "logits": rounded(logits)}
-    top = logits.topk(DISTRIBUTION_TOP)
-    return {"complete": False, "ids": top.indices.tolist(), "logits": rounded(top.values)}
+    """The logits for a widget to reshape as the sampler does: the whole row for a small
+    vocabulary (exact), else the DISTRIBUTION_TOP largest (`complete` false). A masked row
+    sends only the tokens its grammar allowed (`ids`; `complete` if all of them fit)."""
+    finite = torch.isfinite(logits)
+    if bool(finite.all()):
+        if logits.shape[0] <= DISTRIBUTION_FULL:
+            return {"complete": True, "logits": rounded(logits)}
+        top = logits.topk(DISTRIBUTION_TOP)
+        return {"complete": False, "ids": top.indices.tolist(), "logits": rounded(top.values)}
+    top = logits.topk(min(DISTRIBUTION_TOP, int(finite.sum())))
+    return {"complete": top.indices.numel() == int(finite.sum()), "ids": top.indices.tolist(),
+            "logits": rounded(top.values)}
 
 
 def _text(tokenizer, token_id: int) -> str:

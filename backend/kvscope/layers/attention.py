@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvscope.layers import cpu_paged_attention, torch_attention
+from kvscope.layers import cpu_paged_attention, kv_quant, torch_attention
 from kvscope.layers.context import get_metadata
 
 try:
@@ -25,13 +25,23 @@ class PagedAttention(nn.Module):
         # [num_blocks + 1, block_size, KVH, D]; bound by the model runner (the extra block
         # is a scratch target for the padded rows of a CUDA-graph batch)
         self.k_cache = self.v_cache = torch.empty(0)
+        # a quantized cache (kv_cache_dtype): its format, per-token-head scales, per-tensor scales
+        self.kv_format = kv_quant.kv_cache_format("auto", torch.float32)
+        self.k_scales = self.v_scales = None
+        self.k_scale = self.v_scale = 1.0
+
+    def readable_caches(self):
+        """K and V caches as attention reads them: quantized ones dequantize the blocks gathered."""
+        if not self.kv_format.quantized:
+            return self.k_cache, self.v_cache
+        return (kv_quant.QuantizedCache(self.k_cache, self.k_scales, self.kv_format, self.k_scale),
+                kv_quant.QuantizedCache(self.v_cache, self.v_scales, self.kv_format, self.v_scale))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         md = get_metadata()
-        k_flat = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)
-        v_flat = self.v_cache.view(-1, self.num_kv_heads, self.head_dim)
-        k_flat.index_copy_(0, md.slot_mapping, k)
-        v_flat.index_copy_(0, md.slot_mapping, v)
+        kv_quant.store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)
+        kv_quant.store(self.v_cache, self.v_scales, md.slot_mapping, v, self.kv_format, self.v_scale)
+        k_cache, v_cache = self.readable_caches()
 
         out = torch.empty_like(q)
         if md.in_place is not None:   # decode rows and short spans: one kernel call
@@ -43,13 +53,13 @@ class PagedAttention(nn.Module):
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             out[rows] = torch_attention.prefill_attention(
-                q[rows], k[rows], v[rows], self.k_cache, self.v_cache, span, self.scale)
+                q[rows], k[rows], v[rows], k_cache, v_cache, span, self.scale)
         if md.num_decodes and md.in_place is None:
             q_dec = q[md.num_prefill_tokens:]
-            out[md.num_prefill_tokens:] = self._decode(q_dec, md)
+            out[md.num_prefill_tokens:] = self._decode(q_dec, md, k_cache, v_cache)
         return out.view(q.shape[0], -1)
 
-    def _decode(self, q, md):
+    def _decode(self, q, md, k_cache, v_cache):
         if self.backend == "triton":
             from kvscope.layers.triton_attention import paged_decode_attention
             return paged_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
@@ -62,4 +72,4 @@ class PagedAttention(nn.Module):
         if self.backend == "cpu_paged":
             return cpu_paged_attention.decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
                                                         md.context_lens, self.scale)
-        return torch_attention.decode_attention(q, self.k_cache, self.v_cache, md, self.scale)
+        return torch_attention.decode_attention(q, k_cache, v_cache, md, self.scale)

@@ -52,7 +52,7 @@ def kv_cache_format(name: str, model_dtype: torch.dtype) -> KVCacheFormat:
     return KVCacheFormat(name, _STORAGE.get(name, model_dtype), model_dtype)
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """fp8 tensors have few CPU kernels; their bytes copy and gather like any uint8 tensor."""
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
@@ -81,7 +81,7 @@ def store(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor,
         cache.view(-1, kvh, d).index_copy_(0, slots, x)
         return
     q, scale = quantize(x, fmt, tensor_scale)
-    _bytes(cache).view(-1, kvh, d).index_copy_(0, slots, _bytes(q))
+    as_bytes(cache).view(-1, kvh, d).index_copy_(0, slots, as_bytes(q))
     if scale is not None:
         scales.view(-1, kvh).index_copy_(0, slots, scale)
 
@@ -98,7 +98,7 @@ class QuantizedCache:
         return self.data.shape
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        q = _bytes(self.data).index_select(dim, index)
+        q = as_bytes(self.data).index_select(dim, index)
         if self.fmt.dtype != torch.int8:
             q = q.view(self.fmt.dtype)
         scale = self.scales.index_select(dim, index) if self.scales is not None else None

@@ -57,6 +57,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help=f"KV blocks in the pool (default on CPU: {CPU_DEFAULT_KV_BLOCKS}; on GPU: from free memory)")
     p.add_argument("--kv-cache-mib", type=int, default=None, help="KV cache size instead of --num-kv-blocks")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"],
+                   help="store K and V in 8 bits (vLLM's names); more blocks fit the same budget")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)

@@ -24,6 +24,7 @@ def engine_from_args(args):
         kv_cache_memory_bytes=None if args.kv_cache_mib is None else args.kv_cache_mib << 20,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
+        kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend, num_threads=args.threads,
         enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))

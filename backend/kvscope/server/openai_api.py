@@ -16,7 +16,6 @@ from kvscope.engine.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.outputs import CompletionOutput, RequestOutput
-from kvscope.engine.structured_output import grammar_key
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.policy import MAX_N, check_sampling_numbers
 from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
@@ -207,8 +206,7 @@ def openai_router(service: EngineService) -> APIRouter:
         params = sampling_for(body, chat, policy.max_tokens(instructor, service.engine.max_model_len))
         if params.structured_outputs is not None:   # a bad schema or regex is the caller's 400, not a failed step
             try:
-                await service.off_loop(service.engine.structured_outputs.compile,
-                                       grammar_key(params.structured_outputs))
+                await service.compile_grammar(params.structured_outputs)
             except ValueError as exc:
                 raise OpenAIError(400, str(exc), "response_format" if body.get("response_format") else
                                   "structured_outputs") from None

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 from kvscope.engine.async_engine import AsyncEngine, StreamDelta
 from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.structured_output import grammar_key
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
 from kvscope.instrumentation.watch import WatchRegistry, WatchSpec
 from kvscope.llm import apply_chat_template
-from kvscope.sampling_params import SamplingParams
+from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.config import ServerConfig
 from kvscope.server.hub import Hub
 from kvscope.server.metrics import Metrics
@@ -166,6 +167,12 @@ class EngineService:
         return self.engine.tokenizer
 
     # -- requests -----------------------------------------------------------------------
+    async def compile_grammar(self, constraint: StructuredOutputsParams) -> None:
+        """Compile a request's grammar on the tokenizer thread, so a bad schema, regex or
+        grammar is the caller's ValueError before the request exists and no engine step
+        waits for a compile (add_request then finds it in the compile cache)."""
+        await self.off_loop(self.engine.structured_outputs.compile, grammar_key(constraint))
+
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
                      pace_s: float = 0.0, prefill_chunk_tokens: int | None = None,
