@@ -109,3 +109,39 @@ def test_counters_are_in_tokens_and_preemption_is_counted_apart():
     admit(bm, seq_of(prompt, preemptions=1))
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (20, 8)
     assert (bm.preempted_queries, bm.preempted_hits) == (10, 8)
+
+
+def test_a_whole_cached_last_block_is_flagged_as_recomputed():
+    bm = BlockManager(16, BS)
+    prompt = list(range(12))
+    admit(bm, seq_of(prompt))
+    again = seq_of(prompt)
+    admit(bm, again)
+    assert again.last_block_recomputed
+    partial = seq_of(list(range(10)))               # not a whole number of blocks
+    admit(bm, partial)
+    assert not partial.last_block_recomputed
+
+
+def test_step_rows_say_why_they_were_scheduled():
+    from kvscope import LLM, SamplingParams
+    from kvscope.engine.llm_engine import EngineObserver
+
+    class Rows(EngineObserver):
+        def __init__(self):
+            self.rows = []
+
+        def on_step(self, record):
+            self.rows += [(e.seq.request_id, e.reason, e.num_new_tokens, e.admitted and e.seq.last_block_recomputed)
+                          for e in record.scheduled.entries]
+
+    with LLM(block_size=16, enforce_eager=True) as llm:
+        rows = Rows()
+        llm.engine.add_observer(rows)
+        prompt = list(range(100, 132))                  # exactly two blocks
+        llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
+        llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0))
+    reasons = [(reason, n, flag) for _, reason, n, flag in rows.rows]
+    assert reasons[0] == ("new request", 32, False)
+    assert ("decode", 1, False) in reasons
+    assert ("new request", 16, True) in reasons         # the second: one block hit, the last recomputed

@@ -1,5 +1,6 @@
-"""Scheduling policy without a model: decodes before prompt chunks, the budget and the
-sequence cap respected, preemption of the most recently admitted sequence."""
+"""Scheduling policy without a model: vLLM V1's one rule (running sequences in admission
+order, each given what it lacks up to the budget, then waiting ones), the sequence cap,
+preemption of the most recently admitted sequence."""
 from __future__ import annotations
 
 from kvscope.config import EngineConfig
@@ -22,15 +23,51 @@ def scheduler(budget: int, blocks: int = 64, max_seqs: int = 8) -> Scheduler:
     return Scheduler(cfg, BlockManager(blocks, 4), max_model_len=512, eos_token_ids=set())
 
 
-def test_decodes_get_their_token_before_an_earlier_prompt_takes_the_budget():
+def test_running_sequences_are_served_in_admission_order_up_to_the_budget():
     sch = scheduler(budget=5)
     long_prompt = running(sch.block_manager, tokens=40, computed=8)   # admitted first, mid-prefill
     decoding = running(sch.block_manager, tokens=4, computed=3)       # one token to compute
     sch.running = [long_prompt, decoding]
     out = sch.schedule()
-    assert [(e.seq, e.num_new_tokens) for e in out.entries] == [(decoding, 1), (long_prompt, 4)]
-    assert out.num_batched_tokens == 5
-    assert out.entries[0].samples and not out.entries[1].samples
+    # V1: no decode-first sort; the earlier prompt takes what the budget allows
+    assert [(e.seq, e.num_new_tokens) for e in out.entries] == [(long_prompt, 5)]
+    assert sch.running == [long_prompt, decoding]   # the decode waits a step, it is not dropped
+    sch = scheduler(budget=40)
+    long_prompt = running(sch.block_manager, tokens=40, computed=8)
+    decoding = running(sch.block_manager, tokens=4, computed=3)
+    sch.running = [long_prompt, decoding]
+    out = sch.schedule()
+    assert [(e.seq, e.num_new_tokens) for e in out.entries] == [(long_prompt, 32), (decoding, 1)]
+    assert out.entries[0].samples and out.entries[1].samples   # the prompt ends here: both draw
+
+
+V1_TABLE = [
+    # budget, [(tokens, computed, drafts, running?)], expected tokens per row, in order
+    (16, [(4, 3, 0, True), (9, 8, 2, True), (30, 0, 0, False), (7, 0, 0, False)], [1, 3, 12]),
+    (64, [(4, 3, 0, True), (9, 8, 2, True), (30, 0, 0, False), (7, 0, 0, False)], [1, 3, 30, 7]),
+    (8, [(30, 10, 0, True), (4, 3, 0, True), (7, 0, 0, False)], [8]),
+    (3, [(4, 3, 0, True), (4, 3, 0, True), (4, 3, 0, True), (4, 3, 0, True)], [1, 1, 1]),
+]
+
+
+def test_the_v1_rule_step_by_step():
+    """A table of requests and budgets: each row gets min(what it lacks, what is left)."""
+    for budget, requests, expected in V1_TABLE:
+        sch = scheduler(budget=budget)
+        rows = []
+        for tokens, computed, drafts, is_running in requests:
+            if is_running:
+                seq = running(sch.block_manager, tokens, computed)
+                seq.spec_token_ids = list(range(drafts))
+                sch.running.append(seq)
+            else:
+                seq = Sequence(list(range(tokens)), SamplingParams(max_tokens=4))
+                sch.add(seq)
+            rows.append(seq)
+        out = sch.schedule()
+        assert [e.num_new_tokens for e in out.entries] == expected, (budget, requests)
+        assert out.num_batched_tokens <= budget
+        assert [e.seq for e in out.entries] == rows[:len(expected)]
 
 
 def test_waiting_prompts_are_chunked_to_the_budget_and_capped_in_number():

@@ -54,7 +54,7 @@ def test_json_schema_mask_and_valid_output(new_page, live_server, screenshot, as
         assert r["vocab"] == vocab and 0 < int(r["allowed"]) < vocab
         assert r["cell"] == f"{int(r['allowed']):,} of {vocab:,}"
     shown = [r for r in rows if r["inMask"]]
-    assert len(shown) >= len(rows) - 1 and all(r["inMask"] == "true" and r["said"].startswith("yes") for r in shown)
+    assert len(shown) >= len(rows) - 1 and all(r["inMask"] == "true" and r["said"].startswith("✓ yes,") for r in shown)
     assert len({r["allowed"] for r in rows}) > 1         # the mask changes as the grammar moves on
     # the chart of a constrained step draws only allowed tokens, and says how many
     first = max((i for i, r in enumerate(rows) if r["inMask"]), key=lambda i: int(rows[i]["allowed"]))
@@ -74,6 +74,7 @@ def test_json_schema_mask_and_valid_output(new_page, live_server, screenshot, as
     assert widget.locator(".kvs-grammar tbody tr").count() == 0
     assert "Allowed" not in widget.locator(".kvs-grammar").inner_text()
     assert "The grammar allowed" not in widget.inner_text()
+    screenshot(widget.locator(".kvs-grammar"), "widget-sampling-structured-none")
     assert_clean(page)
 
 

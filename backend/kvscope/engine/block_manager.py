@@ -134,6 +134,10 @@ class BlockManager:
             if block_id is None or not self._same_block(seq, i, block_id, hits[-1] if hits else None):
                 break
             hits.append(block_id)
+        if len(hits) == max_blocks and seq.num_tokens % self.block_size == 0 and max_blocks < seq.num_tokens:
+            # a prompt of whole blocks: its last block is computed again even when cached
+            self._extend_hashes(seq, max_blocks + 1)
+            seq.last_block_recomputed = seq.block_hashes[max_blocks] in self.hash_to_block
         return hits
 
     def _same_block(self, seq: Sequence, index: int, block_id: int, parent_id: int | None) -> bool:

@@ -1,10 +1,13 @@
 """Continuous batching: which sequences run this step, and how many tokens each computes.
 
-Every step has a token budget and a cap on sequences. Running sequences go first — decodes
-(one token each), then unfinished prompts with their next chunk — then waiting ones are
-admitted, their prompts cut into chunks when the budget is short. When blocks run out, the
-most recently admitted sequence is preempted: its blocks are freed and it is recomputed
-later (its prefix-cached blocks often survive, so recomputing is cheap).
+vLLM V1's rule, with no prefill or decode phase: every sequence has a computed count
+catching up with its tokens (plus any drafts to verify), under one token budget a step.
+Running sequences go first, in the order they were admitted, each given what it still
+lacks as far as the budget allows (one token for a decode, a chunk of a prompt, a token and
+its drafts); then waiting ones are admitted the same way, starting from their prefix-cache
+hits. Chunked prefill, prefix hits and draft verification all fall out of that one rule.
+When blocks run out, the most recently admitted sequence is preempted: its blocks are freed
+and it is recomputed later (its prefix-cached blocks often survive, so recomputing is cheap).
 """
 from __future__ import annotations
 
@@ -30,9 +33,10 @@ class ScheduledSeq:
     kind: str
     forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
     spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
+    admitted: bool = False   # taken from the waiting queue this step (new, or back after preemption)
 
     @classmethod
-    def row(cls, seq: Sequence, n: int, drafts: list[int] = ()) -> "ScheduledSeq":
+    def row(cls, seq: Sequence, n: int, drafts: list[int] = (), admitted: bool = False) -> "ScheduledSeq":
         """`seq` computes n tokens from its computed count on: the known tokens, then as
         many drafts as fit."""
         known = seq.num_tokens - seq.num_computed_tokens
@@ -40,7 +44,14 @@ class ScheduledSeq:
         drafts = list(drafts[:max(0, n - known)]) if drafts else []
         kind = "verify" if drafts else "decode" if n == 1 and known == 1 else "prefill"
         return cls(seq, n, seq.num_computed_tokens, samples, kind,
-                   list(seq.forks) if samples and seq.forks else [], drafts)
+                   list(seq.forks) if samples and seq.forks else [], drafts, admitted)
+
+    @property
+    def reason(self) -> str:
+        """Why this row is in the step, in the explainer's words."""
+        if self.admitted:
+            return "resumed after preemption" if self.seq.num_preemptions else "new request"
+        return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[self.kind]
 
 
 @dataclass
@@ -108,9 +119,7 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         bm = self.block_manager
-        # decodes first (one token each, what streaming users wait for), then prompt chunks;
-        # the stable sort keeps admission order within each group
-        queue = deque(sorted(self.running, key=_has_prompt_left))
+        queue = deque(self.running)   # admission order; the last admitted is the first preempted
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
@@ -152,7 +161,7 @@ class Scheduler:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.entries.append(ScheduledSeq.row(seq, n))
+            out.entries.append(ScheduledSeq.row(seq, n, admitted=True))
             budget -= n
 
     def _chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
@@ -265,7 +274,3 @@ class Scheduler:
                     return child
         return None
 
-
-def _has_prompt_left(seq: Sequence) -> bool:
-    """More than one known token to compute: a prompt (or its rest), not a decode."""
-    return len(seq.token_ids) - seq.num_computed_tokens > 1

@@ -180,7 +180,8 @@ class Instrumentation(EngineObserver):
                  "kind": "prefill" if e.kind == "prefill" else "decode",   # a verify pass draws tokens
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
                  "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
-                 "num_drafts": len(e.spec_token_ids)} for e in out.entries]
+                 "num_drafts": len(e.spec_token_ids), "reason": e.reason,
+                 "last_block_recomputed": e.admitted and e.seq.last_block_recomputed} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         cfg = self.engine.config
         event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,

@@ -120,7 +120,8 @@ REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
 
 STEP_SEQ = obj({"request_id": STR, "kind": {"enum": ["prefill", "decode"]}, "start": NAT,
                 "num_tokens": NAT, "context_len": NAT, "cached_tokens": NAT, "samples": BOOL},
-               {"num_drafts": NAT})
+               {"num_drafts": NAT, "last_block_recomputed": BOOL, "reason": {"enum": [
+                   "new request", "resumed after preemption", "decode", "prefill chunk", "verify drafts"]}})
 H100_COST = obj({"dtype": STR, "bytes": NAT, "flops": NAT, "memory_time_s": NNUM,
                  "compute_time_s": NNUM, "time_s": NNUM, "bound": {"enum": ["memory", "compute"]}})
 COST = obj({"weight_bytes": NAT, "kv_read_bytes": NAT, "kv_write_bytes": NAT, "bytes": NAT,

@@ -189,16 +189,14 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
 def raw_distribution(logits: torch.Tensor) -> dict:
     """The logits for a widget to reshape as the sampler does: the whole row for a small
     vocabulary (exact), else the DISTRIBUTION_TOP largest (`complete` false). A masked row
-    sends only the tokens its grammar allowed (`ids`; `complete` if all of them fit)."""
-    finite = torch.isfinite(logits)
-    if bool(finite.all()):
-        if logits.shape[0] <= DISTRIBUTION_FULL:
-            return {"complete": True, "logits": rounded(logits)}
-        top = logits.topk(DISTRIBUTION_TOP)
-        return {"complete": False, "ids": top.indices.tolist(), "logits": rounded(top.values)}
-    top = logits.topk(min(DISTRIBUTION_TOP, int(finite.sum())))
-    return {"complete": top.indices.numel() == int(finite.sum()), "ids": top.indices.tolist(),
-            "logits": rounded(top.values)}
+    sends only the tokens its grammar allowed, with their `ids` (all of them for a small
+    vocabulary; `complete` when none is left out)."""
+    small = logits.shape[0] <= DISTRIBUTION_FULL
+    num_finite = int(torch.isfinite(logits).sum())
+    if small and num_finite == logits.shape[0]:
+        return {"complete": True, "logits": rounded(logits)}
+    top = logits.topk(min(DISTRIBUTION_FULL if small else DISTRIBUTION_TOP, num_finite))
+    return {"complete": top.indices.numel() == num_finite, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
 def _text(tokenizer, token_id: int) -> str:
