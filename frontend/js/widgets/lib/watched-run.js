@@ -17,11 +17,12 @@ import { recordedPromptTokens, recordingEvents } from './recording.js';
 const FAMILIES = ['request', 'internals', 'attention', 'sampling'];
 
 export class WatchedRun {
-  constructor(widget, { watch, wants, params = { temperature: 0, max_tokens: 4 }, prompt, onEvent, onReset }) {
+  constructor(widget, { watch, wants, params = { temperature: 0, max_tokens: 4 }, submitFields, prompt, onEvent, onReset }) {
     this.widget = widget;
     this.watch = watch;
     this.wants = new Set(wants);
     this.params = params;
+    this.submitFields = submitFields;   // () => more submit fields (they may replace params)
     this.onEventCb = onEvent;
     this.onResetCb = onReset;
     const uid = widget.getAttribute('aria-labelledby');
@@ -110,7 +111,7 @@ export class WatchedRun {
     this.button.disabled = true;
     this.client.command('tokenize', { text: prompt }).then((t) => this.labelPrompt(t)).catch(() => {});
     try {
-      const ack = await this.client.command('submit', { prompt, params: this.params, watch: this.watch });
+      const ack = await this.client.command('submit', { prompt, params: this.params, watch: this.watch, ...this.submitFields?.() });
       this.rid = ack.request_id;
       this.numPrompt = ack.num_prompt_tokens;
       this.widget.announce(`Request ${this.rid} submitted: ${ack.num_prompt_tokens} prompt tokens.`);
