@@ -50,6 +50,7 @@ def test_json_parses_and_validates_against_its_schema(llm):
     for text, reason in texts(llm, {"json": SCHEMA, "disable_any_whitespace": True}, max_tokens=200):
         assert reason == "stop", (text, reason)
         jsonschema.validate(json.loads(text), SCHEMA)
+        assert list(json.loads(text)) == ["name", "age"]   # the schema's property order
 
 
 def test_the_mask_really_narrows_the_choice(llm):

@@ -123,7 +123,7 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
 def grammar_key(params: StructuredOutputsParams) -> tuple:
     """What identifies a grammar, hashable for the compile cache."""
     if params.json is not None:
-        schema = params.json if isinstance(params.json, str) else json.dumps(params.json, sort_keys=True)
+        schema = params.json if isinstance(params.json, str) else json.dumps(params.json)   # property order is the output order
         return "json", (schema, not params.disable_any_whitespace)
     if params.json_object:
         return "json_object", None
