@@ -55,7 +55,13 @@ def create_app(service: EngineService) -> FastAPI:
     app.state.service = service
     app.include_router(rest_router(service))
     app.include_router(openai_router(service))
+    mount_site(app, service)
+    return app
 
+
+def mount_site(app: FastAPI, service) -> None:
+    """What every kvscope server serves, its own engine behind it or an attached vLLM: the
+    event WebSocket, the replay socket, the static front end, the chapters and the console."""
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
         await serve_websocket(websocket, service)
@@ -76,7 +82,6 @@ def create_app(service: EngineService) -> FastAPI:
         @app.get("/console", include_in_schema=False)
         async def console():   # the pages module may serve its own; this is the plain one
             return FileResponse(front / "console.html")
-    return app
 
 
 def mount_pages(app: FastAPI) -> None:
