@@ -179,7 +179,10 @@ def test_rmsnorm_panel_follows_the_chosen_token(page, live_server, screenshot, a
     select = widget.get_by_label("Token", exact=True)
     cat = next(v for v, t in select.evaluate("el => [...el.options].map(o => [o.value, o.textContent])") if "cat" in t)
     select.select_option(cat)
-    assert "cat" in widget.locator(".kvw-panel h4").inner_text()
+    # the panel redraws after the choice: wait for it rather than read it in the same instant
+    page.wait_for_function("el => [...el.querySelectorAll('.kvw-panel h4')].some(h => h.textContent.includes('cat'))",
+                           arg=widget.element_handle(), timeout=10000)
+    assert "cat" in widget.locator(".kvw-panel h4").first.inner_text()
     screenshot(widget, "learner-ch8-rmsnorm-cat-1280")
     assert_clean(page)
 
