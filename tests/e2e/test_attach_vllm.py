@@ -44,13 +44,10 @@ def wait_for_vllm(url: str, process: subprocess.Popen, folder: Path) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"vLLM exited with {process.returncode}:\n{(folder / 'vllm.log').read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
+        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
+            if r.status == 200:
+                return
+        time.sleep(1)   # not up yet: the port refuses until vLLM has loaded the model
     raise RuntimeError(f"vLLM did not start in {VLLM_START_TIMEOUT_S} s")
 
 
