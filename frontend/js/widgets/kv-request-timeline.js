@@ -75,6 +75,8 @@ class KvRequestTimeline extends KvWidget {
   follow(rid, owner = null, paceS = 0) {
     this.trace = new RequestTrace(rid, { owner });
     this.paceS = paceS;   // the pace this page asked for its request (0: full speed)
+    this.dataset.steps = '0';
+    this.dataset.state = 'waiting';   // not the last run's 'finished' while this one starts
     this.requestRender();
   }
 
