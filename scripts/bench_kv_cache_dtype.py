@@ -19,6 +19,7 @@ import torch
 from kvscope import LLM, SamplingParams
 from kvscope.bench_shapes import checkpoint
 from kvscope.default_model import default_model_path
+from kvscope.engine.kv_quant_probe import compare_greedy
 from kvscope.sampling_params import StructuredOutputsParams
 
 DTYPES = ["auto", "fp8", "fp8_e5m2", "int8_per_token_head"]
@@ -66,9 +67,8 @@ def kv_rows(model: str, tokens: int) -> None:
     for name, (blocks, per_prompt, tps) in runs.items():
         errors, agree, total = [], 0, 0
         for (ref_tokens, ref_logits), (got_tokens, got_logits) in zip(base_runs, per_prompt):
-            same = next((i for i, (a, b) in enumerate(zip(ref_tokens, got_tokens)) if a != b), len(ref_tokens))
-            errors += [(a - b).abs().max().item() for a, b in list(zip(ref_logits, got_logits))[:same + 1]]
-            agree, total = agree + same, total + len(ref_tokens)
+            cmp = compare_greedy(ref_tokens, ref_logits, got_tokens, got_logits)
+            errors, agree, total = errors + cmp.step_errors, agree + cmp.agree, total + cmp.total
         print(f"{name:22} {blocks:7,} {blocks / base_blocks:5.2f}x {max(errors):13.4f} "
               f"{statistics.mean(errors):8.4f} {agree:6}/{total:<6} {tps:8.0f} {tps / base_tps - 1:+6.0%}")
 

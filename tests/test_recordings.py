@@ -66,3 +66,17 @@ def test_labelled_prompts_were_tokenized(name):
         ids = added["prompt_token_ids"]
         assert any(t == ids[:len(t)] and len(t) == len(ids) for t in tokenized), \
             f"{name}: the prompt of {added['request_id']} has no recorded token text"
+
+
+def test_step_plan_shows_the_v1_rule():
+    """Chapter 14's <kv-step-plan> recording: running requests' decodes are planned first, the
+    budget they leave goes to a long prompt over several steps, and a prompt behind it waits."""
+    steps = [e for e in events_of(ROOT / "frontend" / "recordings" / "step-plan.jsonl") if e["type"] == "step"]
+    mixed = [s for s in steps if {"decode", "prefill chunk"} <= {q["reason"] for q in s["seqs"]}]
+    assert len(mixed) >= 2
+    for s in mixed:
+        reasons = [q["reason"] for q in s["seqs"]]
+        assert reasons.index("prefill chunk") > max(i for i, r in enumerate(reasons) if r == "decode")
+        assert sum(q["num_tokens"] for q in s["seqs"]) == s["num_batched_tokens"] <= s["token_budget"]
+    cut = [s for s in mixed if not any(q["samples"] for q in s["seqs"] if q["reason"] == "prefill chunk")]
+    assert cut and all(s["num_batched_tokens"] == s["token_budget"] and s["queues"]["waiting"] >= 1 for s in cut)

@@ -99,9 +99,11 @@ def backend_facts(engine: str, version: str, capabilities: list[str],
 
 
 def kvscope_backend(engine) -> dict:
-    """kvscope's own engine shows everything; speculation and tensor parallelism only when on."""
+    """kvscope's own engine shows everything; speculation and tensor parallelism only when on,
+    the quantized-KV probe (kv_quant) only on one rank."""
     optional = {"speculation": engine.speculator is not None,
-                "tensor_parallel": engine.config.tensor_parallel_size > 1}
+                "tensor_parallel": engine.config.tensor_parallel_size > 1,
+                "kv_quant": engine.config.tensor_parallel_size == 1}
     return backend_facts("kvscope", __version__, [c for c in CAPABILITIES if optional.get(c, True)])
 
 

@@ -35,6 +35,8 @@ def event(type_name: str | list[str], fields: dict, optional: dict | None = None
     return obj({"type": const, "ts": NNUM, **fields}, {"ref": REF, **(optional or {})})
 
 
+KV_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"]   # layers/kv_quant.py
+
 # -- events ----------------------------------------------------------------------------
 MODEL = obj({k: v for k, v in {
     "name": STR, "architecture": STR, "num_layers": NAT, "hidden_size": NAT, "num_heads": NAT,
@@ -51,13 +53,13 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
               "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR,
-              "kv_cache_dtype": {"enum": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"]}})
+              "kv_cache_dtype": {"enum": KV_DTYPES}})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
             "pcie_bytes_per_s": NNUM, "nvlink_bytes_per_s": NNUM})
 # What a server can show (hello.backend.capabilities); a widget names the ones it needs.
 CAPABILITIES = ("requests", "tokenize", "kv", "steps", "step_rows", "memory", "attention", "sampling",
-                "internals", "sandbox", "speculation", "tensor_parallel", "instructor")
+                "internals", "sandbox", "kv_quant", "speculation", "tensor_parallel", "instructor")
 BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attached_url": NULL_STR,
                "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)})
 HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
@@ -65,7 +67,7 @@ HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": S
                         "engine": ENGINE, "h100": H100})
 
 FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling", "internals",
-            "memory", "spec", "sandbox", "viewers", "ack", "error"]
+            "memory", "spec", "sandbox", "kv_quant", "viewers", "ack", "error"]
 SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "internals", "memory", "spec"]
 FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
                   "layer": {"oneOf": [NAT, arr(NAT, maxItems=256)]},
@@ -219,6 +221,14 @@ SANDBOX = event("sandbox", {
 VIEWERS = event("viewers", {"viewers": arr(obj({
     "client_id": STR, "role": STR, "peer": STR, "connected_s": NNUM, "families": arr(STR),
     "pending": NAT, "dropped": NAT, "active_requests": NAT}))})
+CACHE_FIT = obj({"kv_cache_dtype": {"enum": KV_DTYPES}, "bytes_per_token": NAT, "bytes_per_block": NAT,
+                 "num_blocks": NAT})
+KV_QUANT = event("kv_quant", {
+    "kv_cache_dtype": {"enum": KV_DTYPES}, "model_dtype": STR, "block_size": NAT, "budget_bytes": NAT,
+    "auto": CACHE_FIT, "quantized": CACHE_FIT, "blocks_gained": NNUM, "num_prompt_tokens": NAT,
+    "ref_token_ids": arr(NAT), "token_ids": arr(NAT), "greedy_agree": NAT, "greedy_total": NAT,
+    "max_abs_logit_error": NNUM, "mean_abs_logit_error": NNUM, "max_kl": NNUM, "step_errors": arr(NNUM),
+    "step_kl": arr(NNUM), "elapsed_s": NNUM}, {"prompt": NULL_STR})
 ACK = {"type": "object", "properties": {"type": {"const": "ack"}, "ts": NNUM, "ref": REF, "cmd": STR},
        "required": ["type", "ts", "cmd"], "additionalProperties": True}
 ERROR = event("error", {"code": STR, "message": STR}, {"cmd": NULL_STR, "request_id": STR})
@@ -233,7 +243,7 @@ EVENTS = {
     "kv_snapshot": KV_SNAPSHOT, "kv_delta": KV_DELTA, "attention": ATTENTION, "sampling": SAMPLING,
     "internals.embeddings": INTERNALS_EMBEDDINGS, "internals.rope": INTERNALS_ROPE,
     "internals.residual": INTERNALS_RESIDUAL, "internals.mlp": INTERNALS_MLP, "internals.logit_lens": INTERNALS_LENS,
-    "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "viewers": VIEWERS, "ack": ACK,
+    "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "kv_quant": KV_QUANT, "viewers": VIEWERS, "ack": ACK,
     "error": ERROR,
 }
 
@@ -296,6 +306,9 @@ COMMANDS = {
                                    "total": {"type": "integer", "minimum": 1, "maximum": 64},
                                    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
     "slow_motion": command("slow_motion", {"interval_s": INTERVAL}),
+    "kv_quant": command("kv_quant", {"kv_cache_dtype": {"enum": [d for d in KV_DTYPES if d != "auto"]}}, {
+        "prompt": {"type": "string", "minLength": 1}, "prompt_token_ids": arr(NAT, minItems=1),
+        "max_tokens": {"type": "integer", "minimum": 1, "maximum": 32}}),
     "sandbox": command("sandbox", {"op": {"enum": ["allocate", "append", "fork", "free", "reset", "state"]}}, {
         "seq": NAME, "new_seq": NAME, "prefix_of": NAME,
         "tokens": {"type": "integer", "minimum": 1, "maximum": 64},

@@ -230,6 +230,32 @@ async def measure(s: Session, msg: dict) -> None:
     s.ack(msg, concurrency=concurrency, total=total, max_tokens=max_tokens)
 
 
+# a learner's kv_quant: the prompt is decoded twice between two engine steps, so keep it short
+MAX_KV_QUANT_PROMPT_TOKENS = 128
+DEFAULT_KV_QUANT_TOKENS = 16
+
+
+async def kv_quant(s: Session, msg: dict) -> None:
+    """What an 8-bit KV cache buys (blocks at this engine's budget) and costs (logit error and
+    greedy agreement against the unquantized cache) for one prompt, on the engine's own
+    weights and a small cache of its own: no request is added, the pool is untouched. For a
+    learner it costs one submit."""
+    if ("prompt" in msg) == ("prompt_token_ids" in msg):
+        raise CommandError("invalid_field", "give exactly one of prompt or prompt_token_ids")
+    service = s.service
+    ids, text = await service.checked_prompt(msg, s.viewer.is_instructor)
+    max_tokens = msg.get("max_tokens", DEFAULT_KV_QUANT_TOKENS)
+    limit = service.engine.max_model_len - max_tokens
+    if not s.viewer.is_instructor:
+        limit = min(limit, MAX_KV_QUANT_PROMPT_TOKENS)
+    if len(ids) > limit:
+        raise CommandError("prompt_too_long",
+                           f"kv_quant: the prompt has {len(ids)} tokens; it may have at most {limit}")
+    check_submit_allowance(s, 0)   # last: a refused message costs no submit allowance
+    result = await service.measure_kv_cache_dtype(ids, msg["kv_cache_dtype"], max_tokens)
+    s.reply(msg, {"type": "kv_quant", "ts": service.clock(), "prompt": text, **result})
+
+
 async def release(s: Session, msg: dict) -> None:
     s.own(msg["request_id"])
     await s.service.release(msg["request_id"])
@@ -337,6 +363,7 @@ HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
     "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
     "next": next_token, "release": release, "pace": pace, "measure": measure, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
+    "kv_quant": kv_quant,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
     "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
     "replay": replay_control,

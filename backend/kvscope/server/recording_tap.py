@@ -7,7 +7,7 @@ from pathlib import Path
 from kvscope.instrumentation.encode import dumps
 from kvscope.instrumentation.recording import Recorder
 
-RECORDED_REPLIES = ("tokens", "sandbox")
+RECORDED_REPLIES = ("tokens", "sandbox", "kv_quant")
 
 
 class RecordingTap:

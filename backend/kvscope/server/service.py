@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from kvscope.engine.async_engine import AsyncEngine, StreamDelta
+from kvscope.engine.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.structured_output import grammar_key
 from kvscope.instrumentation.facts import hello_event
@@ -329,6 +330,22 @@ class EngineService:
                                            params, "ws", label):
                     pass
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    async def measure_kv_cache_dtype(self, ids: list[int], kv_cache_dtype: str, max_tokens: int) -> dict:
+        """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
+        engine's KV budget (engine/kv_quant_probe.py), run between two steps on the engine thread."""
+        engine = self.engine
+        if engine.config.tensor_parallel_size > 1:
+            raise CommandError("engine", "kv_quant runs the model on one rank; this engine is tensor-parallel")
+
+        def run() -> dict:
+            block_size = engine.config.block_size   # the pool as this engine stores it
+            budget = engine.block_manager.num_blocks * block_size * self.instr.facts.kv_bytes_per_token
+            start = time.perf_counter()
+            result = measure_kv_cache_dtype(engine.model, engine.model_config, engine.dtype, engine.device, ids,
+                                            kv_cache_dtype, max_tokens, block_size, budget)
+            return {**result.as_dict(), "elapsed_s": time.perf_counter() - start}
+        return await self.aengine.call(run)
 
     async def inject(self, n: int, max_tokens: int = 32, prompt_tokens: int | None = None) -> list[str]:
         """N synthetic requests, as if N learners had pressed submit at once."""
