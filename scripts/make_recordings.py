@@ -2,9 +2,9 @@
 backend runs, and used by the tests as fixtures): a real server with the embedded model,
 driven over its own WebSocket with the instructor's record_start/record_stop.
 
-The serving scenarios (batching, paging, chunked prefill) pause the engine and advance it
-with the instructor's single step, so requests join at chosen steps and every recording is
-the same each time it is made (seeded sampling, ignore_eos); replay is paced by steps, so
+The serving scenarios (batching, paging, chunked prefill, the step plan) pause the engine
+and advance it with the instructor's single step, so requests join at chosen steps and every
+recording is the same each time it is made (seeded sampling, ignore_eos); replay is paced by steps, so
 tens of steps make an episode a learner can follow: every recording runs at least
 MIN_STEPS engine steps, each request whole (arrival, prefill, decode, finish, its blocks
 freed), and every prompt a widget labels is tokenized first, so a replay shows its text.
@@ -135,6 +135,11 @@ def step_by_step(d: Driver) -> None:
                    watch={"layers": [0], "sampling": True})
     d.next_tokens(rid, MIN_STEPS)
     d.finished(rid)
+    # chapter 12's <kv-quant-cache> (same page, same recording): each 8-bit cache against the
+    # unquantized one, on its default prompt
+    for dtype in ("fp8_e4m3", "fp8_e5m2", "int8_per_token_head"):
+        d.call("kv_quant", prompt="Once upon a time, a little fox found a shiny stone by the river.",
+               kv_cache_dtype=dtype, max_tokens=16)
 
 
 def batching(d: Driver) -> None:
@@ -237,6 +242,23 @@ def chunked_prefill_off(d: Driver) -> None:
     d.call("set_knobs", enable_chunked_prefill=True, max_num_batched_tokens=256)
 
 
+def step_plan(d: Driver) -> None:
+    """vLLM V1's plan, step by step, under a budget of 32 tokens: three requests decode (they
+    run, so they go first), a long prompt takes what the budget leaves and is spread over
+    several steps, and a short prompt behind it waits until the long one's last chunk."""
+    d.call("set_knobs", max_num_batched_tokens=32)
+    d.call("pause")
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": MIN_STEPS})
+               for p in ("The robot woke up", "Tom looked out", "Mia wanted a cake")]
+    d.steps(3)
+    d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 6})
+    d.submit(prompt="The old lighthouse keeper", params={**GREEDY, "max_tokens": 8})
+    d.steps()
+    d.call("resume")
+    d.finished(*runners)
+    d.call("set_knobs", max_num_batched_tokens=256)
+
+
 def paging(d: Driver) -> None:
     """The page allocator: the pool fills as requests of different lengths arrive and grow,
     then drains block by block as they finish; then the sandbox poked by hand."""
@@ -316,7 +338,7 @@ def speculation(d: Driver) -> None:
 SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
-             "chunked-prefill-off": chunked_prefill_off, "paging": paging, "throughput": throughput,
+             "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
              "internals": internals, "sampling": sampling, "speculation": speculation}
 
 

@@ -169,10 +169,8 @@ def test_figures_quoted_from_the_benchmarks_are_there():
                    "| embedded (3.5M) | eager | 2 | 1.41–1.49 ms", "1.19 ms against 2.39 ms", "0.96 ms against 2.29 ms"):
         assert figure in bench, figure
     assert "31 to 35 seconds" in CHAPTERS[20] and "6 to 11 seconds" in CHAPTERS[20]
-    weights = 3.5e6 * 4   # kvscope-mini in float32
-    assert [round(weights / bw * 1e3, 1) for bw in (12.5e9, 10.6e9)] == [1.1, 1.3]
-    assert round(weights / 31e9 * 1e3, 2) == 0.45
-    assert "1.1 to 1.3 ms" in CHAPTERS[13] and "about 0.45 ms" in CHAPTERS[13] and "1.0 to 1.2 ms" in CHAPTERS[13]
+    # The divisions by these rates are recomputed in tests/test_book_numbers.py (WORKED, chapter 13).
+    assert "1.0 to 1.2 ms" in CHAPTERS[13]
 
 
 def test_worked_figures_of_the_2026_corrections_recompute():
