@@ -67,33 +67,23 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # the C++ wrapper calls the generated kernels without going back to Python
+        # The C++ wrapper calls the generated kernels without going back to Python. Every
+        # guard is checked on every call: the graphs are cached per code object, so they are
+        # shared with any other engine in the process, and only the guards on the modules
+        # tell one engine's model from another's.
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         # the reference pads every row to the longest context; the kernel pads nothing
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
-        self.skip_guards = False    # until both graphs exist
         start = time.perf_counter()
         self._warm_up()
         self.compile_seconds = time.perf_counter() - start
-        # Every step has the warm-up steps' structure, so dynamo's guards are checked only as
-        # far as it takes to pick one of the two graphs (batch 1: 4.5 -> 3.1 ms a step on a
-        # loaded machine). Should global state a graph depends on change anyway, the call
-        # raises before the graph runs, and the guards are checked in full from then on.
-        self.skip_guards = True
 
     def fits(self, batch: int) -> bool:
         return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         with step_metadata(inputs.metadata):
-            if self.skip_guards:
-                try:
-                    with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                        return self.forward(inputs.input_ids, inputs.positions)
-                except RuntimeError as exc:   # a real error raises again below
-                    log.warning("compiled decode: checking every guard from now on (%s)", exc)
-                    self.skip_guards = False
             return self.forward(inputs.input_ids, inputs.positions)
 
     @torch.inference_mode()
