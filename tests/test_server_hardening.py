@@ -339,7 +339,7 @@ def test_an_engine_with_nothing_admissible_sleeps():
         c.ok("submit", prompt="Waiting", params={"max_tokens": 2})
         time.sleep(0.5)
         scheduler = s.engine.scheduler
-        assert len(scheduler.running) == 2 and len(scheduler.waiting) == 1 and scheduler.has_work
+        assert len(scheduler.running) == 2 and len(scheduler.waiting) == 1 and s.engine.has_unfinished()
         before = scheduler.num_steps
         time.sleep(1.0)
         assert scheduler.num_steps - before < 100, f"{scheduler.num_steps - before} empty steps in 1 s"

@@ -132,6 +132,25 @@ def test_logprobs_equal_the_plain_engine(models):
             pytest.approx([x[t].logprob for x, t in zip(b.logprobs, b.token_ids)], abs=1e-4)
 
 
+def test_each_token_of_a_verified_step_carries_its_own_logprobs(models):
+    """A step that accepts drafts appends several tokens; each TokenDelta the step returns
+    (what the server streams) reads its own {logprob, top}, not the step's last."""
+    target, _, prompts, _ = models
+    e = engine(target, {"method": "ngram", "num_speculative_tokens": 3}).engine
+    for p in prompts[3:]:
+        e.add_request(p, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=2))
+    multi = 0
+    while e.has_unfinished():
+        deltas, _ = e.step()
+        per_seq = {}
+        for d in deltas:
+            per_seq[d.seq.seq_id] = per_seq.get(d.seq.seq_id, 0) + 1
+            assert d.logprob is d.seq.logprobs[d.index]
+            assert d.logprob["top"][0][0] == d.token_id   # greedy: the chosen token is the most likely
+        multi += sum(1 for n in per_seq.values() if n > 1)
+    assert multi > 0, "the repetitive prompts should have had drafts accepted"
+
+
 def test_abort_mid_run_frees_both_caches(models):
     target, other_draft, prompts, _ = models
     llm = engine(target, {"model": str(other_draft), "num_speculative_tokens": 3})

@@ -88,3 +88,35 @@ def test_the_same_script_runs_under_torchrun(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("TOKENS")]
     assert lines == [f"TOKENS {hf_greedy(directory, ps, MAX_NEW)}"]   # printed by rank 0 only
+
+
+def test_each_step_record_carries_its_engines_bytes_between_ranks(tmp_path):
+    """The bytes rank 0 sends are counted by the engine's own group and published in the step
+    record: a decode step of b sequences all-reduces the embeddings and two [b, hidden]
+    partial sums a layer, and gathers b rows of the other rank's half of the logits."""
+    from kvscope.engine import EngineObserver
+    from kvscope.layers.parallel import TPGroup
+
+    class Bytes(EngineObserver):
+        def __init__(self):
+            self.steps = []
+
+        def on_step(self, record):
+            self.steps.append((record.scheduled, record.comm_bytes))
+
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    llm = LLM(str(directory), device="cpu", dtype="float32", block_size=8, tensor_parallel_size=2, num_threads=1)
+    try:
+        heard = Bytes()
+        llm.engine.add_observer(heard)
+        greedy(llm, prompts(), max_new=4)
+        cfg = llm.engine.model_config
+        decodes = [(out, n) for out, n in heard.steps if all(e.kind == "decode" for e in out.entries)]
+        assert decodes and all(n > 0 for _, n in heard.steps)
+        for out, n in decodes:
+            b = len(out.entries)
+            assert n == 4 * b * (cfg.hidden_size * (2 * cfg.num_layers + 1) + cfg.vocab_size // 2)
+        assert llm.engine.workers.group.comm is not TPGroup(0, 2).comm   # per engine, not per process
+        assert llm.engine.workers.group.comm.nbytes == 0                 # taken by the last step
+    finally:
+        llm.close()

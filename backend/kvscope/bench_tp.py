@@ -24,22 +24,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def measure(engine, args) -> tuple[float, float, float]:
     """Median prefill step, median decode step (seconds), mean bytes all-reduced per decode step."""
-    from kvscope.layers.parallel import CommCounter
+    from kvscope.engine import EngineObserver
+
+    class CommBytes(EngineObserver):   # each step record's bytes between ranks
+        last = 0
+
+        def on_step(self, record) -> None:
+            self.last = record.comm_bytes
+
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request([(7 * i + j) % vocab for j in range(args.input_len)], params)
     prefill, decode, comm = [], [], []
-    while engine.has_unfinished():
-        CommCounter.take()
-        t = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - t
-        if engine.scheduler.num_steps == 1:
-            prefill.append(elapsed)
-        else:
-            decode.append(elapsed)
-            comm.append(CommCounter.take())
+    listener = CommBytes()
+    engine.add_observer(listener)
+    try:
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            elapsed = time.perf_counter() - t
+            if engine.scheduler.num_steps == 1:
+                prefill.append(elapsed)
+            else:
+                decode.append(elapsed)
+                comm.append(listener.last)
+    finally:
+        engine.remove_observer(listener)
     return statistics.median(prefill), statistics.median(decode), statistics.mean(comm)
 
 

@@ -46,7 +46,7 @@ class LLM:
         else:
             params = [params] * len(prompts)
         requests = [self.engine.add_request(prompt_input(p), sp) for p, sp in zip(prompts, params)]
-        groups = [[seq, *seq.forks] for seq in requests]   # the forks exist from the start
+        groups = [seq.choices for seq in requests]   # taken now: the forks leave seq.forks as they fork
         while self.engine.has_unfinished():
             self.engine.step()
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None \

@@ -1,5 +1,7 @@
 """Incremental detokenization: text deltas as tokens arrive, holding back a delta while
-it ends inside a multi-byte character (byte-level BPE splits UTF-8 across tokens)."""
+it ends inside a multi-byte character (byte-level BPE splits UTF-8 across tokens), and the
+stop-string rule, which needs that text: the first stop string to appear ends the sequence
+and cuts its text where the stop string begins."""
 from __future__ import annotations
 
 from kvscope.engine.sequence import Sequence
@@ -14,7 +16,23 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def step(self, seq: Sequence) -> str:
+    def step(self, seq: Sequence, final: bool) -> tuple[str, bool]:
+        """The newest token's text, appended to seq.text, and whether a stop string ended
+        the sequence (the text is then cut where it begins). `final`: the sequence ends
+        here anyway, so text held back is flushed."""
+        delta = self._delta(seq)
+        if final and not delta:
+            delta = self._flush(seq)
+        seq.text += delta
+        if seq.params.stop:
+            cut = find_stop(seq.text, len(delta), seq.params.stop)
+            if cut is not None:
+                kept = len(seq.text) - len(delta)
+                seq.text = seq.text[:cut]
+                return (seq.text[kept:] if cut > kept else ""), True
+        return delta, False
+
+    def _delta(self, seq: Sequence) -> str:
         ids = seq.output_token_ids
         settled = self._decode(ids[self.prefix_offset:self.read_offset])
         current = self._decode(ids[self.prefix_offset:])
@@ -23,7 +41,7 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(ids)
         return current[len(settled):]
 
-    def flush(self, seq: Sequence) -> str:
+    def _flush(self, seq: Sequence) -> str:
         full = self._decode(seq.output_token_ids)
         return full[len(seq.text):] if full.startswith(seq.text) else ""
 

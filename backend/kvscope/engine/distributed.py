@@ -20,10 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from kvscope.engine.devices import resolve_device
-from kvscope.engine.model_runner import ModelRunner, StepPlan
+from kvscope.engine.model_runner import StepPlan, load_model_and_runner
 from kvscope.layers.context import step_metadata
-from kvscope.layers.parallel import CommCounter, TPGroup, split
-from kvscope.models.loader import build_model, read_model_config, resolve_model_path
+from kvscope.layers.parallel import TPGroup, split
+from kvscope.models.loader import read_model_config, resolve_model_path
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)   # a dead peer is noticed within this, at the latest
 
@@ -141,15 +141,18 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
                             timeout=COLLECTIVE_TIMEOUT)
     try:
         path = resolve_model_path(config.model)
-        model_config = read_model_config(path)
-        model = build_model(path, model_config, config.load_format, dtype, device, max_len, config.seed,
-                            TPGroup(rank, size))
-        setup = [None]
-        dist.broadcast_object_list(setup, src=0)
-        runner = ModelRunner(config, model, device, dtype, setup[0], max_len)
+        _, runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
+                                          _receive_setup, TPGroup(rank, size))
         serve_steps(runner, device)
     finally:
         dist.destroy_process_group()
+
+
+def _receive_setup(model) -> int:
+    """Rank 0's KV pool size (`TPWorkers.send_setup`)."""
+    setup = [None]
+    dist.broadcast_object_list(setup, src=0)
+    return setup[0]
 
 
 def serve_steps(runner, device: torch.device) -> None:
@@ -168,4 +171,4 @@ def replay(runner, plan: StepPlan) -> None:
         hidden = runner.model(plan.input_ids, plan.positions)
     if plan.sample_rows:
         runner.model.compute_logits(hidden[plan.sample_rows])
-    CommCounter.take()
+    runner.model.tp.comm.take()   # only rank 0's count is published

@@ -13,17 +13,17 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.detokenizer import IncrementalDetokenizer, find_stop
+from kvscope.engine.detokenizer import IncrementalDetokenizer
 from kvscope.engine.devices import choose_dtype, kv_cache_blocks, resolve_device
-from kvscope.engine.model_runner import ModelRunner, StepResult, run_isolating
-from kvscope.engine.scheduler import Scheduler, SchedulerOutput, check_chunking
+from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.draft_proposer import DraftModelProposer
-from kvscope.engine.spec_decode import NgramProposer, SpeculativeConfig, Speculator, spec_logprobs
+from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
+                                       spec_logprobs)
 from kvscope.engine.structured_output import StructuredOutputManager, grammar_key
 from kvscope.layers.parallel import TPGroup
-from kvscope.models.loader import build_model, load_tokenizer, read_model_config, resolve_model_path
+from kvscope.models.loader import load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
 # the scheduler's settings an instructor may change between steps (set_knobs)
@@ -62,16 +62,22 @@ class ProcessState:
 # building any payload, so listening costs nothing when nobody listens.
 @dataclass
 class StepRecord:
-    """Everything one step did, handed to observers after the step."""
+    """Everything one step did, handed to observers after the step: the rows scheduled
+    (each with its kind), what the model drew, the tokens appended (in order), the
+    sequences finished, the block events, and the bytes sent to the other ranks."""
     scheduled: SchedulerOutput
     result: StepResult
+    tokens: list[TokenDelta]
     finished: list[Sequence]
     block_events: list[tuple] = field(default_factory=list)  # (kind, block_id, detail)
+    comm_bytes: int = 0   # what rank 0 sent through all-reduces and gathers (tensor parallelism)
     schedule_seconds: float = 0.0
     model_seconds: float = 0.0
     total_seconds: float = 0.0
     num_waiting: int = 0
     num_running: int = 0
+    token_budget: int = 0    # the knobs in force this step (set_knobs may change them between steps)
+    max_num_seqs: int = 0
 
 
 class EngineObserver:
@@ -81,16 +87,8 @@ class EngineObserver:
     # CUDA graph or compiled graph would run past the hooks)
     def on_scheduled(self, scheduled: SchedulerOutput) -> bool: return False
     def on_step(self, record: StepRecord) -> None: ...
-    def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None: ...
     def on_request_finished(self, seq: Sequence) -> None: ...
     def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
-
-
-@dataclass(slots=True)
-class TokenDelta:
-    seq: Sequence
-    token_id: int
-    text: str
 
 
 class LLMEngine:
@@ -124,25 +122,27 @@ class LLMEngine:
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
             self.workers = self._start_workers()
-        self.model = build_model(self.model_path, self.model_config, config.load_format, self.dtype,
-                                 self.device, self.max_model_len, config.seed,
-                                 self.workers.group if self.workers else TPGroup())
+        self.model, self.runner = load_model_and_runner(
+            config, self.model_path, self.model_config, self.dtype, self.device, self.max_model_len,
+            self._size_kv_cache, self.workers.group if self.workers else TPGroup())
+        self.runner.workers = self.workers
         self.tokenizer = load_tokenizer(self.model_path)
-        num_blocks, self.kv_cache_note = kv_cache_blocks(config, self.model_config, self.model, self.device,
-                                                         self.dtype, self.max_model_len)
-        if self.workers is not None:
-            self.workers.send_setup(num_blocks)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching,
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.prefix_caching_hash_algo)
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
-        self.runner = ModelRunner(config, self.model, self.device, self.dtype, num_blocks, self.max_model_len)
-        self.runner.workers = self.workers
         self.observers: list[EngineObserver] = []
         self.generators: dict[int, torch.Generator] = {}
-        self.detokenizers: dict[int, IncrementalDetokenizer] = {}
         self.stream_text = False   # set by the async front end: detokenize every token
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
+
+    def _size_kv_cache(self, model) -> int:
+        """The KV pool's blocks, chosen once the weights are in; the other ranks hear it."""
+        num_blocks, self.kv_cache_note = kv_cache_blocks(self.config, self.model_config, model, self.device,
+                                                         self.dtype, self.max_model_len)
+        if self.workers is not None:
+            self.workers.send_setup(num_blocks)
+        return num_blocks
 
     def _build_speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
         if config is None:
@@ -239,18 +239,35 @@ class LLMEngine:
         if params.seed is not None:
             self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
         if (self.stream_text or params.stop) and self.tokenizer is not None:
-            self.detokenizers[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
         return seq
 
+    def find(self, request_id: str) -> Sequence | None:
+        """A live request, or a choice still waiting to fork, by its id."""
+        return self.scheduler.find(request_id)
+
     def abort(self, request_id: str) -> bool:
-        seq = self.scheduler.find(request_id)
+        seq = self.find(request_id)
         if seq is None:
             return False
         self.finish(seq, "abort")
         return True
 
     def has_unfinished(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
+        """The one "is there work" check: a request is queued or running and not held by
+        its owner (a held request waits for more allowance; stepping cannot advance it)."""
+        sched = self.scheduler
+        return any(not s.held for s in sched.running) or any(not s.held for s in sched.waiting)
+
+    # -- what observers read between steps (besides the step record) --------------------
+    @property
+    def num_steps(self) -> int:
+        return self.scheduler.num_steps
+
+    def take_block_events(self) -> list[tuple]:
+        """The block manager's events since the last call, (kind, block_id, detail): the
+        one place they are drained, after a step or when a request ends between steps."""
+        return self.block_manager.take_events()
 
     def add_observer(self, observer: EngineObserver) -> None:
         self.observers.append(observer)
@@ -314,13 +331,14 @@ class LLMEngine:
         if result.spec_logits:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
-        deltas: list[TokenDelta] = []
-        finished = self.scheduler.postprocess(
-            out, result.tokens, functools.partial(self._on_token, result=result, deltas=deltas))
+        deltas, finished = self.scheduler.postprocess(out, result.tokens)
+        if result.logprobs:
+            self._attach_logprobs(deltas, result.logprobs)
         for seq in finished:
             self._cleanup(seq)
+        comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step
         if self.observers:
-            self._publish_step(out, result, finished, t0, t1, t2)
+            self._publish_step(out, result, deltas, finished, comm, t0, t1, t2)
         return deltas, ended + finished
 
     def _fail_alone(self, out, failed: dict[int, str]) -> list[Sequence]:
@@ -348,36 +366,15 @@ class LLMEngine:
             if seq.params.logprobs is not None:
                 result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
 
-    def _on_token(self, seq: Sequence, index: int, final: bool, result, deltas: list[TokenDelta]) -> bool:
-        """One appended token: its logprobs, text, stop strings and grammar. True when a stop
-        string, or a grammar that is complete, ends the sequence here."""
-        if seq.seq_id in result.logprobs:
-            seq.logprobs.append(result.logprobs[seq.seq_id][index])
-        text, stopped = self._detokenize(seq, final)
-        token = seq.token_ids[-1]
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
-            stopped = stopped or seq.grammar.is_terminated
-        deltas.append(TokenDelta(seq, token, text))
-        for obs in self.observers:
-            obs.on_token(seq, token, text)
-        return stopped
-
-    def _detokenize(self, seq: Sequence, final: bool) -> tuple[str, bool]:
-        detok = self.detokenizers.get(seq.seq_id)
-        if detok is None:
-            return "", False
-        delta = detok.step(seq)
-        if final and not delta:
-            delta = detok.flush(seq)
-        seq.text += delta
-        if seq.params.stop:
-            cut = find_stop(seq.text, len(delta), seq.params.stop)
-            if cut is not None:
-                kept = len(seq.text) - len(delta)
-                seq.text = seq.text[:cut]
-                return (seq.text[kept:] if cut > kept else ""), True
-        return delta, False
+    @staticmethod
+    def _attach_logprobs(deltas: list[TokenDelta], logprobs: dict[int, list[dict]]) -> None:
+        """Each appended token's {logprob, top}, in the order its sequence drew them."""
+        taken: dict[int, int] = {}
+        for d in deltas:
+            drawn = logprobs.get(d.seq.seq_id)
+            if drawn is not None:
+                i = taken[d.seq.seq_id] = taken.get(d.seq.seq_id, -1) + 1
+                d.seq.logprobs.append(drawn[i])
 
     def _fail_everything(self, reason: str) -> list[Sequence]:
         """A rank is gone: every request fails with the reason and the other ranks stop."""
@@ -397,19 +394,19 @@ class LLMEngine:
                 self._cleanup(s)
 
     def _cleanup(self, seq: Sequence) -> None:
-        if self.tokenizer is not None and seq.seq_id not in self.detokenizers and seq.output_token_ids:
+        if self.tokenizer is not None and seq.detokenizer is None and seq.output_token_ids:
             seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
-        self.detokenizers.pop(seq.seq_id, None)
+        seq.detokenizer = None
         if self.speculator is not None:
             self.speculator.release(seq)
         for obs in self.observers:
             obs.on_request_finished(seq)
 
-    def _publish_step(self, out, result, finished, t0, t1, t2) -> None:
-        events = self.block_manager.take_events()
-        record = StepRecord(out, result, finished, events, schedule_seconds=t1 - t0,
+    def _publish_step(self, out, result, deltas, finished, comm, t0, t1, t2) -> None:
+        record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
                             model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
-                            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running))
+                            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+                            token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs)
         for obs in self.observers:
             obs.on_step(record)

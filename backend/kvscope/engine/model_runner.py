@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -18,8 +19,10 @@ from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
 from kvscope.layers.kv_quant import SCALE_DTYPE, as_bytes, kv_cache_format
+from kvscope.layers.parallel import TPGroup
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
+from kvscope.models.loader import build_model
 
 log = logging.getLogger("kvscope.engine")
 
@@ -268,3 +271,15 @@ def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[in
 def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tensor]) -> None:
     for seq_id, state in states.items():
         generators[seq_id].set_state(state)
+
+
+def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
+                          max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
+                          load_format: str | None = None) -> tuple[CausalLM, ModelRunner]:
+    """The one way a model and the runner that steps it are made: the engine's (rank 0),
+    a tensor-parallel rank's slice, the draft model's. `num_blocks(model)` sizes the KV
+    pool once the weights are in (on a GPU it measures what they leave free; a rank hears
+    rank 0's size)."""
+    model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
+                        config.seed, tp)
+    return model, ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)

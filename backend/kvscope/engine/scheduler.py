@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence, SequenceStatus
-
-OnToken = Callable[[Sequence, int, bool], bool]
 
 
 @dataclass(slots=True)   # one per row and step: slots make it cheaper to build and read
@@ -52,6 +49,21 @@ class ScheduledSeq:
         if self.admitted:
             return "resumed after preemption" if self.seq.num_preemptions else "new request"
         return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[self.kind]
+
+
+@dataclass(slots=True)
+class TokenDelta:
+    """One token appended by postprocess: the step's per-token result the engine publishes."""
+    seq: Sequence
+    token_id: int
+    text: str      # its text (empty when nobody asked for text token by token)
+    index: int     # its position among the sequence's output tokens
+
+    @property
+    def logprob(self) -> dict | None:
+        """Its {logprob, top} entry, when the request asked for logprobs."""
+        lps = self.seq.logprobs
+        return lps[self.index] if self.seq.params.logprobs is not None and self.index < len(lps) else None
 
 
 @dataclass
@@ -87,10 +99,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_steps = 0
-
-    @property
-    def has_work(self) -> bool:
-        return any(not s.held for s in self.running) or any(not s.held for s in self.waiting)
 
     def admission_error(self, seq: Sequence) -> str | None:
         n = seq.num_prompt_tokens
@@ -183,15 +191,15 @@ class Scheduler:
         out.preempted.append(seq)
 
     # -- after the model ran -----------------------------------------------------------
-    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]],
-                    on_token: OnToken | None = None) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput,
+                    sampled: dict[int, list[int]]) -> tuple[list[TokenDelta], list[Sequence]]:
         """Advance computed counts, append sampled tokens, finish what hit a stop condition.
         `sampled` maps seq_id to the tokens drawn (several when drafts were accepted); they
         are appended one by one and stop conditions checked after each, so a stop or
-        max_tokens falls where it would without speculation. `on_token(seq, index, final)`
-        sees each appended token and returns True when a stop string ended the sequence.
-        Returns the sequences finished now."""
-        finished = []
+        max_tokens falls where it would without speculation. Returns the tokens appended
+        and the sequences finished now."""
+        appended: list[TokenDelta] = []
+        finished: list[Sequence] = []
         for entry in out.entries:
             seq = entry.seq
             if seq.is_finished:      # aborted while the step ran
@@ -206,10 +214,9 @@ class Scheduler:
             drafted = bool(entry.spec_token_ids)
             # the choices fork before the parent's token can finish it
             forked = self._fork(seq, entry.forks) if entry.forks else ()
-            self._append(seq, sampled[seq.seq_id], on_token, finished, drafted)
-            for s in forked:
-                self._append(s, sampled[s.seq_id], on_token, finished, drafted)
-        return finished
+            for s in (seq, *forked):
+                self._append(s, sampled[s.seq_id], appended, finished, drafted)
+        return appended, finished
 
     def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
         """The prompt is computed: the other choices start sharing its blocks."""
@@ -221,17 +228,16 @@ class Scheduler:
         parent.forks = [c for c in parent.forks if c not in forks]
         return forked
 
-    def _append(self, seq: Sequence, tokens: list[int], on_token: OnToken | None,
+    def _append(self, seq: Sequence, tokens: list[int], appended: list[TokenDelta],
                 finished: list[Sequence], drafted: bool) -> None:
         """Append the drawn tokens one by one, checking the stop conditions after each. After
         a pass that verified drafts, the K/V of accepted ones count as computed and slots
         written for rejected ones go back."""
         reason = None
-        for i, token in enumerate(tokens):
+        for token in tokens:
             seq.append_token(token)
-            reason = self._stop_reason(seq)
-            if on_token is not None and on_token(seq, i, reason is not None):
-                reason = "stop"
+            reason, text = self._check_stop(seq)
+            appended.append(TokenDelta(seq, token, text, seq.num_output_tokens - 1))
             if reason:
                 break
         if drafted:   # (a pass without drafts computed exactly the known tokens: nothing to undo)
@@ -243,6 +249,17 @@ class Scheduler:
             finished.append(seq)
         elif seq.allowance is not None:   # its owner grants it tokens a few at a time
             seq.allowance = max(0, seq.allowance - len(tokens))
+
+    def _check_stop(self, seq: Sequence) -> tuple[str | None, str]:
+        """Every stop rule, after each appended token: end tokens and lengths, then the
+        rules that read more than the token (a stop string in the text, a grammar that is
+        complete). Returns (finish reason or None, the token's text)."""
+        reason = self._stop_reason(seq)
+        text, stopped = seq.detokenizer.step(seq, final=reason is not None) if seq.detokenizer else ("", False)
+        if seq.grammar is not None:
+            seq.grammar.accept(seq.token_ids[-1])
+            stopped = stopped or seq.grammar.is_terminated
+        return ("stop" if stopped else reason), text
 
     def _stop_reason(self, seq: Sequence) -> str | None:
         token, p = seq.token_ids[-1], seq.params

@@ -42,6 +42,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     logprobs: list[dict] = field(default_factory=list)
     text: str = ""                    # detokenized output so far (when streamed or stopped on strings)
+    detokenizer: object | None = None  # its IncrementalDetokenizer, when its text is needed token by token
     allowance: int | None = None      # tokens it may still draw before it waits (None: no limit)
     prefill_chunk_size: int | None = None   # its own cap on prompt tokens per step, under the engine's
     forks: list["Sequence"] = field(default_factory=list)  # choices 1..n-1, forked when the prompt is done

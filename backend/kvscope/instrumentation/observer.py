@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvscope.engine.llm_engine import EngineObserver, StepRecord
+from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
@@ -19,7 +19,6 @@ from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.layers.parallel import CommCounter
 from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
 
 Sink = Callable[[list[dict]], None]
@@ -55,6 +54,7 @@ class Instrumentation(EngineObserver):
         self.clock = clock or Clock()
         self.memory_interval = memory_interval
         self.facts = model_facts(engine)
+        self.tensor_parallel = engine.config.tensor_parallel_size > 1
         self.kv = KVTracker(engine.block_manager)
         self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
         # request id -> who watches it. A registry shared with a fan-out is the fan-out's to
@@ -99,8 +99,7 @@ class Instrumentation(EngineObserver):
             return
         self._forget_watch(seq)
         # abort, error, reset: between steps, publish now
-        events = self.engine.block_manager.take_events()
-        delta = self.kv.update([seq], [], events, self.engine.scheduler.num_steps, self.clock())
+        delta = self.kv.update([seq], [], self.engine.take_block_events(), self.engine.num_steps, self.clock())
         self.sink([event] + ([delta] if delta else []))
 
     def _finished_event(self, seq: Sequence) -> dict:
@@ -118,7 +117,7 @@ class Instrumentation(EngineObserver):
         self.sink([self.kv_snapshot()])
 
     def kv_snapshot(self) -> dict:
-        return self.kv.snapshot(self.engine.scheduler.num_steps, self.clock())
+        return self.kv.snapshot(self.engine.num_steps, self.clock())
 
     # -- inside a step -----------------------------------------------------------------
     def on_scheduled(self, scheduled) -> bool:
@@ -136,21 +135,24 @@ class Instrumentation(EngineObserver):
             self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
         return bool(rows)   # the hooks need an eager forward: a graph replay would run past them
 
-    def on_token(self, seq: Sequence, token_id: int, text_delta: str) -> None:
-        event = {"type": "request.token", "ts": self.clock.at(seq.token_times[-1]), "request_id": seq.request_id,
-                 "index": seq.num_output_tokens - 1, "token_id": token_id, "text": text_delta,
-                 "step": self.engine.scheduler.num_steps}
-        if seq.params.logprobs is not None and seq.logprobs:
-            lp = seq.logprobs[-1]
+    def _token_event(self, d: TokenDelta, step: int) -> dict:
+        seq = d.seq
+        event = {"type": "request.token", "ts": self.clock.at(seq.token_times[d.index]),
+                 "request_id": seq.request_id, "index": d.index, "token_id": d.token_id, "text": d.text,
+                 "step": step}
+        lp = d.logprob
+        if lp is not None:
             event["logprob"] = lp["logprob"]
             event["top"] = [{"id": i, "logprob": v} for i, v in lp["top"]]
         if seq.grammar is not None and seq.grammar.num_allowed:
             event["allowed_tokens"] = seq.grammar.num_allowed[-1]   # what the grammar's mask let through
-        self._pending.append(event)
+        return event
 
     def on_step(self, record: StepRecord) -> None:
         out, ts = record.scheduled, self.clock()
-        events, self._pending = self._pending, []
+        # the step's tokens, then its finishes (heard during the step), then the step itself
+        events = [self._token_event(d, out.step) for d in record.tokens] + self._pending
+        self._pending = []
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
@@ -183,22 +185,21 @@ class Instrumentation(EngineObserver):
                  "num_drafts": len(e.spec_token_ids), "reason": e.reason,
                  "last_block_recomputed": e.admitted and e.seq.last_block_recomputed} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
-        cfg = self.engine.config
         event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
-                "num_batched_tokens": out.num_batched_tokens, "token_budget": cfg.max_num_batched_tokens,
-                "max_num_seqs": cfg.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
+                "num_batched_tokens": out.num_batched_tokens, "token_budget": record.token_budget,
+                "max_num_seqs": record.max_num_seqs, "preempted": [s.request_id for s in out.preempted],
                 "finished": [s.request_id for s in record.finished],
                 "queues": {"waiting": record.num_waiting, "running": record.num_running},
                 "duration_s": record.total_seconds, "schedule_s": record.schedule_seconds,
                 "model_s": record.model_seconds, "cost": step_cost(self.facts, work, record.model_seconds)}
-        if cfg.tensor_parallel_size > 1:   # what rank 0 sent through all-reduces and gathers
-            event["allreduce_bytes"] = CommCounter.take()
+        if self.tensor_parallel:   # what rank 0 sent through all-reduces and gathers
+            event["allreduce_bytes"] = record.comm_bytes
         return event
 
     # -- watched requests --------------------------------------------------------------
     def watch(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence | None = None) -> Watch:
         """Start (or change) `viewer`'s watch of a live request. Engine thread only."""
-        seq = seq or self.engine.scheduler.find(request_id)
+        seq = seq or self.engine.find(request_id)
         if seq is None:
             raise KeyError(request_id)
         return self.watches.add(request_id, viewer, spec, seq)

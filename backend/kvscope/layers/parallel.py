@@ -12,7 +12,7 @@ With one rank these are plain layers and no collective is called. Each layer cop
 slice out of a full checkpoint tensor (`load`), so a rank reads only what it keeps."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,34 +26,35 @@ from kvscope.paging import cdiv
 class TPGroup:
     rank: int = 0
     size: int = 1
+    comm: "CommCounter" = field(default_factory=lambda: CommCounter(), compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            CommCounter.add(x)
+            self.comm.add(x)
             dist.all_reduce(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        CommCounter.add(x, self.size - 1)
+        self.comm.add(x, self.size - 1)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
 
 
 class CommCounter:
-    """Bytes this rank sent through collectives since the last `take` (all-reduce payloads
-    counted once; a ring all-reduce moves about 2 (N-1)/N of that over the wire)."""
-    nbytes = 0
+    """Bytes one rank of one group sent through collectives since the last `take`
+    (all-reduce payloads counted once; a ring all-reduce moves about 2 (N-1)/N of that
+    over the wire). Each group counts its own, so two engines in a process never mix."""
+    def __init__(self):
+        self.nbytes = 0
 
-    @classmethod
-    def add(cls, x: torch.Tensor, times: int = 1) -> None:
-        cls.nbytes += x.numel() * x.element_size() * times
+    def add(self, x: torch.Tensor, times: int = 1) -> None:
+        self.nbytes += x.numel() * x.element_size() * times
 
-    @classmethod
-    def take(cls) -> int:
-        n, cls.nbytes = cls.nbytes, 0
+    def take(self) -> int:
+        n, self.nbytes = self.nbytes, 0
         return n
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kvscope.engine.async_engine import StreamDelta
+from kvscope.server.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.outputs import CompletionOutput, RequestOutput

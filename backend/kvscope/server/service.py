@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from kvscope.engine.async_engine import AsyncEngine, StreamDelta
+from kvscope.server.async_engine import AsyncEngine, StreamDelta
 from kvscope.engine.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.structured_output import grammar_key
@@ -215,7 +215,7 @@ class EngineService:
     async def on_request(self, rid: str, fn) -> None:
         """Run fn(seq) on the engine thread for a live request."""
         def do():
-            seq = self.engine.scheduler.find(rid)
+            seq = self.engine.find(rid)
             if seq is None:
                 raise CommandError("unknown_request", f"no request {rid!r} is in flight")
             return fn(seq)
@@ -250,7 +250,7 @@ class EngineService:
         """Step these requests at most once per `seconds`, whatever the others do. They are
         paced in one go between two steps, so held ones released here start together."""
         def pace():
-            seqs = [self.engine.scheduler.find(rid) for rid in rids]
+            seqs = [self.engine.find(rid) for rid in rids]
             missing = [rid for rid, seq in zip(rids, seqs) if seq is None]
             if missing:
                 raise CommandError("unknown_request", f"no request {missing[0]!r} is in flight")

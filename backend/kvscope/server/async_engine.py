@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.engine.llm_engine import LLMEngine
-from kvscope.engine.pacing import Pacing
+from kvscope.server.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.outputs import RequestOutput
 from kvscope.sampling_params import SamplingParams
@@ -101,7 +101,7 @@ class AsyncEngine:
         """Run exactly one engine step now (on the engine thread) and return its number;
         None when no request can advance."""
         def one():
-            if not self.engine.scheduler.has_work:
+            if not self.engine.has_unfinished():
                 return None
             self._step_and_push()
             return self.engine.scheduler.num_steps
@@ -144,7 +144,7 @@ class AsyncEngine:
             self._drain_commands()
             now = time.perf_counter()
             due = self._gate_paced(now)
-            if self.paused or not self.engine.scheduler.has_work:
+            if self.paused or not self.engine.has_unfinished():
                 self._sleep(self.idle_wait if due is None else min(self.idle_wait, due - now))
                 continue
             wait = self.pacing.wait_before_step(now)
@@ -178,9 +178,7 @@ class AsyncEngine:
         stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
         self.pacing.stepped(stepped, finished, time.perf_counter())
         for d in deltas:
-            self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text,
-                                          d.seq.logprobs[-1] if d.seq.params.logprobs is not None
-                                          and d.seq.logprobs else None))
+            self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text, d.logprob))
         for seq in finished:
             self._close(seq)
         return bool(deltas or finished) or self._computed_tokens() != before
@@ -210,7 +208,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _abort_now(self, request_id: str) -> bool:
-        seq = self.engine.scheduler.find(request_id)
+        seq = self.engine.find(request_id)
         if seq is None:
             return False
         group = seq.choices   # choices not forked yet end with their prompt
