@@ -8,7 +8,8 @@ import pytest
 PAGES = ["/chapters/02-tokens", "/chapters/03-embeddings", "/chapters/04-attention",
          "/chapters/05-multi-head-attention", "/chapters/06-positional-encoding", "/chapters/07-mlp",
          "/chapters/08-transformer-block", "/chapters/09-full-model", "/chapters/10-sampling", "/chapters/12-the-kv-cache",
-         "/chapters/13-gpu-memory-hierarchy", "/chapters/15-paged-attention", "/", "/glossary"]
+         "/chapters/13-gpu-memory-hierarchy", "/chapters/14-continuous-batching", "/chapters/15-paged-attention",
+         "/", "/glossary"]
 
 UNNAMED_CONTROLS = """() => {
   const controls = [...document.querySelectorAll(
@@ -36,7 +37,7 @@ def test_every_control_has_an_accessible_name(page, live_server, wait_for_widget
         wait_for_widgets(page)
     assert page.evaluate(UNNAMED_CONTROLS) == []
     for widget in page.locator("kv-tokenizer, kv-attention, kv-cache-view, kv-pages, kv-memory, kv-embeddings, kv-heads, "
-                                 "kv-rope, kv-mlp, kv-residual, kv-logit-lens, kv-sampling").all():
+                                 "kv-rope, kv-mlp, kv-residual, kv-logit-lens, kv-sampling, kv-quant-cache, kv-step-plan").all():
         labelled = widget.evaluate("""el => !!(el.getAttribute('aria-label') || el.getAttribute('aria-labelledby')
             || el.querySelector('[role=region][aria-label], [role=region][aria-labelledby], figure, section[aria-label]'))""")
         assert labelled, widget.evaluate("el => el.localName")
