@@ -6,6 +6,8 @@ keep token text and stop at the end instead of wiping; the exported book does no
 a model is running."""
 from __future__ import annotations
 
+from playwright.sync_api import expect
+
 import re
 
 import pytest
@@ -33,7 +35,7 @@ def check_speculation_fallback(page, live_server):
     assert widget.get_attribute("data-mode") == "replay"
     assert page.evaluate("() => kvscope.client.mode") == "live"     # the rest of the page stays live
     page.wait_for_function("el => el.exportData().num_passes >= 2", arg=widget.element_handle(), timeout=20000)
-    assert "Waiting for the first verify pass" not in widget.inner_text()
+    expect(widget).not_to_contain_text("Waiting for the first verify pass")   # drawn on the next frame
     return widget
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from playwright.sync_api import expect
+
 CHAPTER = "/chapters/10-sampling"
 
 
@@ -60,7 +62,8 @@ def test_json_schema_mask_and_valid_output(new_page, live_server, screenshot, as
     first = max((i for i, r in enumerate(rows) if r["inMask"]), key=lambda i: int(rows[i]["allowed"]))
     widget.get_by_role("button", name=f"Show the distribution of token {first + 1}", exact=True).press("Enter")
     page.wait_for_function(f"el => el.exportData().token_index === {first}", arg=widget.element_handle())
-    assert f"The grammar allowed {int(rows[first]['allowed'])} of {vocab} tokens here" in widget.inner_text()
+    # the figure is drawn on the next frame after the choice: wait for it, then read the chart
+    expect(widget).to_contain_text(f"The grammar allowed {int(rows[first]['allowed'])} of {vocab} tokens here")
     assert int(widget.get_attribute("data-kept")) <= int(rows[first]["allowed"])
     screenshot(widget, "widget-sampling-structured-json")
     assert_clean(page)
