@@ -6,11 +6,10 @@ keep token text and stop at the end instead of wiping; the exported book does no
 a model is running."""
 from __future__ import annotations
 
-from playwright.sync_api import expect
-
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 RAW_ID = re.compile(r"#\d+")
 
