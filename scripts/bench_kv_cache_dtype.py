@@ -19,7 +19,7 @@ import torch
 from kvscope import LLM, SamplingParams
 from kvscope.bench_shapes import checkpoint
 from kvscope.default_model import default_model_path
-from kvscope.engine.kv_quant_probe import compare_greedy
+from kvscope.instrumentation.kv_quant_probe import compare_greedy
 from kvscope.sampling_params import StructuredOutputsParams
 
 DTYPES = ["auto", "fp8", "fp8_e5m2", "int8_per_token_head"]

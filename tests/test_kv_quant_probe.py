@@ -1,4 +1,4 @@
-"""The quantized-KV probe (engine/kv_quant_probe.py) and its `kv_quant` command: blocks a
+"""The quantized-KV probe (instrumentation/kv_quant_probe.py) and its `kv_quant` command: blocks a
 budget holds per kv_cache_dtype, the logit error of a quantized cache against the
 unquantized one on the embedded model, and the engine's own cache left as it was."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvscope import LLM, SamplingParams
-from kvscope.engine.kv_quant_probe import cache_fit, compare_greedy, measure_kv_cache_dtype
+from kvscope.instrumentation.kv_quant_probe import cache_fit, compare_greedy, measure_kv_cache_dtype
 from kvscope.layers.attention import PagedAttention
 from server_harness import Client
 

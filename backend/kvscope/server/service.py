@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from kvscope.server.async_engine import AsyncEngine, StreamDelta
-from kvscope.engine.kv_quant_probe import measure_kv_cache_dtype
+from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.structured_output import grammar_key
 from kvscope.instrumentation.facts import hello_event
@@ -333,7 +333,7 @@ class EngineService:
 
     async def measure_kv_cache_dtype(self, ids: list[int], kv_cache_dtype: str, max_tokens: int) -> dict:
         """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
-        engine's KV budget (engine/kv_quant_probe.py), run between two steps on the engine thread."""
+        engine's KV budget (instrumentation/kv_quant_probe.py), run between two steps on the engine thread."""
         engine = self.engine
         if engine.config.tensor_parallel_size > 1:
             raise CommandError("engine", "kv_quant runs the model on one rank; this engine is tensor-parallel")
