@@ -185,3 +185,29 @@ def test_metrics_report_requests_latency_kv_and_queues(server):
                        if line.startswith("kvscope_time_to_first_token_seconds_count")))
     assert count >= 5
     assert f"kvscope_kv_blocks_total {float(server.num_blocks)}" in text
+
+
+def test_a_stop_string_is_left_out_streamed_or_not(oai, model):
+    """vLLM's default (include_stop_str_in_output=False): the stop string ends the text,
+    and is not in it, whether the text comes whole or in deltas."""
+    free = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                  extra_body={"ignore_eos": True}).choices[0].text
+    stop = free.strip().split()[3]                             # a word the greedy text reaches
+    assert stop in free
+    whole = oai.completions.create(model=model, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                   stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    chunks = list(oai.completions.create(model=model, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                         stop=[stop], stream=True, extra_body={"ignore_eos": True}))
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert whole.finish_reason == "stop" and whole.text == free[:free.index(stop)]
+    assert streamed == whole.text, (streamed, whole.text)
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    free = oai.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0,
+                                       extra_body={"ignore_eos": True}).choices[0].message.content
+    stop = free.strip().split()[3]
+    whole = oai.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0, stop=[stop],
+                                        extra_body={"ignore_eos": True}).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in oai.chat.completions.create(
+        model=model, messages=messages, max_tokens=24, temperature=0, stop=[stop], stream=True,
+        extra_body={"ignore_eos": True}) if c.choices)
+    assert whole == free[:free.index(stop)] and streamed == whole, (streamed, whole)

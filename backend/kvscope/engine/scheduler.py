@@ -258,6 +258,8 @@ class Scheduler:
         text, stopped = seq.detokenizer.step(seq, final=reason is not None) if seq.detokenizer else ("", False)
         if seq.grammar is not None:
             seq.grammar.accept(seq.token_ids[-1])
+            if seq.grammar.is_terminated and not stopped and seq.detokenizer:
+                text += seq.detokenizer.release(seq)
             stopped = stopped or seq.grammar.is_terminated
         return ("stop" if stopped else reason), text
 
