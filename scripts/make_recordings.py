@@ -245,7 +245,9 @@ def chunked_prefill_off(d: Driver) -> None:
 def step_plan(d: Driver) -> None:
     """vLLM V1's plan, step by step, under a budget of 32 tokens: three requests decode (they
     run, so they go first), a long prompt takes what the budget leaves and is spread over
-    several steps, and a short prompt behind it waits until the long one's last chunk."""
+    several steps, and a short prompt behind it waits until the long one's last chunk. The
+    pool (SERVER_OPTIONS) then runs out as the decodes grow: the newest request is preempted,
+    waits, and comes back recomputing its prompt and what it had drawn."""
     d.call("set_knobs", max_num_batched_tokens=32)
     d.call("pause")
     runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": MIN_STEPS})
@@ -335,7 +337,9 @@ def speculation(d: Driver) -> None:
 
 
 # scenarios that need the server started with more options
-SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']}
+SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                  # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
+                  "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,

@@ -27,6 +27,9 @@ SHOWN = """el => ({
 })"""
 
 
+TABLE_OVERFLOW = "el => Math.max(...[...el.querySelectorAll('.kvw-scroll')].map(s => s.scrollWidth - s.clientWidth))"
+
+
 def check_against_event(shown: dict, event: dict) -> None:
     """What the widget shows of a step is that step's event: rows in plan order, its numbers."""
     assert shown["step"] == event["step"]
@@ -145,6 +148,22 @@ def test_the_recording_shows_the_plan_without_a_server(new_page, static_site, sc
         screenshot(widget, f"step-plan-recorded-{'dark' if dark else 'light'}-{width}")
         overflow = widget.evaluate("el => el.scrollWidth - el.clientWidth")
         assert overflow <= 1, f"the widget scrolls sideways at {width}px"
+        # later the pool runs out: a request is preempted, then comes back recomputing all it had
+        preempting = next(s for s, e in events.items() if e["preempted"])
+        resumed = next(s for s, e in events.items() if any(r["reason"] == "resumed after preemption" for r in e["seqs"]))
+        victim = events[preempting]["preempted"][0]
+        for target in (preempting, resumed):
+            while (current := int(widget.get_attribute("data-step"))) < target:   # one key, one step
+                page.keyboard.press("ArrowRight")
+                page.wait_for_function("([el, s]) => Number(el.dataset.step) > s", arg=[handle, current])
+            assert current == target
+            shown = widget.evaluate(SHOWN)
+            check_against_event(shown, events[target])
+            if target == preempting:
+                assert f"Preempted: {victim}" in shown["lesson"]
+        back = next(r for r in shown["rows"] if r["reason"] == "resumed after preemption")
+        assert back["rid"] == victim and back["start"] == 0 and back["tokens"] == back["total"]   # recomputed from 0
+        assert widget.evaluate(TABLE_OVERFLOW) <= 1, "the resumed row pushes the table sideways"
         assert page.evaluate(UNNAMED_CONTROLS) == []
         # the progress bars slide from step to step, unless reduced motion is asked for (dark here)
         moving = widget.evaluate("""el => [...el.querySelectorAll('*')].filter(x =>

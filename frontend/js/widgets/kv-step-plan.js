@@ -49,8 +49,8 @@ kv-step-plan table { border-collapse: collapse; width: 100%; font-size: .88rem; 
 kv-step-plan th, kv-step-plan td { text-align: left; padding: .2rem .4rem; border-bottom: 1px solid var(--kv-border); vertical-align: middle; }
 kv-step-plan th { font-weight: 600; color: var(--kv-fg-soft); font-size: .8rem; }
 kv-step-plan td.ksp-num { text-align: right; white-space: nowrap; }
-kv-step-plan .ksp-reason { display: inline-flex; align-items: center; gap: .35rem; white-space: nowrap; }
-kv-step-plan .ksp-swatch { width: .85rem; height: .85rem; border-radius: 2px; flex: none; }
+kv-step-plan .ksp-reason { display: inline-flex; align-items: flex-start; gap: .35rem; }   /* "resumed after preemption" wraps: the progress column keeps its room */
+kv-step-plan .ksp-swatch { width: .85rem; height: .85rem; border-radius: 2px; flex: none; margin-top: .2em; }
 kv-step-plan .ksp-progress { min-width: 7rem; }
 kv-step-plan .ksp-progress .kvw-bar { height: .7rem; }
 kv-step-plan .ksp-progress .kvw-bar > span { transition: left .25s, width .25s; }
