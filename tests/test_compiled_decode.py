@@ -63,8 +63,8 @@ def greedy(max_new=MAX_NEW, logprobs=None):
 def test_the_runner_compiled_its_decode_step(engines):
     compiled, eager = engines
     assert compiled.engine.runner.compiled is not None
-    assert compiled.engine.runner.decode_note.startswith("compiled")
-    assert eager.engine.runner.compiled is None and eager.engine.runner.decode_note == "eager"
+    assert compiled.engine.plan.decode.startswith("compiled")
+    assert eager.engine.runner.compiled is None and eager.engine.plan.decode == "eager"
 
 
 def test_batched_greedy_equals_eager_and_transformers(engines, checkpoint):
@@ -111,7 +111,7 @@ def test_every_decode_batch_compiles_with_the_kernel_and_small_ones_with_the_ref
         compiled.engine.remove_observer(counter)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     assert counter.paths.get((False, "compiled"), 0) > 0
-    if compiled.engine.runner.attention_backend == "torch":   # batches above the limit pad too much
+    if compiled.engine.plan.attention_backend == "torch":   # batches above the limit pad too much
         assert counter.paths.get((False, "eager"), 0) > 0
     else:
         assert (False, "eager") not in counter.paths
@@ -173,14 +173,14 @@ def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch)
     monkeypatch.setattr(model_runner, "CompiledDecode", no_compiler)
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False)
     assert llm.engine.runner.compiled is None
-    assert llm.engine.runner.decode_note == "eager: torch.compile failed (RuntimeError: no C++ compiler found)"
+    assert llm.engine.plan.decode == "eager: torch.compile failed (RuntimeError: no C++ compiler found)"
     assert llm.generate(prompts_of([8]), greedy(4))[0].outputs[0].finish_reason == "length"
 
 
 def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
     kw = dict(device="cpu", dtype="float32", block_size=16, max_model_len=24)
     llm = LLM(str(checkpoint), enforce_eager=False, **kw)
-    assert llm.engine.runner.decode_note.startswith("compiled"), llm.engine.runner.decode_note
+    assert llm.engine.plan.decode.startswith("compiled"), llm.engine.plan.decode
     p = prompts_of([6])
     out = llm.generate(p, greedy(18))[0]
     assert out.outputs[0].token_ids == LLM(str(checkpoint), **kw).generate(p, greedy(18))[0].outputs[0].token_ids, out.error
@@ -190,4 +190,4 @@ def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False, attention_backend="triton")
-    assert llm.engine.runner.decode_note == "eager: the triton attention backend runs eagerly"
+    assert llm.engine.plan.decode == "eager: the triton attention backend runs eagerly"

@@ -302,7 +302,7 @@ def test_engine_matches_transformers_with_prefix_hits_and_chunking(checkpoint):
     reference = hf_greedy(checkpoint, prompts, MAX_NEW)
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", block_size=8,
               attention_backend="cpu_paged", max_num_batched_tokens=32)
-    assert llm.engine.runner.attention_backend == "cpu_paged"
+    assert llm.engine.plan.attention_backend == "cpu_paged"
     outs = greedy(llm, prompts[:1]) + greedy(llm, prompts[1:])   # the first fills the prefix cache
     assert outs == reference
     bm = llm.engine.block_manager
@@ -331,7 +331,7 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     cpu_paged_attention._prefill_kernels.cache_clear()
     try:
         llm = LLM(None, device="cpu")
-        assert llm.engine.runner.attention_backend == "torch"
+        assert llm.engine.plan.attention_backend == "torch"
         with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:

@@ -43,7 +43,7 @@ def assert_no_leak(llm: LLM):
 def test_greedy_matches_transformers(family, block_size, backend):
     _, directory, prompts, reference = family
     llm = LLM(str(directory), device="cpu", dtype="float32", block_size=block_size, attention_backend=backend)
-    assert llm.engine.runner.attention_backend == ("cpu_paged" if backend == "auto" else backend)
+    assert llm.engine.plan.attention_backend == ("cpu_paged" if backend == "auto" else backend)
     outs = greedy(llm, prompts)
     for out, ref, prompt in zip(outs, reference, prompts):
         assert out.outputs[0].token_ids == ref, f"prompt of {len(prompt)} tokens diverged"

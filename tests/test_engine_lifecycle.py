@@ -104,9 +104,9 @@ def test_the_cpu_kv_budget_comes_from_free_memory_or_kv_cache_memory_bytes(budge
     try:
         per_block = engine.runner.kv_cache_bytes // (engine.block_manager.num_blocks + 1)
         if budget is None:
-            assert "available" in engine.kv_cache_note
+            assert "available" in engine.plan.kv_cache_sizing
         else:
             assert engine.block_manager.num_blocks == budget // per_block
-            assert "kv_cache_memory_bytes" in engine.kv_cache_note
+            assert "kv_cache_memory_bytes" in engine.plan.kv_cache_sizing
     finally:
         engine.shutdown()

@@ -56,7 +56,7 @@ def test_engine_with_triton_backend_matches_transformers(tmp_path):
         prompts = [[1, 2, 3], list(range(5, 40)), [7] * 20]
         ref = hf_greedy(ck, prompts, 6)
         llm = LLM(str(ck), device="cpu", attention_backend="triton", block_size=8)
-        assert llm.engine.runner.attention_backend == "triton"
+        assert llm.engine.plan.attention_backend == "triton"
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         got = [o.outputs[0].token_ids for o in outs]
         assert got == ref, (got, ref)

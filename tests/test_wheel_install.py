@@ -20,7 +20,7 @@ from kvscope import LLM, SamplingParams
 import kvscope, pathlib
 assert "site-packages" in kvscope.__file__, kvscope.__file__
 llm = LLM(None, device="cpu", enforce_eager=True)
-assert llm.engine.runner.attention_backend == "cpu_paged", llm.engine.runner.attention_backend
+assert llm.engine.plan.attention_backend == "cpu_paged", llm.engine.plan.attention_backend
 out = llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
 assert len(out[0].outputs[0].token_ids) == 8
 llm.close() if hasattr(llm, "close") else llm.engine.shutdown()

@@ -138,18 +138,23 @@ def _resolve_model(args, model: str | None) -> tuple[str | None, str]:
 
 
 def _settings_line(engine) -> str:
-    c = engine.config
-    chunk = f"on, {c.max_num_batched_tokens} tokens a step" if c.enable_chunked_prefill else "off"
-    return (f"settings (every engine): prefix caching {'on' if c.enable_prefix_caching else 'off'}, "
-            f"chunked prefill {chunk}, block size {c.block_size}, at most {c.max_num_seqs} sequences, "
-            f"KV cache {engine.runner.kv_cache_bytes / 2**20:,.0f} MiB, greedy, EOS ignored")
+    plan, knobs = engine.plan, engine.knobs()
+    chunk = f"on, {knobs['max_num_batched_tokens']} tokens a step" if knobs["enable_chunked_prefill"] else "off"
+    return (f"settings (every engine): prefix caching {'on' if plan.enable_prefix_caching else 'off'}, "
+            f"chunked prefill {chunk}, block size {plan.block_size}, at most {knobs['max_num_seqs']} sequences, "
+            f"KV cache {plan.kv_cache_bytes / 2**20:,.0f} MiB, greedy, EOS ignored")
+
+
+def _plan_phrase(plan) -> str:
+    return (f"device {plan.device}, dtype {plan.dtype_name}, attention {plan.attention_backend}, "
+            f"decode {plan.decode}")
 
 
 def _start_ceilings(engine):
     """The CPU's ceilings, measured before any engine runs (None on a GPU)."""
-    if engine.device.type != "cpu":
+    if engine.plan.device.type != "cpu":
         return None
-    ceilings = cpu_ceilings.measure(engine.dtype)
+    ceilings = cpu_ceilings.measure(engine.plan.dtype)
     print(ceilings.describe())
     return ceilings
 
@@ -220,9 +225,10 @@ def roofline_tokens_per_s(engine, prompts, outputs, concurrency: int) -> float:
     """Upper bound from memory bandwidth alone: every decode step reads all weights once
     (shared by the batch) plus each sequence's KV cache."""
     from kvscope.hardware import device_spec
-    spec = device_spec(engine.device)
+    cfg = engine.model_config
+    spec = device_spec(engine.plan.device)
     weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    kv_per_token = engine.model_config.kv_elements_per_token * engine.runner.k_caches[0].element_size()
+    kv_per_token = engine.plan.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
     total_out = sum(outputs)
     steps = total_out / max(1, min(concurrency, len(prompts)))
     kv_read = kv_read_bytes(prompts, outputs, kv_per_token)
@@ -271,9 +277,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
           f"outputs {args.output_len[0]}-{args.output_len[1]} tokens (EOS ignored)")
     label = model_arg or engine.model_config.name
     print(f"model: {label} ({engine.model_config.architecture}, {model_facts(engine).num_params / 1e6:.1f}M "
-          f"parameters), device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-          f"attention {engine.runner.attention_backend}, cuda graphs {'on' if engine.runner.graphs else 'off'}, "
-          f"decode {engine.runner.decode_note}, {cpu_ceilings.threads_phrase()}")
+          f"parameters), {_plan_phrase(engine.plan)}, {cpu_ceilings.threads_phrase()}")
     print(_settings_line(engine))
     ceilings = _start_ceilings(engine)
     instr = None
@@ -299,15 +303,14 @@ def _throughput_one(args, model_arg: str | None) -> dict:
         if peer is not None:
             peer.close()
     ours = _median(ours_runs)
-    bm = engine.block_manager
     ours_rate = ours["generated"] / ours["elapsed"]
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
           f"{ours['prefix_hits']} prefix-cache blocks reused, "
           f"instrumentation {args.instrument}{runs})")
-    print(f"kv cache: peak {ours['peak_used_blocks']}/{bm.num_blocks} blocks used "
-          f"(budget {engine.runner.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
+    print(f"kv cache: peak {ours['peak_used_blocks']}/{engine.plan.num_blocks} blocks used "
+          f"(budget {engine.plan.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
     row = {"model": label, "kvscope": f"{ours_rate:,.0f} tok/s"}
     rates = {"kvscope": ours_rate}
     if peer is not None:
@@ -370,8 +373,7 @@ def run_latency(args) -> int:
     prompts, _ = make_workload(1, (args.input_len, args.input_len), (1, 1), engine.model_config.vocab_size, args.seed)
     prompt, n = prompts[0], args.output_len
     print(f"batch 1: prompt {len(prompt)} tokens, {n} output tokens; model {engine.model_config.name}, "
-          f"device {engine.device}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-          f"decode {engine.runner.decode_note}, {cpu_ceilings.threads_phrase()}")
+          f"{_plan_phrase(engine.plan)}, {cpu_ceilings.threads_phrase()}")
     print(_settings_line(engine))
     ceilings = _start_ceilings(engine)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter

@@ -164,13 +164,13 @@ def engine_args(engine, max_model_len: int, args) -> dict:
             "seed": c.seed, "block_size": c.block_size, "max_model_len": max_model_len,
             "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
             "enable_prefix_caching": c.enable_prefix_caching, "enable_chunked_prefill": c.enable_chunked_prefill,
-            "kv_cache_memory_bytes": int(engine.runner.kv_cache_bytes), "skip_tokenizer_init": True,
+            "kv_cache_memory_bytes": int(engine.plan.kv_cache_bytes), "skip_tokenizer_init": True,
             "enforce_eager": bool(args.enforce_eager)}
 
 
 def start(engine, max_model_len: int, args) -> VllmPeer:
     import torch
-    vllm = setup(args.vllm_python, torch.get_num_threads(), int(engine.runner.kv_cache_bytes))
+    vllm = setup(args.vllm_python, torch.get_num_threads(), int(engine.plan.kv_cache_bytes))
     print(vllm.describe())
     print(f"starting vLLM with {args.vllm_python} (its start takes about a minute)...", flush=True)
     peer = VllmPeer(vllm, engine_args(engine, max_model_len, args))

@@ -63,12 +63,12 @@ def cmd_generate(args) -> int:
         raise ValueError(out.error)
     print(args.prompt + choice.text if not args.chat else choice.text)
     if args.show_stats:
-        engine = llm.engine
+        engine, plan = llm.engine, llm.engine.plan
         rate = len(choice.token_ids) / elapsed if elapsed > 0 else 0.0
         print(f"prompt_tokens={len(out.prompt_token_ids)} generated_tokens={len(choice.token_ids)} "
               f"elapsed_seconds={elapsed:.3f} tokens_per_second={rate:.1f} "
-              f"device={engine.device} dtype={engine.dtype_choice.name} dtype_reason={shlex.quote(engine.dtype_choice.reason)} "
-              f"decode={shlex.quote(engine.runner.decode_note)}")
+              f"device={plan.device} dtype={plan.dtype_name} dtype_reason={shlex.quote(plan.dtype_reason)} "
+              f"decode={shlex.quote(plan.decode)}")
         if engine.speculator is not None:
             s = engine.speculator.total
             print(f"spec_proposed={s.proposed} spec_accepted={s.accepted} acceptance_rate={s.acceptance_rate:.3f} "

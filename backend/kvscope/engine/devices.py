@@ -132,10 +132,6 @@ class DtypeChoice:
     dtype: torch.dtype
     reason: str
 
-    @property
-    def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
-
 
 def approx_params(cfg: ModelConfig) -> int:
     """Parameters from the shapes in config.json (before loading anything)."""

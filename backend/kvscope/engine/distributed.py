@@ -141,8 +141,8 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
                             timeout=COLLECTIVE_TIMEOUT)
     try:
         path = resolve_model_path(config.model)
-        _, runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                          _receive_setup, TPGroup(rank, size))
+        _, runner, _ = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
+                                             _receive_setup, TPGroup(rank, size))
         serve_steps(runner, device)
     finally:
         dist.destroy_process_group()

@@ -15,7 +15,7 @@ from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.detokenizer import IncrementalDetokenizer
 from kvscope.engine.devices import choose_dtype, kv_cache_blocks, resolve_device
-from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.model_runner import ExecutionPlan, StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import Sequence
@@ -104,28 +104,34 @@ class LLMEngine:
                 self.workers.shutdown()
             self.process_state.restore()
             raise
-        log.info("engine: %s on %s, %s; attention %s, decode %s; KV cache %s", self.model_path.name, self.device,
-                 self.dtype_choice.name, self.runner.attention_backend, self.runner.decode_note, self.kv_cache_note)
+        log.info("engine: %s on %s", self.model_path.name, self.plan.describe())
 
     def _start(self, config: EngineConfig) -> None:
         """Device, dtype, the other ranks, the model, its tokenizer, the KV pool and
-        everything that steps over them."""
-        self.device = resolve_device(config.device)
+        everything that steps over them; what they settle is kept in `self.plan`."""
+        device = resolve_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_path)
-        self.dtype_choice = choose_dtype(config.dtype, self.device, self.model_config)
-        self.dtype = self.dtype_choice.dtype
+        dtype_choice = choose_dtype(config.dtype, device, self.model_config)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers = self._start_workers()
-        self.model, self.runner = load_model_and_runner(
-            config, self.model_path, self.model_config, self.dtype, self.device, self.max_model_len,
-            self._size_kv_cache, self.workers.group if self.workers else TPGroup())
+            self.workers, device = self._start_workers(device, dtype_choice.dtype)
+        sizing = []   # how _size_kv_cache chose the pool's size
+        self.model, self.runner, decode = load_model_and_runner(
+            config, self.model_path, self.model_config, dtype_choice.dtype, device, self.max_model_len,
+            functools.partial(self._size_kv_cache, device=device, dtype=dtype_choice.dtype, sizing=sizing),
+            self.workers.group if self.workers else TPGroup())
         self.runner.workers = self.workers
+        self.plan = ExecutionPlan(
+            device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
+            attention_backend=self.runner.attention_backend, decode=decode, kv_format=self.runner.kv_format,
+            kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing[0],
+            block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+            tensor_parallel_size=config.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.prefix_caching_hash_algo)
@@ -136,13 +142,22 @@ class LLMEngine:
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
 
-    def _size_kv_cache(self, model) -> int:
-        """The KV pool's blocks, chosen once the weights are in; the other ranks hear it."""
-        num_blocks, self.kv_cache_note = kv_cache_blocks(self.config, self.model_config, model, self.device,
-                                                         self.dtype, self.max_model_len)
+    def _size_kv_cache(self, model, device: torch.device, dtype: torch.dtype, sizing: list[str]) -> int:
+        """The KV pool's blocks, chosen once the weights are in (how: appended to `sizing`);
+        the other ranks hear it."""
+        num_blocks, why = kv_cache_blocks(self.config, self.model_config, model, device, dtype, self.max_model_len)
+        sizing.append(why)
         if self.workers is not None:
             self.workers.send_setup(num_blocks)
         return num_blocks
+
+    @property
+    def device(self) -> torch.device:
+        return self.plan.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.plan.dtype
 
     def _build_speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
         if config is None:
@@ -154,15 +169,16 @@ class LLMEngine:
             proposer = DraftModelProposer(config, self)
         return Speculator(config, proposer, self.max_model_len)
 
-    def _start_workers(self) -> TPWorkers:
+    def _start_workers(self, device: torch.device, dtype: torch.dtype) -> tuple[TPWorkers, torch.device]:
+        """The other ranks, and rank 0's own device."""
         size = self.config.tensor_parallel_size
-        check_tp(size, self.model_config, self.device)
+        check_tp(size, self.model_config, device)
         rank = torchrun_rank()
         if rank:   # under torchrun, ranks > 0 serve rank 0's steps, then exit
-            worker_main(rank, size, "env://", self.config, self.dtype, self.max_model_len)
+            worker_main(rank, size, "env://", self.config, dtype, self.max_model_len)
             raise SystemExit(0)
-        self.device = rank_device(self.device, 0)
-        return TPWorkers.start(size, self.config, self.dtype, self.max_model_len, self.device)
+        device = rank_device(device, 0)
+        return TPWorkers.start(size, self.config, dtype, self.max_model_len, device), device
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel ranks and destroy their process group (so another engine
@@ -263,6 +279,10 @@ class LLMEngine:
     @property
     def num_steps(self) -> int:
         return self.scheduler.num_steps
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.block_manager.num_used_blocks
 
     def take_block_events(self) -> list[tuple]:
         """The block manager's events since the last call, (kind, block_id, detail): the

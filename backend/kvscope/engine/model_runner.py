@@ -18,7 +18,7 @@ from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import cpu_paged_attention
 from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
 from kvscope.layers.context import step_metadata
-from kvscope.layers.kv_quant import SCALE_DTYPE, as_bytes, kv_cache_format
+from kvscope.layers.kv_quant import SCALE_DTYPE, KVCacheFormat, as_bytes, kv_cache_format
 from kvscope.layers.parallel import TPGroup
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.decoder import CausalLM
@@ -43,6 +43,36 @@ class StepResult:
     logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """How this engine runs, fixed at start-up and logged once (`engine.plan`): where, in
+    which dtype, with which attention kernel, how decode steps run, and the KV pool. Stats,
+    the hello event and the benchmarks read it here rather than from the runner."""
+    device: torch.device
+    dtype: torch.dtype
+    dtype_reason: str
+    attention_backend: str
+    decode: str               # "eager", "compiled (...)" or "cuda graphs"; an eager fallback says why
+    kv_format: KVCacheFormat  # its name is vLLM's kv_cache_dtype
+    kv_cache_bytes: int       # every layer's K, V and scales, allocated once
+    num_blocks: int
+    block_size: int           # tokens a block holds
+    enable_prefix_caching: bool
+    kv_cache_sizing: str      # how the pool's size was chosen
+    tensor_parallel_size: int
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        ranks = f", {self.tensor_parallel_size} tensor-parallel ranks" if self.tensor_parallel_size > 1 else ""
+        stored = f" stored as {self.kv_format.name}" if self.kv_format.quantized else ""
+        return (f"{self.device}{ranks}, {self.dtype_name} ({self.dtype_reason}); attention {self.attention_backend}, "
+                f"decode {self.decode}; KV cache {self.kv_cache_sizing}, {self.block_size} tokens a block{stored}, "
+                f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
@@ -101,34 +131,34 @@ class ModelRunner:
         self.graphs = None
         self.compiled = None
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
-        self.decode_note = "eager"      # how decode steps run, and why (printed in stats and hello)
-        captures = not config.enforce_eager if device.type == "cuda" else config.enforce_eager is False
-        if captures and device.type == "cuda":
-            self._capture_graphs()
-        elif captures:
-            self._compile_decode()
 
-    def _capture_graphs(self) -> None:
+    def prepare_decode(self) -> str:
+        """Capture CUDA graphs (GPU) or compile the decode step (CPU) where they apply; says
+        how decode steps run, and why (the engine's ExecutionPlan reports it)."""
+        captures = not self.config.enforce_eager if self.device.type == "cuda" else self.config.enforce_eager is False
+        if not captures:
+            return "eager"
+        return self._capture_graphs() if self.device.type == "cuda" else self._compile_decode()
+
+    def _capture_graphs(self) -> str:
         # only these backends read context lengths on the device, which a captured graph needs
         if self.attention_backend not in ("triton", "flash_attn"):
-            self.decode_note = f"eager: CUDA graphs need the triton or flash_attn backend, not {self.attention_backend}"
-        elif self.config.tensor_parallel_size > 1:
-            self.decode_note = "eager: tensor-parallel ranks run eagerly"
-        else:
-            self.graphs = DecodeGraphs(self, max_batch=min(self.config.max_num_seqs, 512))
-            self.decode_note = "cuda graphs"
+            return f"eager: CUDA graphs need the triton or flash_attn backend, not {self.attention_backend}"
+        if self.config.tensor_parallel_size > 1:
+            return "eager: tensor-parallel ranks run eagerly"
+        self.graphs = DecodeGraphs(self, max_batch=min(self.config.max_num_seqs, 512))
+        return "cuda graphs"
 
-    def _compile_decode(self) -> None:
+    def _compile_decode(self) -> str:
         reason = compile_unavailable(self)
         if reason is None:
             try:
                 self.compiled = CompiledDecode(self)
-                self.decode_note = f"compiled (torch.compile, {self.compiled.compile_seconds:.0f} s at start-up)"
-                return
+                return f"compiled (torch.compile, {self.compiled.compile_seconds:.0f} s at start-up)"
             except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
                 reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
-        self.decode_note = f"eager: {reason}"
         log.warning("compiled decode: running eagerly: %s", reason)
+        return f"eager: {reason}"
 
     # -- KV cache ----------------------------------------------------------------------
     def _allocate_kv_cache(self) -> None:
@@ -275,11 +305,12 @@ def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tens
 
 def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
                           max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
-                          load_format: str | None = None) -> tuple[CausalLM, ModelRunner]:
+                          load_format: str | None = None) -> tuple[CausalLM, ModelRunner, str]:
     """The one way a model and the runner that steps it are made: the engine's (rank 0),
     a tensor-parallel rank's slice, the draft model's. `num_blocks(model)` sizes the KV
     pool once the weights are in (on a GPU it measures what they leave free; a rank hears
-    rank 0's size)."""
+    rank 0's size). Also returns how decode steps run (ModelRunner.prepare_decode)."""
     model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
                         config.seed, tp)
-    return model, ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)
+    runner = ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)
+    return model, runner, runner.prepare_decode()

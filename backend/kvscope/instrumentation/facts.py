@@ -48,8 +48,8 @@ class ModelFacts:
 
 
 def model_facts(engine) -> ModelFacts:
-    cfg, model = engine.model_config, engine.model
-    dtype_bytes = torch.empty(0, dtype=engine.dtype).element_size()
+    cfg, model, plan = engine.model_config, engine.model, engine.plan
+    dtype_bytes = torch.empty(0, dtype=plan.dtype).element_size()
     whole = whole_numels(model)   # under tensor parallelism, the whole model, not this rank's slice
     layer_params = sum(whole[id(p)] for p in model.model.layers.parameters() if p.dim() == 2)
     return ModelFacts(
@@ -58,7 +58,7 @@ def model_facts(engine) -> ModelFacts:
         num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         vocab_size=cfg.vocab_size,   # as stored: an 8-bit cache (kv_cache_dtype) halves or quarters it
-        kv_bytes_per_token=engine.runner.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+        kv_bytes_per_token=plan.kv_format.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
 
 
 def whole_numels(model) -> dict[int, int]:
@@ -77,12 +77,8 @@ def whole_numels(model) -> dict[int, int]:
     return whole
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def device_facts(engine) -> dict:
-    spec = device_spec(engine.device)
+    spec = device_spec(engine.plan.device)
     return {"type": spec.type, "name": spec.name, "total_memory_bytes": int(spec.total_memory_bytes),
             "peak_bandwidth_bytes_per_s": float(spec.peak_bandwidth_bytes_per_s),
             "peak_flops": float(spec.peak_flops)}
@@ -102,16 +98,15 @@ def kvscope_backend(engine) -> dict:
     """kvscope's own engine shows everything; speculation and tensor parallelism only when on,
     the quantized-KV probe (kv_quant) only on one rank."""
     optional = {"speculation": engine.speculator is not None,
-                "tensor_parallel": engine.config.tensor_parallel_size > 1,
-                "kv_quant": engine.config.tensor_parallel_size == 1}
+                "tensor_parallel": engine.plan.tensor_parallel_size > 1,
+                "kv_quant": engine.plan.tensor_parallel_size == 1}
     return backend_facts("kvscope", __version__, [c for c in CAPABILITIES if optional.get(c, True)])
 
 
 def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float = 0.0,
                 started_at: float | None = None) -> dict:
-    cfg = engine.model_config
+    cfg, plan, knobs = engine.model_config, engine.plan, engine.knobs()   # knobs: in force now
     device = device or device_facts(engine)
-    bm = engine.block_manager
     return {
         "type": "hello", "ts": ts, "schema_version": SCHEMA_VERSION,
         "server": f"kvscope {__version__}",
@@ -124,24 +119,22 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
             "max_position_embeddings": cfg.max_position_embeddings,
             "rope_theta": float(cfg.rope_theta), "num_params": facts.num_params,
-            "dtype": dtype_name(engine.dtype), "dtype_reason": engine.dtype_choice.reason,
+            "dtype": plan.dtype_name, "dtype_reason": plan.dtype_reason,
             "dtype_bytes": facts.dtype_bytes,
             "weight_bytes": facts.weight_bytes, "kv_bytes_per_token": facts.kv_bytes_per_token,
             "tie_word_embeddings": cfg.tie_word_embeddings,
         },
         "device": device,
         "engine": {
-            "block_size": bm.block_size, "num_blocks": bm.num_blocks,
-            "kv_cache_bytes": engine.runner.kv_cache_bytes,
-            "max_num_batched_tokens": engine.config.max_num_batched_tokens,
-            "max_num_seqs": engine.config.max_num_seqs, "max_model_len": engine.max_model_len,
-            "enable_prefix_caching": bm.enable_prefix_caching,
-            "attention_backend": engine.runner.attention_backend,
-            "decode": engine.runner.decode_note,
-            "kv_cache": engine.kv_cache_note,
-            "kv_cache_dtype": engine.config.kv_cache_dtype,   # the pool's size and the rule that chose it
+            "block_size": plan.block_size, "num_blocks": plan.num_blocks, "kv_cache_bytes": plan.kv_cache_bytes,
+            "max_num_batched_tokens": knobs["max_num_batched_tokens"], "max_num_seqs": knobs["max_num_seqs"],
+            "max_model_len": engine.max_model_len, "enable_prefix_caching": plan.enable_prefix_caching,
+            "attention_backend": plan.attention_backend,
+            "decode": plan.decode,
+            "kv_cache": plan.kv_cache_sizing,   # the pool's size and the rule that chose it
+            "kv_cache_dtype": plan.kv_format.name,
             "speculative": speculative_facts(engine),
-            "tensor_parallel_size": engine.config.tensor_parallel_size,
+            "tensor_parallel_size": plan.tensor_parallel_size,
             "rank_weight_bytes": sum({id(p): p.numel() * p.element_size() for p in engine.model.parameters()}.values()),
         },
         "h100": h100_reference(),

@@ -28,22 +28,21 @@ def activation_bytes(facts: ModelFacts, num_tokens: int, num_sampled: int) -> in
 
 
 def memory_event(engine, facts: ModelFacts, last_tokens: int, last_sampled: int, ts: float) -> dict:
-    bm = engine.block_manager
-    block_bytes = facts.kv_bytes_per_token * bm.block_size
+    plan, knobs, used = engine.plan, engine.knobs(), engine.num_used_blocks
+    block_bytes = facts.kv_bytes_per_token * plan.block_size
     activations = activation_bytes(facts, last_tokens, last_sampled)
-    peak = activation_bytes(facts, engine.config.max_num_batched_tokens, engine.config.max_num_seqs)
-    if engine.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(engine.device)
-        kv_alloc = engine.runner.kv_cache_bytes
-        measured = torch.cuda.max_memory_allocated(engine.device) - facts.weight_bytes - kv_alloc
+    peak = activation_bytes(facts, knobs["max_num_batched_tokens"], knobs["max_num_seqs"])
+    if plan.device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(plan.device)
+        measured = torch.cuda.max_memory_allocated(plan.device) - facts.weight_bytes - plan.kv_cache_bytes
         peak = max(peak, measured)
-        process = torch.cuda.memory_reserved(engine.device)
+        process = torch.cuda.memory_reserved(plan.device)
     else:
         total, free = host_memory()
         process = process_rss()
     return {"type": "memory", "ts": ts, "device_total_bytes": int(total), "device_free_bytes": int(free),
-            "weights_bytes": facts.weight_bytes, "kv_cache_bytes": engine.runner.kv_cache_bytes,
-            "kv_used_bytes": bm.num_used_blocks * block_bytes, "kv_used_blocks": bm.num_used_blocks,
-            "num_blocks": bm.num_blocks, "block_bytes": block_bytes,
+            "weights_bytes": facts.weight_bytes, "kv_cache_bytes": plan.kv_cache_bytes,
+            "kv_used_bytes": used * block_bytes, "kv_used_blocks": used,
+            "num_blocks": plan.num_blocks, "block_bytes": block_bytes,
             "activations_bytes": int(activations), "activations_peak_bytes": int(max(peak, 0)),
-            "process_bytes": int(process), "kv_cache_dtype": engine.config.kv_cache_dtype}
+            "process_bytes": int(process), "kv_cache_dtype": plan.kv_format.name}

@@ -54,7 +54,7 @@ class Instrumentation(EngineObserver):
         self.clock = clock or Clock()
         self.memory_interval = memory_interval
         self.facts = model_facts(engine)
-        self.tensor_parallel = engine.config.tensor_parallel_size > 1
+        self.tensor_parallel = engine.plan.tensor_parallel_size > 1
         self.kv = KVTracker(engine.block_manager)
         self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
         # request id -> who watches it. A registry shared with a fan-out is the fan-out's to
@@ -132,7 +132,7 @@ class Instrumentation(EngineObserver):
                                                        w.covered, r.positions[0], r.layers, r.internals))
             w.covered = max(w.covered, r.positions[-1] + 1)
         if rows:
-            self._capture = StepCapture(self.engine.model, rows, self.engine.config.block_size).install()
+            self._capture = StepCapture(self.engine.model, rows, self.engine.plan.block_size).install()
         return bool(rows)   # the hooks need an eager forward: a graph replay would run past them
 
     def _token_event(self, d: TokenDelta, step: int) -> dict:

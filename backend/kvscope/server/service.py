@@ -335,7 +335,7 @@ class EngineService:
         """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
         engine's KV budget (instrumentation/kv_quant_probe.py), run between two steps on the engine thread."""
         engine = self.engine
-        if engine.config.tensor_parallel_size > 1:
+        if engine.plan.tensor_parallel_size > 1:
             raise CommandError("engine", "kv_quant runs the model on one rank; this engine is tensor-parallel")
 
         def run() -> dict:
