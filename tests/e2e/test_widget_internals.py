@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from widget_checks import check_exports
+from widget_checks import check_exports, open_live_widget
 
 
 def open_widget(page, live_server, chapter: str, tag: str):
-    page.goto(f"{live_server}/chapters/{chapter}")
-    page.wait_for_selector(f"{tag}[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator(tag).first
-    widget.scroll_into_view_if_needed()
-    return widget
+    return open_live_widget(page, live_server, f"/chapters/{chapter}", tag)
 
 
 def run_prompt(page, widget, prompt: str) -> dict:

@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from widget_checks import check_exports
+from widget_checks import check_exports, open_live_widget
 
 CHAPTER = "/chapters/12-the-kv-cache"
 SCALE_BYTES = 4   # int8_per_token_head: one float32 scale per token and KV head (layers/kv_quant.py)
 
 
-def open_widget(page, base: str):
-    page.goto(base + CHAPTER)
-    page.wait_for_selector("kv-quant-cache[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live' && window.kvscope.client.hello")
-    widget = page.locator("kv-quant-cache").first
-    widget.scroll_into_view_if_needed()
-    return widget
 
 
 def tick_only(widget, *formats: str) -> None:
@@ -52,7 +45,7 @@ def cell(widget, dtype: str, field: str) -> str:
 
 
 def test_blocks_gained_and_logit_error_live(page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server)
+    widget = open_live_widget(page, live_server, CHAPTER, "kv-quant-cache")
     hello = page.evaluate("() => window.kvscope.client.hello")
     assert hello["engine"].get("kv_cache_dtype", "auto") == "auto"   # the pool as the model stores it
     tick_only(widget, "fp8_e4m3", "int8_per_token_head")
@@ -102,7 +95,7 @@ def test_blocks_gained_and_logit_error_live(page, live_server, screenshot, asser
 
 def test_by_keyboard_at_768_dark(new_page, live_server, screenshot, assert_clean):
     page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
-    widget = open_widget(page, live_server)
+    widget = open_live_widget(page, live_server, CHAPTER, "kv-quant-cache")
     assert widget.bounding_box()["width"] <= 768
     tick_only(widget, "fp8_e5m2")
     page.locator("body").focus()

@@ -7,17 +7,11 @@ from __future__ import annotations
 import json
 
 from playwright.sync_api import expect
+from widget_checks import open_live_widget
 
 CHAPTER = "/chapters/10-sampling"
 
 
-def open_widget(page, live_server):
-    page.goto(live_server + CHAPTER)
-    page.wait_for_selector("kv-sampling[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-sampling").first
-    widget.scroll_into_view_if_needed()
-    return widget
 
 
 def run_constrained(page, widget, prompt: str, constraint: str) -> None:
@@ -40,7 +34,7 @@ def token_rows(widget) -> list[dict]:
 
 def test_json_schema_mask_and_valid_output(new_page, live_server, screenshot, assert_clean):
     page = new_page(viewport={"width": 1280, "height": 800})
-    widget = open_widget(page, live_server)
+    widget = open_live_widget(page, live_server, CHAPTER, "kv-sampling")
     vocab = page.evaluate("window.kvscope.client.hello.model.vocab_size")
 
     run_constrained(page, widget, "Describe a person as JSON:", 'a JSON schema: {"name": string, "age": integer}')
@@ -83,7 +77,7 @@ def test_json_schema_mask_and_valid_output(new_page, live_server, screenshot, as
 
 def test_structured_outputs_dark_768(new_page, live_server, screenshot, assert_clean):
     page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
-    widget = open_widget(page, live_server)
+    widget = open_live_widget(page, live_server, CHAPTER, "kv-sampling")
     run_constrained(page, widget, "Describe a person as JSON:", 'a JSON schema: {"name": string, "age": integer}')
     json.loads(widget.locator("[data-output]").inner_text())
     width = widget.evaluate("el => el.scrollWidth <= el.clientWidth + 1")

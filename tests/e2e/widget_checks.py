@@ -1,4 +1,5 @@
-"""Checks shared by the widget tests: the toolbar exports, and waiting for an idle engine."""
+"""Checks shared by the widget tests: opening a live widget, the toolbar exports, and waiting
+for an idle engine."""
 from __future__ import annotations
 
 import json
@@ -43,3 +44,14 @@ def wait_idle(url: str, timeout: float = 30) -> None:
             return
         time.sleep(0.2)
     raise AssertionError("the engine did not go idle")
+
+
+def open_live_widget(page, url: str, chapter: str, tag: str):
+    """A chapter's first `tag`, drawn and scrolled into view, once the page's client is live
+    and has its hello (a widget's live controls need both)."""
+    page.goto(url + chapter)
+    page.wait_for_selector(f"{tag}[data-painted]", state="attached")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live' && window.kvscope.client.hello")
+    widget = page.locator(tag).first
+    widget.scroll_into_view_if_needed()
+    return widget
