@@ -40,6 +40,14 @@ def overlaps(boxes: list[dict]) -> bool:
                for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
 
+def fits_at_768(page, widget, screenshot, name: str) -> None:
+    """On a 768 px screen the widget still fits: nothing scrolls sideways."""
+    page.set_viewport_size({"width": 768, "height": 1000})
+    widget.scroll_into_view_if_needed()
+    assert max(widget.evaluate(OVERFLOW)) <= 1
+    screenshot(widget, name)
+
+
 # -- chapter 20 ----------------------------------------------------------------------------
 def test_throughput_rises_with_concurrency(page, new_page, live_server, screenshot, assert_clean):
     wait_idle(live_server)
@@ -75,10 +83,7 @@ def test_throughput_rises_with_concurrency(page, new_page, live_server, screensh
     assert labels.count() == 6 and not overlaps([labels.nth(i).bounding_box() for i in range(6)])
     assert max(widget.evaluate(OVERFLOW)) <= 1            # chart and table fit: no hidden column
     screenshot(widget, "lesson-throughput-1280")
-    page.set_viewport_size({"width": 768, "height": 1000})
-    widget.scroll_into_view_if_needed()
-    assert max(widget.evaluate(OVERFLOW)) <= 1
-    screenshot(widget, "lesson-throughput-768")
+    fits_at_768(page, widget, screenshot, "lesson-throughput-768")
     assert_clean(page)
 
 
@@ -112,10 +117,7 @@ def test_request_timeline_runs_at_full_speed_unless_slowed_and_says_so(page, liv
     expect(note).to_be_visible()
     assert "150 ms" in note.inner_text() and "decode step took" in note.inner_text()
     screenshot(widget, "lesson-request-timeline-slowed")
-    page.set_viewport_size({"width": 768, "height": 1000})
-    widget.scroll_into_view_if_needed()
-    assert max(widget.evaluate(OVERFLOW)) <= 1
-    screenshot(widget, "lesson-request-timeline-768")
+    fits_at_768(page, widget, screenshot, "lesson-request-timeline-768")
     assert_clean(page)
 
 
