@@ -120,16 +120,24 @@ class LLMEngine:
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
             self.workers, device = self._start_workers(device, dtype_choice.dtype)
-        sizing = []   # how _size_kv_cache chose the pool's size
+        sizing = ""   # how the pool's size was chosen
+
+        def size_kv_cache(model) -> int:
+            """The KV pool's blocks, chosen once the weights are in; the other ranks hear it."""
+            nonlocal sizing
+            num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype_choice.dtype,
+                                                 self.max_model_len)
+            if self.workers is not None:
+                self.workers.send_setup(num_blocks)
+            return num_blocks
         self.model, self.runner, decode = load_model_and_runner(
             config, self.model_path, self.model_config, dtype_choice.dtype, device, self.max_model_len,
-            functools.partial(self._size_kv_cache, device=device, dtype=dtype_choice.dtype, sizing=sizing),
-            self.workers.group if self.workers else TPGroup())
+            size_kv_cache, self.workers.group if self.workers else TPGroup())
         self.runner.workers = self.workers
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
             attention_backend=self.runner.attention_backend, decode=decode, kv_format=self.runner.kv_format,
-            kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing[0],
+            kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing,
             block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path)
@@ -141,15 +149,6 @@ class LLMEngine:
         self.stream_text = False   # set by the async front end: detokenize every token
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
-
-    def _size_kv_cache(self, model, device: torch.device, dtype: torch.dtype, sizing: list[str]) -> int:
-        """The KV pool's blocks, chosen once the weights are in (how: appended to `sizing`);
-        the other ranks hear it."""
-        num_blocks, why = kv_cache_blocks(self.config, self.model_config, model, device, dtype, self.max_model_len)
-        sizing.append(why)
-        if self.workers is not None:
-            self.workers.send_setup(num_blocks)
-        return num_blocks
 
     @property
     def device(self) -> torch.device:
