@@ -37,6 +37,8 @@ def test_shutdown_is_idempotent_and_gives_back_the_process_state(monkeypatch):
     assert torch.get_num_threads() == threads
     assert "TOKENIZERS_PARALLELISM" not in os.environ
     assert waiting.finish_reason == "abort"
+    assert engine.runner.kv_cache_bytes == 0, "the KV cache is given back"
+    assert all(p.device.type == "meta" for p in engine.model.parameters()), "and the weights"
     late = engine.add_request([1, 2, 3], GREEDY)
     assert late.finish_reason == "error" and "shut down" in late.error
 

