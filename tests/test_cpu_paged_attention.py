@@ -11,7 +11,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.layers import cpu_paged_attention, torch_attention
+from kvscope.layers import attention, cpu_paged_attention
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
 from kvscope.paging import cdiv
 
@@ -60,7 +60,7 @@ def test_equals_reference_on_ragged_contexts(block_size):
     lens = [n for n in ragged(block_size) if n > 0]
     q, k_cache, v_cache, md = random_decode_step(block_size, lens, seed=block_size)
     scale = 16 ** -0.5
-    expected = torch_attention.decode_attention(q, k_cache, v_cache, md, scale)
+    expected = attention.decode_attention(q, k_cache, v_cache, md, scale)
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -74,13 +74,13 @@ def test_equals_reference_for_every_head_layout(heads, kv_heads, head_dim, lens)
     q, k_cache, v_cache, md = random_decode_step(16, lens, seed=heads * head_dim,
                                                  heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     scale = head_dim ** -0.5
-    expected = torch_attention.decode_attention(q, k_cache, v_cache, md, scale)
+    expected = attention.decode_attention(q, k_cache, v_cache, md, scale)
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_within_rounding_of_a_float32_reference():
     q, k_cache, v_cache, md = random_decode_step(16, [5, 77, 260], seed=9, head_dim=64, dtype=torch.bfloat16)
-    expected = torch_attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), md, 0.125)
+    expected = attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), md, 0.125)
     got = kernel(q, k_cache, v_cache, md, 0.125)
     assert got.dtype == torch.bfloat16
     # the kernel accumulates in float32 and rounds once: within one bf16 step of the exact result
@@ -102,7 +102,7 @@ def test_threads_give_the_same_result(threads):
     q, k_cache, v_cache, md = random_decode_step(8, [1, 9, 33, 64, 130], seed=4)
     with torch_threads(threads):
         got = kernel(q, k_cache, v_cache, md, 0.25)
-    torch.testing.assert_close(got, torch_attention.decode_attention(q, k_cache, v_cache, md, 0.25),
+    torch.testing.assert_close(got, attention.decode_attention(q, k_cache, v_cache, md, 0.25),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -203,9 +203,9 @@ def spans_reference(q, k_cache, v_cache, spans, scale):
     out = torch.empty_like(q)
     for span in spans:
         rows = slice(span.q_start, span.q_start + span.q_len)
-        k = torch_attention.gather_context(k_cache, span.context_blocks, span.start + span.q_len)
-        v = torch_attention.gather_context(v_cache, span.context_blocks, span.start + span.q_len)
-        out[rows] = torch_attention.prefill_attention(q[rows], k[span.start:], v[span.start:], k_cache, v_cache,
+        k = attention.gather_context(k_cache, span.context_blocks, span.start + span.q_len)
+        v = attention.gather_context(v_cache, span.context_blocks, span.start + span.q_len)
+        out[rows] = attention.prefill_attention(q[rows], k[span.start:], v[span.start:], k_cache, v_cache,
                                                       span, scale)
     return out
 

@@ -14,7 +14,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers import cpu_paged_attention, torch_attention
+from kvscope.layers import attention, cpu_paged_attention
 from kvscope.paging import cdiv
 from kvscope.sampling_params import SamplingParams
 
@@ -72,7 +72,7 @@ def run(args) -> int:
     for batch in args.batch:
         md = decode_step(args, batch, num_blocks, rng)
         q = torch.randn(batch, args.heads, args.head_dim).to(dtype)
-        reference = lambda: torch_attention.decode_attention(q, k_cache, v_cache, md, scale)   # noqa: E731
+        reference = lambda: attention.decode_attention(q, k_cache, v_cache, md, scale)   # noqa: E731
         kernel = lambda: cpu_paged_attention.run(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)  # noqa: E731
         error = (kernel().float() - reference().float()).abs().max().item()
         calls = max(3, 2000 // batch)

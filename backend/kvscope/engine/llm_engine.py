@@ -13,12 +13,11 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.detokenizer import IncrementalDetokenizer
 from kvscope.engine.devices import choose_dtype, kv_cache_blocks, resolve_device
 from kvscope.engine.model_runner import ExecutionPlan, StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
-from kvscope.engine.sequence import Sequence
+from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
 from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
                                        spec_logprobs)
 from kvscope.engine.structured_output import StructuredOutputManager, grammar_key

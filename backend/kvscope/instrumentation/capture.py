@@ -17,7 +17,7 @@ from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.torch_attention import gather_context
+from kvscope.layers.attention import gather_context
 from kvscope.paging import cdiv
 
 

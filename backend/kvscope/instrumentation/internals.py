@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.rotary import inverse_frequencies
+from kvscope.models.decoder import inverse_frequencies
 
 HIST_BINS = 24
 TOP_NEURONS = 8
