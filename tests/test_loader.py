@@ -106,3 +106,19 @@ def test_prompt_longer_than_the_model_fails_with_a_reason(checkpoint):
     out = llm.generate([[1] * 100, [1, 2]], SamplingParams(temperature=0, max_tokens=4))
     assert out[0].outputs[0].finish_reason == "error" and "max_model_len" in out[0].error
     assert out[1].outputs[0].finish_reason in ("length", "stop")
+
+
+def test_matrices_are_stored_input_major_with_the_checkpoints_values(checkpoint):
+    """Every linear weight keeps the checkpoint's [out, in] shape and values but is stored
+    transposed (BLAS reads an untransposed [in, out] matrix faster at decode batch sizes)."""
+    from kvscope.layers.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    with LLM(str(checkpoint), device="cpu", dtype="float32") as llm:
+        model = llm.engine.model
+        layers = [m for m in model.modules()
+                  if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))]
+        assert len(layers) >= 4 * model.config.num_layers
+        for layer in layers:
+            assert layer.weight.t().is_contiguous() and not layer.weight.is_contiguous()
+        saved = load_file(str(checkpoint / "model.safetensors"))
+        down = model.model.layers[0].mlp.down_proj.weight
+        assert torch.equal(down, saved["model.layers.0.mlp.down_proj.weight"])
