@@ -13,7 +13,7 @@ from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
 from kvscope.layers import attention, cpu_paged_attention
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
-from kvscope.paging import cdiv
+from kvscope.engine.block_manager import cdiv
 
 
 def random_decode_step(block_size: int, context_lens: list[int], seed: int, heads=8, kv_heads=2,

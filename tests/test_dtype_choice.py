@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.engine.devices import choose_dtype
+from kvscope.models.config import choose_dtype
 from kvscope.models.config import ModelConfig
 
 CPU = torch.device("cpu")

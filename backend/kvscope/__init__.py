@@ -18,6 +18,6 @@ def __getattr__(name):
         from kvscope.config import EngineConfig
         return EngineConfig
     if name in ("RequestOutput", "CompletionOutput", "Logprob"):
-        from kvscope import outputs
-        return getattr(outputs, name)
+        from kvscope import llm
+        return getattr(llm, name)
     raise AttributeError(name)

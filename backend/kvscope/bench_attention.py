@@ -15,7 +15,7 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import attention, cpu_paged_attention
-from kvscope.paging import cdiv
+from kvscope.engine.block_manager import cdiv
 from kvscope.sampling_params import SamplingParams
 
 

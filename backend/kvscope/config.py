@@ -24,7 +24,7 @@ class EngineConfig:
     prefix_caching_hash_algo: str = "sha256"   # sha256 | xxhash (vLLM's names)
     kv_cache_dtype: str = "auto"      # auto | fp8 | fp8_e4m3 | fp8_e5m2 | int8_per_token_head (layers/kv_quant.py)
     # the KV cache's size (vLLM's name); default: on a CPU a share of the memory available
-    # (engine/devices.py), on a GPU what gpu_memory_utilization leaves
+    # (engine/model_runner.py), on a GPU what gpu_memory_utilization leaves
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.90
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)

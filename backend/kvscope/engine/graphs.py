@@ -28,7 +28,7 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
 from kvscope.layers.context import AttentionMetadata, step_metadata
-from kvscope.paging import cdiv
+from kvscope.engine.block_manager import cdiv
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")

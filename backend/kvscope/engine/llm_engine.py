@@ -13,8 +13,8 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.devices import choose_dtype, kv_cache_blocks, resolve_device
-from kvscope.engine.model_runner import ExecutionPlan, StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.model_runner import (ExecutionPlan, StepResult, kv_cache_blocks, load_model_and_runner,
+                                         resolve_device, run_isolating)
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
@@ -22,6 +22,7 @@ from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, Specu
                                        spec_logprobs)
 from kvscope.engine.structured_output import StructuredOutputManager, grammar_key
 from kvscope.layers.parallel import TPGroup
+from kvscope.models.config import choose_dtype
 from kvscope.models.loader import load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 

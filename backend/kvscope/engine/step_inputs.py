@@ -17,7 +17,7 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.context import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
 from kvscope.layers.cpu_paged_attention import tiles_span
-from kvscope.paging import cdiv, slots
+from kvscope.engine.block_manager import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8

@@ -18,7 +18,7 @@ from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.attention import gather_context
-from kvscope.paging import cdiv
+from kvscope.engine.block_manager import cdiv
 
 
 @dataclass

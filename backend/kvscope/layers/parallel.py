@@ -19,7 +19,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.paging import cdiv
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup):
         super().__init__()
         self.tp, self.vocab_size = tp, vocab_size
-        self.per_rank = cdiv(vocab_size, tp.size)
+        self.per_rank = -(-vocab_size // tp.size)   # rounded up
         self.start = tp.rank * self.per_rank
         # input-major too: looking up a few rows reads them strided, which costs little,
         # and a tied LM head (this very matrix) multiplies at the faster layout

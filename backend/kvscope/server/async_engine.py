@@ -15,7 +15,7 @@ from typing import Any
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.server.pacing import Pacing
 from kvscope.engine.sequence import Sequence
-from kvscope.outputs import RequestOutput
+from kvscope.llm import RequestOutput
 from kvscope.sampling_params import SamplingParams
 
 

@@ -15,7 +15,7 @@ from jsonschema.exceptions import best_match
 from kvscope.server.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
-from kvscope.outputs import CompletionOutput, RequestOutput
+from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.policy import MAX_N, check_sampling_numbers
 from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
