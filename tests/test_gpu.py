@@ -108,7 +108,7 @@ def test_quantized_kv_cache_on_cuda(kv_cache_dtype):
     per token allow in the same budget. The per-token-head int8 cache keeps the greedy tokens
     of the unquantized cache (as on a CPU, docs/benchmarks.md); fp8 with vLLM's per-tensor
     scale of 1.0 may flip near-ties, so only its start must agree."""
-    from kvscope.layers.kv_quant import kv_cache_format
+    from kvscope.layers.attention import kv_cache_format
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8] * 6, list(range(100, 160))]
     budget = 64 * 2**20
     with LLM(device="cuda", dtype="bfloat16", kv_cache_memory_bytes=budget) as llm:

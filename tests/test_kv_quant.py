@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.layers.kv_quant import QuantizedCache, kv_cache_format, store
+from kvscope.layers.attention import QuantizedCache, kv_cache_format, store
 
 KVH, D, BS, BLOCKS = 2, 16, 4, 6
 

@@ -22,7 +22,7 @@ class EngineConfig:
     prefill_chunk_size: int | None = None   # cap on prompt tokens one sequence computes per step
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"   # sha256 | xxhash (vLLM's names)
-    kv_cache_dtype: str = "auto"      # auto | fp8 | fp8_e4m3 | fp8_e5m2 | int8_per_token_head (layers/kv_quant.py)
+    kv_cache_dtype: str = "auto"      # auto | fp8 | fp8_e4m3 | fp8_e5m2 | int8_per_token_head (layers/attention.py)
     # the KV cache's size (vLLM's name); default: on a CPU a share of the memory available
     # (engine/model_runner.py), on a GPU what gpu_memory_utilization leaves
     kv_cache_memory_bytes: int | None = None
@@ -38,7 +38,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)
 
     def __post_init__(self):
-        from kvscope.layers.kv_quant import KV_CACHE_DTYPES
+        from kvscope.layers.attention import KV_CACHE_DTYPES
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size > 256:

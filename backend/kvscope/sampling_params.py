@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 class StructuredOutputsParams:
     """vLLM's constraint on a request's output: exactly one of a JSON schema (a dict or its
     text), any JSON object, a regex the whole output must match, a list of choices, or an
-    EBNF grammar (engine/structured_output.py applies it)."""
+    EBNF grammar (engine/sampler.py applies it)."""
     json: str | dict | None = None
     regex: str | None = None
     choice: list[str] | None = None

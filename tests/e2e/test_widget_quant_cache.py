@@ -10,7 +10,7 @@ import pytest
 from widget_checks import check_exports, open_live_widget
 
 CHAPTER = "/chapters/12-the-kv-cache"
-SCALE_BYTES = 4   # int8_per_token_head: one float32 scale per token and KV head (layers/kv_quant.py)
+SCALE_BYTES = 4   # int8_per_token_head: one float32 scale per token and KV head (layers/attention.py)
 
 
 

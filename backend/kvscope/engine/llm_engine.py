@@ -17,10 +17,10 @@ from kvscope.engine.model_runner import (ExecutionPlan, StepResult, kv_cache_blo
                                          resolve_device, run_isolating)
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
+from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
 from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
                                        spec_logprobs)
-from kvscope.engine.structured_output import StructuredOutputManager, grammar_key
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.config import choose_dtype
 from kvscope.models.loader import load_tokenizer, read_model_config, resolve_model_path

@@ -11,14 +11,13 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import CompiledDecode, DecodeGraphs, compile_unavailable
-from kvscope.engine import structured_output
-from kvscope.engine.sampler import Sampler, SamplingBatch, logprob_entries
+from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import cpu_paged_attention
-from kvscope.layers.attention import HAS_FLASH_ATTN, PagedAttention
+from kvscope.layers.attention import (HAS_FLASH_ATTN, SCALE_DTYPE, KVCacheFormat, PagedAttention, as_bytes,
+                                      kv_cache_format)
 from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.kv_quant import SCALE_DTYPE, KVCacheFormat, as_bytes, kv_cache_format
 from kvscope.layers.parallel import TPGroup
 from kvscope.layers.triton_attention import HAS_TRITON
 from kvscope.models.config import ModelConfig
@@ -352,7 +351,7 @@ class ModelRunner:
             if any(s.grammar is not None for s in plain):
                 # logprobs stay those of the model's own distribution, as in vLLM
                 logits = logits.clone() if any(s.params.logprobs is not None for s in plain) else logits
-                structured_output.apply_masks(logits, [s.grammar for s in plain])
+                apply_masks(logits, [s.grammar for s in plain])
             self._collect(result, plain, raw, self.sampler(logits, batch))
         return result
 

@@ -1,4 +1,5 @@
-"""Turn each row of logits into a token: greedy, temperature, top-k, top-p, min-p.
+"""Turn each row of logits into a token: a grammar's mask first (structured outputs, at
+the end of this file), then greedy, temperature, top-k, top-p, min-p.
 
 Random draws use the exponential race (argmax of p / E with E ~ Exp(1) is a draw from p),
 with the noise for a seeded request coming from that request's own generator, so the same
@@ -6,11 +7,13 @@ seed gives the same tokens whatever else shares the batch.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from kvscope.sampling_params import SamplingParams
+from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 
 NEG_INF = float("-inf")
 
@@ -104,3 +107,147 @@ def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -
     return [{"logprob": chosen[row],
              "top": list(zip(top.indices[row, :n].tolist(), top.values[row, :n].tolist())) if n else []}
             for row, n in enumerate(ns)]
+
+
+# -- structured outputs -------------------------------------------------------------------
+# Structured outputs: a grammar masks the logits so every sampled token keeps the text
+# inside a language (a JSON schema, a regex, a list of choices, an EBNF grammar).
+#
+# As in vLLM, the grammar is compiled once per distinct request (xgrammar, vLLM's default
+# backend), each sequence gets its own matcher (a parser state), and before each sampling
+# step the matcher writes a bitmask of the tokens allowed next. Tokens the mask forbids get
+# a logit of -inf, so neither greedy nor random sampling can pick them. After the grammar is
+# complete only the end-of-sequence tokens remain allowed, and the request stops.
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError:
+        raise ValueError("structured outputs need the xgrammar package (pip install xgrammar)") from None
+    return xgrammar
+
+
+class GrammarMatcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, compiled, vocab_size: int):
+        xgr = _xgrammar()
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+        self.num_allowed: list[int] = []      # tokens the mask allowed at each sampled step
+        self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        if not self.matcher.accept_token(token_id):
+            # cannot happen for a token drawn under the mask; says so loudly if it does
+            raise RuntimeError(f"token {token_id} is outside the grammar")
+
+    def last_allowed(self, width: int) -> torch.Tensor | None:
+        """Which of `width` logits the latest mask let through (bool), or None before any."""
+        if self.last_bitmask is None:
+            return None
+        allowed = torch.zeros(width, dtype=torch.bool)
+        n = min(width, self.vocab_size)
+        allowed[:n] = _bits(self.last_bitmask.unsqueeze(0), self.vocab_size)[0, :n].bool()
+        return allowed
+
+    @property
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    """Compiles grammars (cached, one compiler per engine) and makes each sequence's matcher."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+        if tokenizer is None:
+            raise ValueError("structured outputs need the checkpoint's tokenizer")
+        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, stop_token_ids
+        self._compiler = None
+        self.compile = lru_cache(maxsize=64)(self._compile)
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            xgr = _xgrammar()
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids or None)
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    def _compile(self, key: tuple):
+        kind, spec = key
+        try:
+            if kind == "json":
+                schema, any_whitespace = spec
+                return self.compiler.compile_json_schema(schema, any_whitespace=any_whitespace)
+            if kind == "json_object":
+                return self.compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return self.compiler.compile_regex(spec)
+            if kind == "grammar":
+                return self.compiler.compile_grammar(spec)
+        except (RuntimeError, ValueError) as exc:
+            raise ValueError(f"invalid {kind} for structured outputs: {str(exc).splitlines()[0][:300]}") from None
+        raise ValueError(f"unknown structured output kind {kind!r}")
+
+    def matcher_for(self, params: StructuredOutputsParams) -> GrammarMatcher:
+        """A fresh matcher; raises ValueError with the reason for a bad schema, regex or grammar."""
+        return GrammarMatcher(self.compile(grammar_key(params)), self.vocab_size)
+
+
+
+def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
+    """In place: each row whose matcher is set keeps only the tokens its grammar allows
+    (the others get -inf); each matcher records how many tokens it allowed."""
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return
+    xgr = _xgrammar()
+    vocab_size = matchers[rows[0]].vocab_size
+    bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
+    for i in rows:
+        matchers[i].fill_bitmask(bitmask, i)
+    allowed = _bitmask_counts(bitmask, vocab_size)
+    for i in rows:
+        matchers[i].num_allowed.append(int(allowed[i]))
+        matchers[i].last_bitmask = bitmask[i]
+    width = logits.shape[1]
+    if width > vocab_size:    # rows of padding in the LM head are never a token
+        logits[rows, vocab_size:] = float("-inf")
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=min(width, vocab_size),
+                                    indices=rows)
+
+
+def grammar_key(params: StructuredOutputsParams) -> tuple:
+    """What identifies a grammar, hashable for the compile cache."""
+    if params.json is not None:
+        schema = params.json if isinstance(params.json, str) else json.dumps(params.json)   # property order is the output order
+        return "json", (schema, not params.disable_any_whitespace)
+    if params.json_object:
+        return "json_object", None
+    if params.regex is not None:
+        return "regex", params.regex
+    if params.choice is not None:
+        return "grammar", choice_grammar(params.choice)
+    return "grammar", params.grammar
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly the given strings."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+def _bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten(1)[:, :vocab_size]
+
+
+def _bitmask_counts(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
+    """How many of the first vocab_size bits are set in each row of an int32 bitmask."""
+    return _bits(bitmask, vocab_size).sum(dim=1).tolist()

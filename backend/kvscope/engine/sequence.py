@@ -32,7 +32,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hash of each full block
     cache_salt: str | None = None     # vLLM's per-request salt: only equal salts share cached blocks
-    grammar: object | None = None     # its structured-output matcher (engine/structured_output.py)
+    grammar: object | None = None     # its structured-output matcher (engine/sampler.py)
     last_block_recomputed: bool = False   # its whole last block was cached, yet computed again (vLLM's rule)
     finish_reason: str | None = None  # stop | length | abort | error
     error: str | None = None

@@ -23,7 +23,7 @@ import torch
 
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.kv_quant import SCALE_DTYPE, KVCacheFormat, kv_cache_format
+from kvscope.layers.attention import SCALE_DTYPE, KVCacheFormat, kv_cache_format
 from kvscope.models.config import ModelConfig
 
 

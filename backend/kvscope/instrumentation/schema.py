@@ -35,7 +35,7 @@ def event(type_name: str | list[str], fields: dict, optional: dict | None = None
     return obj({"type": const, "ts": NNUM, **fields}, {"ref": REF, **(optional or {})})
 
 
-KV_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"]   # layers/kv_quant.py
+KV_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"]   # layers/attention.py
 
 # -- events ----------------------------------------------------------------------------
 MODEL = obj({k: v for k, v in {

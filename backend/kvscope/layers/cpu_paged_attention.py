@@ -1,7 +1,7 @@
 """Gather-free paged attention on a CPU: small C kernels (cpu_paged_attention.c) read each
 sequence's keys and values in place through its block table, with an online softmax,
 instead of copying its whole context out of the pool first as the readable reference
-(torch_attention.py) does. One kernel takes query rows one at a time (decode rows, spans of
+(layers/attention.py) does. One kernel takes query rows one at a time (decode rows, spans of
 a few tokens); the other takes longer spans (prompts, chunks) a tile of positions at a
 time, loading each key once per tile. They are built with this machine's C compiler the
 first time they are needed (native_build.py) and called through ctypes, which lets go of

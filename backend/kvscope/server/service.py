@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kvscope.server.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
-from kvscope.engine.structured_output import grammar_key
+from kvscope.engine.sampler import grammar_key
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
