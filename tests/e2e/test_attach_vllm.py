@@ -119,6 +119,10 @@ def kv_snapshot(url: str) -> dict:
                     return event
 
 
+def cached_hashes(url: str) -> list[str]:
+    return sorted(b["hash"] for b in kv_snapshot(url)["blocks"] if b["hash"])
+
+
 def submit(page, prompt: str) -> dict:
     """A learner's prompt through the page's own socket; resolves with its request.finished."""
     return page.evaluate("""async (prompt) => {
@@ -179,10 +183,14 @@ def test_the_allocator_draws_vllms_blocks_and_its_hits(attached, vllm, page, scr
 
 def test_late_attach_replays_and_vllm_going_away_shows_disconnected_then_the_kv_events_flag(attached, vllm, page, screenshot):
     # A late attach reads the blocks vLLM cached before it came, from the publisher's replay buffer.
-    cached = sorted(b["hash"] for b in kv_snapshot(attached)["blocks"] if b["hash"])
+    cached = cached_hashes(attached)
     assert cached
     with attach(vllm["url"], vllm["folder"]) as late:
-        assert sorted(b["hash"] for b in kv_snapshot(late)["blocks"] if b["hash"]) == cached
+        # the replay arrives over ZeroMQ a moment after the new subscriber connects
+        deadline = time.monotonic() + 20
+        while (seen := cached_hashes(late)) != cached and time.monotonic() < deadline:
+            time.sleep(0.25)
+        assert seen == cached
     page.goto(attached + "/chapters/15-paged-attention")
     panel = page.locator("kv-pages .kvw-panel[aria-label='Attached vLLM server']")
     panel.locator("[data-attached-status]").filter(has_text="vLLM 0.32").wait_for(timeout=20000)
