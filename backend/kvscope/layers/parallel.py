@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-
 @dataclass(frozen=True)
 class TPGroup:
     rank: int = 0

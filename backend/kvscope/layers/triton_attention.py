@@ -1,7 +1,7 @@
 """Paged decode attention as a Triton kernel written for kvscope.
 
-One program per (sequence, KV head): it walks the sequence's block table, loads one KV
-block at a time and keeps a running softmax (max, sum, weighted values) for the query
+One program per (sequence, KV head): it walks the sequence's context TILE_TOKENS at a
+time (each token finding its block in the block table) and keeps a running softmax (max, sum, weighted values) for the query
 heads that share this KV head, so K and V are read from memory exactly once.
 The kernel reads context lengths from device memory, so it can be captured in a CUDA graph.
 """
@@ -70,9 +70,8 @@ if HAS_TRITON:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           scale: float, tile: int | None = None) -> torch.Tensor:
-    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; returns [B, H, D].
-    `tile`: context tokens each loop step reads (a power of two; default TILE_TOKENS)."""
+                           scale: float) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; returns [B, H, D]."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
@@ -83,6 +82,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), BLOCK_SIZE=block_size,
-        TILE=tile or max(TILE_TOKENS, block_size), HEAD_DIM=head_dim,
+        TILE=max(TILE_TOKENS, block_size), HEAD_DIM=head_dim,
     )
     return out
