@@ -39,7 +39,7 @@ def apply_kv(mirror: dict, e: dict) -> None:
         mirror["tables"].update(e["tables"])
         for rid in e["removed_tables"]:
             mirror["tables"].pop(rid)
-    mirror["num_free"] = e["num_free"]
+    mirror.update({k: e[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")})
 
 
 def test_no_listener_no_work(engine):
@@ -53,24 +53,32 @@ def test_no_listener_no_work(engine):
         attach_for_bench(engine, "loud")
 
 
-def test_kv_snapshot_plus_deltas_track_the_pool_through_preemption_and_hits():
-    engine = make_engine(num_kv_blocks=24, max_num_batched_tokens=32)   # small: forces preemption
-    mirror, events = {}, []
-    bm = lambda: engine.block_manager   # noqa: E731
-
+def mirror_sink(engine: LLMEngine, mirror: dict, events: list):
+    """A sink that applies each `kv` event to `mirror` and checks it against the live pool
+    after every batch: ref counts, hashes, owners, tables and the totals."""
     def sink(batch):
         for e in batch:
             events.append(check_event(e))
             if e["type"] == "kv":
                 apply_kv(mirror, e)
+        bm = engine.block_manager
         live = {s.request_id: s for s in engine.scheduler.running + list(engine.scheduler.waiting)}
-        assert mirror["num_free"] == bm().num_free_blocks
-        assert {rid: t for rid, t in mirror["tables"].items()} == \
-            {rid: s.block_table for rid, s in live.items() if s.block_table}
-        for b in bm().blocks:
+        assert mirror["num_free"] == bm.num_free_blocks
+        assert mirror["num_cached"] == sum(1 for b in bm.blocks if b.ref_count == 0 and b.hash is not None)
+        assert (mirror["prefix_hits"], mirror["evictions"]) == (bm.num_prefix_hits, bm.num_evictions)
+        assert mirror["tables"] == {rid: s.block_table for rid, s in live.items() if s.block_table}
+        for b in bm.blocks:
             shown = mirror["blocks"][b.block_id]
             assert shown["ref"] == b.ref_count and (shown["hash"] is None) == (b.hash is None)
             assert sorted(shown["owners"]) == sorted(r for r, s in live.items() if b.block_id in s.block_table)
+    return sink
+
+
+def test_kv_snapshot_plus_deltas_track_the_pool_through_preemption_and_hits():
+    engine = make_engine(num_kv_blocks=24, max_num_batched_tokens=32)   # small: forces preemption
+    mirror, events = {}, []
+    bm = lambda: engine.block_manager   # noqa: E731
+    sink = mirror_sink(engine, mirror, events)
 
     instr = Instrumentation(engine, sink)
     sink([instr.kv_snapshot()])
@@ -89,6 +97,32 @@ def test_kv_snapshot_plus_deltas_track_the_pool_through_preemption_and_hits():
     engine.step()
     engine.abort(rid)                      # between steps: a delta arrives at once
     assert events[-1]["type"] == "kv" and rid in events[-1]["removed_tables"]
+    instr.detach()
+
+
+def test_kv_tracker_attached_mid_run_follows_forks_and_drafts():
+    """The tracker reads the pool once, when it attaches (here with requests already
+    holding blocks), then only the steps' events and tables: forked choices sharing a
+    prompt, copy-on-write, drafts trimmed after rejection and evictions must all show."""
+    engine = make_engine(num_kv_blocks=40, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    engine.add_request(PROMPTS[0] * 2, params)
+    engine.step()
+    engine.step()
+    mirror, events = {}, []
+    sink = mirror_sink(engine, mirror, events)
+    instr = Instrumentation(engine, sink)
+    sink([instr.kv_snapshot()])
+    assert mirror["tables"], "attached while a request holds blocks"
+    ids = engine.tokenize(PROMPTS[1])
+    ids = ids[:len(ids) // 4 * 4 - 2]   # a partial last block: the first write of each fork copies it
+    engine.add_request(ids, SamplingParams(temperature=0.8, seed=1, n=3, max_tokens=12, ignore_eos=True))
+    for p in PROMPTS:
+        engine.add_request(p, params)
+    while engine.has_unfinished():
+        engine.step()
+    ops = {ev["op"] for e in events if e["type"] == "kv" and e["kind"] == "delta" for ev in e["events"]}
+    assert {"share", "cow", "hit", "evict"} <= ops, ops
     instr.detach()
 
 

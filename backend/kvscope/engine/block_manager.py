@@ -181,6 +181,7 @@ class BlockManager:
                     del self.hash_to_block[block.hash]
                 block.hash, block.token_ids = None, ()
                 block.generation += 1
+                self._record("uncache", block_id, None)
 
     # -- allocation --------------------------------------------------------------------
     def can_allocate(self, hits: list[int], num_tokens: int) -> bool:
@@ -249,7 +250,9 @@ class BlockManager:
         return copies
 
     def record_events(self, on: bool) -> None:
-        """Start (or stop) keeping allocator events (kind, block_id, detail) for take_events."""
+        """Start (or stop) keeping allocator events (kind, block_id, detail) for take_events:
+        alloc, hit, share, cow, free and evict, and hash / uncache when a block's cached
+        contents are named or forgotten. With the tables, they are all an observer needs."""
         self.events = [] if on else None
 
     def take_events(self) -> list[tuple]:
@@ -303,6 +306,7 @@ class BlockManager:
                 parent_id = seq.block_table[i - 1] if i else None
                 block.parent = None if parent_id is None else (parent_id, self.blocks[parent_id].generation)
                 self.hash_to_block[h] = block.block_id
+                self._record("hash", block.block_id, h)
 
     def trim(self, seq: Sequence) -> None:
         """Give back blocks past the computed tokens: those allocated for drafts that the

@@ -136,7 +136,7 @@ class Sandbox:
         for name, seq in self.seqs.items():
             for i, b in enumerate(seq.block_table):
                 owners.setdefault(b, {})[name] = i
-        states = [block_state(bm, b, owners.get(b, {}), self.seqs) for b in range(bm.num_blocks)]
+        states = [block_state(blk.ref_count, blk.hash, owners.get(blk.block_id, {}), self.seqs, bs) for blk in bm.blocks]
         used = [s for s in states if s[0] > 0]
         reserved = len(used) * bs
         used_slots = sum(s.num_tokens for s in self.seqs.values())
