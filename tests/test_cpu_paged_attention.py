@@ -11,8 +11,8 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.layers import attention, cpu_paged_attention
-from kvscope.layers.context import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
+from kvscope.layers import attention, kernels
+from kvscope.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
 from kvscope.engine.block_manager import cdiv
 
 
@@ -42,12 +42,12 @@ def random_decode_step(block_size: int, context_lens: list[int], seed: int, head
 
 
 def kernel(q, k_cache, v_cache, md, scale):
-    return cpu_paged_attention.decode_attention(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)
+    return kernels.cpu_decode_attention(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def built():
-    assert cpu_paged_attention.unavailable(torch.float32) is None, "the kernel should build on the test machines"
+    assert kernels.cpu_unavailable(torch.float32) is None, "the kernel should build on the test machines"
 
 
 # lengths ending mid-block, on a block boundary, a single token, and several chunks of 256
@@ -124,7 +124,7 @@ def attend_step(specs, block_size, backend, seed=3):
     from kvscope.engine.sequence import Sequence
     from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
     from kvscope.layers.attention import PagedAttention
-    from kvscope.layers.context import step_metadata
+    from kvscope.layers.attention import step_metadata
     g = torch.Generator().manual_seed(seed)
     num_blocks = sum(cdiv(start + n, block_size) for start, n in specs) + 4
     free = torch.randperm(num_blocks, generator=g).tolist()
@@ -172,9 +172,9 @@ def test_short_spans_and_decodes_take_one_call_over_every_row():
 
 
 def test_which_spans_take_the_tile_kernel():
-    assert not cpu_paged_attention.tiles_span(1)
-    assert not cpu_paged_attention.tiles_span(cpu_paged_attention.MIN_TILED_SPAN - 1)
-    assert cpu_paged_attention.tiles_span(cpu_paged_attention.MIN_TILED_SPAN)
+    assert not kernels.tiles_span(1)
+    assert not kernels.tiles_span(kernels.MIN_TILED_SPAN - 1)
+    assert kernels.tiles_span(kernels.MIN_TILED_SPAN)
 
 
 def random_spans(specs, block_size, seed, heads=8, kv_heads=2, head_dim=16, dtype=torch.float32):
@@ -212,7 +212,7 @@ def spans_reference(q, k_cache, v_cache, spans, scale):
 
 def tile_kernel(q, k_cache, v_cache, tiled, scale):
     out = torch.full_like(q, float("nan"))   # every row of every span must be written
-    cpu_paged_attention.prefill(q, k_cache, v_cache, tiled, scale, out)
+    kernels.cpu_prefill(q, k_cache, v_cache, tiled, scale, out)
     return out
 
 
@@ -277,7 +277,7 @@ def test_tile_kernel_sees_no_key_past_each_query():
 
 
 def test_other_dtypes_are_refused_with_a_reason():
-    assert "float16" in cpu_paged_attention.unavailable(torch.float16)
+    assert "float16" in kernels.cpu_unavailable(torch.float16)
     with pytest.raises(ValueError, match="cpu_paged"):
         LLM(None, device="cpu", dtype="float16", attention_backend="cpu_paged")
 
@@ -326,30 +326,30 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
-        native_build.load(cpu_paged_attention.SOURCE)
-    cpu_paged_attention._kernels.cache_clear()
-    cpu_paged_attention._prefill_kernels.cache_clear()
+        native_build.load(kernels.SOURCE)
+    kernels._kernels.cache_clear()
+    kernels._prefill_kernels.cache_clear()
     try:
         llm = LLM(None, device="cpu")
         assert llm.engine.plan.attention_backend == "torch"
         with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:
-        cpu_paged_attention._kernels.cache_clear()
-        cpu_paged_attention._prefill_kernels.cache_clear()
+        kernels._kernels.cache_clear()
+        kernels._prefill_kernels.cache_clear()
 
 
 def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatch, tmp_path):
     """A machine without a compiler falls back to the reference; an install without the C
     source is broken, and says so (NativeBuildError, raised when the engine starts)."""
     from kvscope import native_build
-    monkeypatch.setattr(cpu_paged_attention, "SOURCE", tmp_path / "cpu_paged_attention.c")
-    cpu_paged_attention._kernels.cache_clear()
+    monkeypatch.setattr(kernels, "SOURCE", tmp_path / "cpu_paged_attention.c")
+    kernels._kernels.cache_clear()
     try:
         with pytest.raises(native_build.NativeBuildError, match="cpu_paged_attention.c is missing"):
             LLM(None, device="cpu")
     finally:
-        cpu_paged_attention._kernels.cache_clear()
+        kernels._kernels.cache_clear()
     with pytest.raises(native_build.NativeBuildError, match="is missing"):
         native_build.load(tmp_path / "cpu_paged_attention.c")
 
@@ -357,8 +357,8 @@ def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatc
 def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):
     from kvscope import native_build
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    native_build.load(cpu_paged_attention.SOURCE)
+    native_build.load(kernels.SOURCE)
     built = list((tmp_path / "kvscope" / "native").glob("cpu_paged_attention-*.so"))
     assert len(built) == 1
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))   # a cached build needs no compiler
-    native_build.load(cpu_paged_attention.SOURCE)
+    native_build.load(kernels.SOURCE)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.models.config import choose_dtype
-from kvscope.models.config import ModelConfig
+from kvscope.models.loader import choose_dtype
+from kvscope.models.loader import ModelConfig
 
 CPU = torch.device("cpu")
 

@@ -1,8 +1,10 @@
 """The engine is read next to the chapters: it uses PyTorch's public interface only. No
 private modules, no loading torch's own libraries by hand, no process-wide allocator
-tuning, no rebinding of torch's attributes (monkeypatching)."""
+tuning, no rebinding of torch's attributes (monkeypatching). And its modules import one
+another without circles, so a reader can take them in order."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -45,3 +47,45 @@ def test_the_check_sees_what_it_forbids(tmp_path):
     for sample in samples:
         assert any(re.search(p, sample) for p in FORBIDDEN.values()), sample
     assert not any(re.search(p, "if torch.compiler.is_compiling() == False:") for p in FORBIDDEN.values())
+
+
+def core_imports(path: Path) -> set[str]:
+    """The kvscope engine, layers and models modules `path` imports, at any depth in the
+    file, except under `if TYPE_CHECKING:` (annotations only, never run)."""
+    found = set()
+
+    def visit(node):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvscope"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)   # from kvscope.layers import kernels
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def test_the_core_has_no_import_circles():
+    modules = {"kvscope." + ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+               for p in engine_sources() if p.name != "__init__.py"}
+    graph = {m: sorted(core_imports(p) & set(modules)) for m, p in modules.items()}
+    assert graph["kvscope.engine.model_runner"], "the import graph should see the runner's imports"
+    done, path = set(), []
+
+    def walk(m):
+        if m in path:
+            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        path.append(m)
+        for dep in graph[m]:
+            walk(dep)
+        path.pop()
+        done.add(m)
+
+    for m in graph:
+        walk(m)

@@ -25,7 +25,7 @@ def run_interpreted(code: str) -> str:
 def test_kernel_matches_reference_on_ragged_contexts():
     out = run_interpreted("""
         import torch
-        from kvscope.layers.triton_attention import paged_decode_attention
+        from kvscope.layers.kernels import triton_decode_attention as paged_decode_attention
         from kvscope.layers.attention import gather_context
         torch.manual_seed(0)
         for heads, kv_heads, dim, bs in [(4, 2, 16, 4), (6, 2, 32, 8), (4, 4, 16, 16)]:

@@ -14,7 +14,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers import attention, cpu_paged_attention
+from kvscope.layers import attention, kernels
 from kvscope.engine.block_manager import cdiv
 from kvscope.sampling_params import SamplingParams
 
@@ -55,7 +55,7 @@ def _time(fn, calls: int) -> float:
 
 def run(args) -> int:
     dtype = getattr(torch, args.dtype)
-    reason = cpu_paged_attention.unavailable(dtype)
+    reason = kernels.cpu_unavailable(dtype)
     if reason:
         print(f"the C kernel cannot run here: {reason}")
         return 1
@@ -73,7 +73,7 @@ def run(args) -> int:
         md = decode_step(args, batch, num_blocks, rng)
         q = torch.randn(batch, args.heads, args.head_dim).to(dtype)
         reference = lambda: attention.decode_attention(q, k_cache, v_cache, md, scale)   # noqa: E731
-        kernel = lambda: cpu_paged_attention.run(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)  # noqa: E731
+        kernel = lambda: kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)  # noqa: E731
         error = (kernel().float() - reference().float()).abs().max().item()
         calls = max(3, 2000 // batch)
         times = {"reference": [], "kernel": []}

@@ -94,7 +94,7 @@ def cmd_export_site(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kvscope.models.config import ModelConfigError
+    from kvscope.models.loader import ModelConfigError
     from kvscope.models.loader import ModelLoadError
     handlers = {"generate": cmd_generate, "serve": cmd_serve, "export-site": cmd_export_site,
                 "bench": lambda a: a.run(a)}

@@ -10,7 +10,7 @@ On a CPU, torch.compile (CompiledDecode): the eager forward pass issues about a 
 small PyTorch calls (norms, RoPE, residual adds) around a dozen matrix-vector products;
 inductor fuses each layer's small operations into a few generated C++ kernels, called with
 the matmuls from a C++ wrapper. Decode-only steps take this path. Attention is the C kernel
-(layers/cpu_paged_attention.py), a custom op opaque to inductor that reads every row's own
+(layers/kernels.py), a custom op opaque to inductor that reads every row's own
 context, so one graph serves every batch size and context length; with the reference
 attention, steps of up to MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one
 padded attention group. PyTorch specialises a batch of one, so two graphs are compiled,
@@ -27,7 +27,7 @@ import torch
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.context import AttentionMetadata, step_metadata
+from kvscope.layers.attention import AttentionMetadata, step_metadata
 from kvscope.engine.block_manager import cdiv
 from kvscope.sampling_params import SamplingParams
 

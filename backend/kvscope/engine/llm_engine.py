@@ -22,7 +22,7 @@ from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
 from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
                                        spec_logprobs)
 from kvscope.layers.parallel import TPGroup
-from kvscope.models.config import choose_dtype
+from kvscope.models.loader import choose_dtype
 from kvscope.models.loader import load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 

@@ -14,13 +14,13 @@ from kvscope.engine.graphs import CompiledDecode, DecodeGraphs, compile_unavaila
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers import cpu_paged_attention
+from kvscope.layers import kernels
 from kvscope.layers.attention import (HAS_FLASH_ATTN, SCALE_DTYPE, KVCacheFormat, PagedAttention, as_bytes,
                                       kv_cache_format)
-from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
+from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.parallel import TPGroup
-from kvscope.layers.triton_attention import HAS_TRITON
-from kvscope.models.config import ModelConfig
+from kvscope.layers.kernels import HAS_TRITON
+from kvscope.models.loader import ModelConfig
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
 
@@ -183,15 +183,15 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
     if requested == "auto":
         if device.type != "cuda":
             # the C kernel reads K/V in place; where it cannot run, the reference gathers
-            reason = cpu_paged_attention.unavailable(dtype)
-            if reason and dtype in cpu_paged_attention.DTYPES:
+            reason = kernels.cpu_unavailable(dtype)
+            if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
         if HAS_FLASH_ATTN and block_size % 256 == 0:
             return "flash_attn"
         return "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
-        reason = "it runs on CPUs" if device.type != "cpu" else cpu_paged_attention.unavailable(dtype)
+        reason = "it runs on CPUs" if device.type != "cpu" else kernels.cpu_unavailable(dtype)
         if reason:
             raise ValueError(f"attention_backend='cpu_paged' cannot run here: {reason}")
     if requested == "triton" and not triton_fits:

@@ -15,8 +15,8 @@ import torch
 
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.context import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
-from kvscope.layers.cpu_paged_attention import tiles_span
+from kvscope.layers.attention import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
+from kvscope.layers.kernels import tiles_span
 from kvscope.engine.block_manager import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
@@ -135,7 +135,7 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
 
 
 def _plan_cpu_kernels(md: AttentionMetadata, span_tables: list[np.ndarray], buffers: StepBuffers) -> None:
-    """Split the spans between cpu_paged_attention's kernels (its rule, tiles_span): the
+    """Split the spans between the CPU kernels (their rule, kernels.tiles_span): the
     longer ones to the tile kernel, the rest with the decode rows to the row kernel, where a
     span's query i is a row whose context ends at its own position. No span is left for SDPA."""
     tiled = [tiles_span(s.q_len) for s in md.prefills]

@@ -16,7 +16,7 @@ from kvscope.engine.step_inputs import batch_order
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import PagedAttention
-from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
+from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.attention import gather_context
 from kvscope.engine.block_manager import cdiv
 

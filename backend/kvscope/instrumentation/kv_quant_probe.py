@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from kvscope.layers.attention import PagedAttention
-from kvscope.layers.context import AttentionMetadata, PrefillSpan, step_metadata
+from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
 from kvscope.layers.attention import SCALE_DTYPE, KVCacheFormat, kv_cache_format
-from kvscope.models.config import ModelConfig
+from kvscope.models.loader import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -2,23 +2,109 @@
 the block tables with the selected backend. Below it, the readable reference backend in
 plain PyTorch (CPU or GPU): K and V are read back from the paged cache through each
 sequence's block table, the layout the kernels use. Whole blocks are gathered with
-index_select (an order of magnitude faster on CPU than gathering single slots)."""
+index_select (an order of magnitude faster on CPU than gathering single slots).
+
+What a step's attention needs to know (slot mapping, spans, block tables) is set once per
+forward pass by the model runner (`with step_metadata(md):`); the layers read it there
+instead of taking extra arguments."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.layers import cpu_paged_attention
-from kvscope.layers.context import AttentionMetadata, PrefillSpan, get_metadata
+from kvscope.layers import kernels
 
 try:
     from flash_attn import flash_attn_with_kvcache
     HAS_FLASH_ATTN = True
 except ImportError:
     HAS_FLASH_ATTN = False
+
+
+# -- the step's attention metadata ------------------------------------------------------
+@dataclass
+class PrefillSpan:
+    """A sequence computing several tokens this step (a whole prompt or a chunk of one)."""
+    q_start: int            # first row of this span in the step's flattened tokens
+    q_len: int
+    start: int              # position of the first computed token (= tokens already cached)
+    context_blocks: torch.Tensor | None = None  # block ids holding positions [0, start + q_len)
+
+
+@dataclass
+class DecodeGroup:
+    """Decode rows of similar context length, padded only to the longest of them (the
+    reference path pads each group, not the whole batch, to the longest context)."""
+    rows: slice
+    block_tables: torch.Tensor                  # [rows, blocks]
+    mask: torch.Tensor                          # [rows, 1, 1, blocks * block_size]
+
+
+@dataclass
+class InPlaceRows:
+    """Rows the CPU kernel attends in one call per layer (an eager step with the cpu_paged
+    backend): every decode row, and every span short enough to read its context in place,
+    one row per query, each with its own block table and context length."""
+    rows: slice | torch.Tensor                  # into the step's flattened tokens
+    block_tables: torch.Tensor                  # [rows, width] int32
+    context_lens: torch.Tensor                  # [rows] int32
+
+
+@dataclass
+class TiledSpans:
+    """Spans the CPU tile kernel attends in one call per layer (an eager step with the
+    cpu_paged backend): every span of at least MIN_TILED_SPAN tokens."""
+    block_tables: torch.Tensor                  # [spans, width] int32: blocks holding each context
+    q_starts: torch.Tensor                      # [spans] int32: first row in the step's tokens
+    q_lens: torch.Tensor                        # [spans] int32
+    starts: torch.Tensor                        # [spans] int32: position of the first query
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
+    # spans for scaled_dot_product_attention (none where the CPU kernels take them all)
+    prefills: list[PrefillSpan] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    # decode rows (one new token each) follow the prefill rows
+    block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
+    context_lens: torch.Tensor | None = None    # [num_decodes]
+    max_context_len: int = 0
+    decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
+    in_place: InPlaceRows | None = None         # cpu_paged, eager steps: decodes and short spans
+    tiled: TiledSpans | None = None             # cpu_paged, eager steps: the other spans
+
+    @property
+    def num_decodes(self) -> int:
+        return 0 if self.context_lens is None else self.context_lens.shape[0]
+
+
+_current: AttentionMetadata | None = None
+
+
+def get_metadata() -> AttentionMetadata:
+    assert _current is not None, "attention called outside a model-runner step"
+    return _current
+
+
+class step_metadata:
+    """`with step_metadata(md):` the attention layers read `md` (a class, not a generator
+    function: entered twice per step, it is cheaper this way)."""
+
+    def __init__(self, metadata: AttentionMetadata):
+        self.metadata = metadata
+
+    def __enter__(self) -> AttentionMetadata:
+        global _current
+        self.previous, _current = _current, self.metadata
+        return self.metadata
+
+    def __exit__(self, *exc) -> None:
+        global _current
+        _current = self.previous
 
 
 # -- how the cache stores K and V (kv_cache_dtype) ----------------------------------------
@@ -154,10 +240,10 @@ class PagedAttention(nn.Module):
         out = torch.empty_like(q)
         if md.in_place is not None:   # decode rows and short spans: one kernel call
             r = md.in_place
-            out[r.rows] = cpu_paged_attention.run(q[r.rows], self.k_cache, self.v_cache, r.block_tables,
+            out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables,
                                                   r.context_lens, self.scale)
         if md.tiled is not None:      # the other spans: one call, written into their rows
-            cpu_paged_attention.prefill(q.contiguous(), self.k_cache, self.v_cache, md.tiled, self.scale, out)
+            kernels.cpu_prefill(q.contiguous(), self.k_cache, self.v_cache, md.tiled, self.scale, out)
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
             out[rows] = prefill_attention(
@@ -169,8 +255,7 @@ class PagedAttention(nn.Module):
 
     def _decode(self, q, md, k_cache, v_cache):
         if self.backend == "triton":
-            from kvscope.layers.triton_attention import paged_decode_attention
-            return paged_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
+            return kernels.triton_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
                                           md.context_lens, self.scale)
         if self.backend == "flash_attn":
             out = flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache,
@@ -178,7 +263,7 @@ class PagedAttention(nn.Module):
                                           softmax_scale=self.scale, causal=True)
             return out.squeeze(1)
         if self.backend == "cpu_paged":
-            return cpu_paged_attention.decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
+            return kernels.cpu_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
                                                         md.context_lens, self.scale)
         return decode_attention(q, k_cache, v_cache, md, self.scale)
 

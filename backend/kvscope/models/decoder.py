@@ -6,6 +6,7 @@ matrix: its share of the query and KV heads, of the MLP width and of the vocabul
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,9 @@ from torch import nn
 from kvscope.layers.attention import PagedAttention
 from kvscope.layers.parallel import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, TPGroup,
                                      VocabParallelEmbedding, split)
-from kvscope.models.config import ModelConfig
+
+if TYPE_CHECKING:   # the loader builds this model from a ModelConfig: imported for annotations only
+    from kvscope.models.loader import ModelConfig
 
 
 # -- rotary position embedding, in the same float32 math as transformers (so greedy

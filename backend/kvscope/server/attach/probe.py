@@ -130,7 +130,7 @@ def event_source(sources: dict, override: str | None, host: str) -> KVEventSourc
 def local_model_facts(model: str, block_size: int) -> dict | None:
     """hello.model from the checkpoint's config.json and safetensors headers, when vLLM's
     model is a folder this machine can read (None otherwise: only the name is known)."""
-    from kvscope.models.config import ModelConfig, ModelConfigError
+    from kvscope.models.loader import ModelConfig, ModelConfigError
     path = Path(model)
     try:
         raw = json.loads((path / "config.json").read_text())
