@@ -69,11 +69,17 @@ def core_imports(path: Path) -> set[str]:
     return found
 
 
-def test_the_core_has_no_import_circles():
-    modules = {"kvscope." + ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+def import_graph() -> dict[str, list[str]]:
+    """Core module (engine/..., layers/..., models/...) -> the core modules it imports."""
+    modules = {"/".join(p.relative_to(ROOT).with_suffix("").parts): p
                for p in engine_sources() if p.name != "__init__.py"}
-    graph = {m: sorted(core_imports(p) & set(modules)) for m, p in modules.items()}
-    assert graph["kvscope.engine.model_runner"], "the import graph should see the runner's imports"
+    dotted = {"kvscope." + m.replace("/", "."): m for m in modules}
+    return {m: sorted(dotted[d] for d in core_imports(p) if d in dotted) for m, p in modules.items()}
+
+
+def test_the_core_has_no_import_circles():
+    graph = import_graph()
+    assert graph["engine/model_runner"], "the import graph should see the runner's imports"
     done, path = set(), []
 
     def walk(m):
@@ -89,3 +95,24 @@ def test_the_core_has_no_import_circles():
 
     for m in graph:
         walk(m)
+
+
+def test_docs_engine_md_names_every_core_file_and_its_import_floor():
+    """docs/engine.md's reading order names each core file, and its floors table (each file
+    imports only from floors below) is the import graph's."""
+    graph = import_graph()
+    floors: dict[str, int] = {}
+
+    def floor(m):
+        if m not in floors:
+            floors[m] = 1 + max((floor(d) for d in graph[m]), default=-1)
+        return floors[m]
+
+    text = (ROOT.parents[1] / "docs" / "engine.md").read_text()
+    documented = {}
+    for number, files in re.findall(r"^\| (\d+) \| ((?:`[\w/]+\.py`(?:, )?)+) \|$", text, re.M):
+        for name in re.findall(r"`([\w/]+)\.py`", files):
+            documented[name] = int(number)
+    assert documented == {m: floor(m) for m in graph}
+    missing = [m for m in graph if f"`{m}.py`" not in text.split("## Reading order")[1].split("floor |")[0]]
+    assert not missing, f"not in the reading order: {missing}"

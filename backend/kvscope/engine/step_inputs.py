@@ -200,7 +200,6 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
         inputs.sample_seqs += [e.seq for e in decodes]
     md = inputs.metadata
     md.block_tables, md.context_lens = buffers.to_device(tables), buffers.to_device(lens)
-    md.max_context_len = starts[-1] + 1      # decodes are sorted by context length
     if max_decode_groups:
         md.decode_groups = _decode_groups(tables, lens, block_size, buffers, max_decode_groups)
 

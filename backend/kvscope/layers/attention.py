@@ -72,7 +72,6 @@ class AttentionMetadata:
     # decode rows (one new token each) follow the prefill rows
     block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
     context_lens: torch.Tensor | None = None    # [num_decodes]
-    max_context_len: int = 0
     decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
     in_place: InPlaceRows | None = None         # cpu_paged, eager steps: decodes and short spans
     tiled: TiledSpans | None = None             # cpu_paged, eager steps: the other spans

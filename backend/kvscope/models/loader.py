@@ -59,7 +59,6 @@ class ModelConfig:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     torch_dtype: str | None = None
-    bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = ""
 
@@ -91,7 +90,6 @@ class ModelConfig:
                 qk_norm=family == "qwen3",
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-                bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             )
         except KeyError as missing:

@@ -40,7 +40,9 @@ def recording_folders(service: EngineService) -> list[Path]:
     return folders
 
 
-def create_app(service: EngineService) -> FastAPI:
+def service_app(service, title: str, docs_url: str | None) -> FastAPI:
+    """The app both servers start from (`kvscope serve` and `kvscope attach`): the service
+    started and stopped with it, the host check, tokens kept out of the access log."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()
@@ -49,10 +51,15 @@ def create_app(service: EngineService) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title="kvscope", lifespan=lifespan, docs_url="/api/docs", redoc_url=None)
+    app = FastAPI(title=title, lifespan=lifespan, docs_url=docs_url, redoc_url=None)
     app.add_middleware(SecurityMiddleware, bind_host=service.config.host, extra_hosts=service.config.extra_hosts)
     hide_tokens_in_server_logs()
     app.state.service = service
+    return app
+
+
+def create_app(service: EngineService) -> FastAPI:
+    app = service_app(service, "kvscope", docs_url="/api/docs")
     app.include_router(rest_router(service))
     app.include_router(openai_router(service))
     mount_site(app, service)
