@@ -7,6 +7,7 @@ import pytest
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
+from pool_checks import check_invariants
 
 BS = 4
 
@@ -31,10 +32,10 @@ def test_allocate_uses_ceil_blocks_and_free_returns_them():
     admit(bm, s)
     assert len(s.block_table) == 3 and bm.num_free_blocks == 7
     assert all(bm.blocks[b].ref_count == 1 for b in s.block_table)
-    bm.check_invariants([s])
+    check_invariants(bm, [s])
     bm.free(s)
     assert bm.num_free_blocks == 10
-    bm.check_invariants([])
+    check_invariants(bm, [])
 
 
 def test_prefix_hit_shares_blocks_and_counts_refs():
@@ -47,11 +48,11 @@ def test_prefix_hit_shares_blocks_and_counts_refs():
     assert b.num_cached_tokens == 8
     assert [bm.blocks[x].ref_count for x in hits] == [2, 2]
     assert b.block_table[2] != a.block_table[2]
-    bm.check_invariants([a, b])
+    check_invariants(bm, [a, b])
     bm.free(a)
     assert [bm.blocks[x].ref_count for x in hits] == [1, 1]
     bm.free(b)
-    bm.check_invariants([])
+    check_invariants(bm, [])
 
 
 def test_a_different_first_block_breaks_the_chain():
@@ -103,7 +104,7 @@ def test_reset_prefix_cache_forgets_free_blocks_and_keeps_blocks_in_use():
     again, twin = seq_of(range(9)), seq_of(range(100, 109))
     assert admit(bm, again) == []                            # computed again
     assert admit(bm, twin) == running.block_table[:2]        # still shared
-    bm.check_invariants([running, again, twin])
+    check_invariants(bm, [running, again, twin])
 
 
 def test_out_of_blocks_is_refused_not_overcommitted():
@@ -164,4 +165,4 @@ def test_no_leak_after_abort_mid_generation(tmp_path):
         engine.step()
     assert [s.finish_reason for s in seqs] == ["abort", "abort", "abort", "length"]
     assert engine.block_manager.num_free_blocks == 64
-    engine.block_manager.check_invariants([])
+    check_invariants(engine.block_manager, [])

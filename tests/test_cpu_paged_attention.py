@@ -35,7 +35,7 @@ def random_decode_step(block_size: int, context_lens: list[int], seed: int, head
     lens = torch.tensor(context_lens, dtype=torch.int32)
     mask = (torch.arange(width * block_size)[None, :] < lens[:, None]).view(len(lens), 1, 1, -1)
     md = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_tables=tables,
-                           context_lens=lens, max_context_len=max(context_lens),
+                           context_lens=lens,
                            decode_groups=[DecodeGroup(slice(0, len(lens)), tables, mask)])
     q = torch.randn(len(context_lens), heads, head_dim, generator=g).to(dtype)
     return q, k_cache, v_cache, md

@@ -8,6 +8,7 @@ import pytest
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
+from pool_checks import check_invariants
 
 BS = 4
 
@@ -38,7 +39,7 @@ def test_block_manager_fork_shares_then_copies_on_first_write():
     bm.fork(parent, child)
     assert child.block_table == parent.block_table
     assert [bm.blocks[b].ref_count for b in parent.block_table] == [2, 2, 2]
-    bm.check_invariants([parent, child])
+    check_invariants(bm, [parent, child])
     bm.append_slots(child, 1)                  # the child writes position 10: copy block 2
     assert child.block_table[:2] == parent.block_table[:2]
     assert child.block_table[2] != parent.block_table[2]
@@ -46,7 +47,7 @@ def test_block_manager_fork_shares_then_copies_on_first_write():
     bm.append_slots(parent, 1)                 # the last holder writes in place
     assert bm.take_copies() == []
     assert [bm.blocks[b].ref_count for b in parent.block_table] == [2, 2, 1]
-    bm.check_invariants([parent, child])
+    check_invariants(bm, [parent, child])
 
 
 @pytest.mark.parametrize("prompt", [PROMPT, PROMPT[:8], PROMPT[:1]], ids=["partial", "aligned", "one-token"])
@@ -78,7 +79,7 @@ def test_prompt_computed_once_and_held_once_with_ref_count_n(checkpoint):
     computed += out.num_batched_tokens
     assert computed == 4                       # one decode token per choice, no prompt recomputed
     engine.runner.run(out, engine.generators)
-    engine.block_manager.check_invariants(engine.scheduler.running)
+    check_invariants(engine.block_manager, engine.scheduler.running)
 
 
 def test_aborting_some_choices_leaks_nothing(checkpoint):
@@ -90,12 +91,12 @@ def test_aborting_some_choices_leaks_nothing(checkpoint):
     engine.step()
     engine.step()
     assert engine.abort("r-1") and engine.abort("r")     # one child and the parent
-    engine.block_manager.check_invariants(engine.scheduler.running)
+    check_invariants(engine.block_manager, engine.scheduler.running)
     while engine.has_unfinished():
         engine.step()
     assert parent.finish_reason == "abort" and pending.finish_reason == "length"
     assert pending.forks == [] and engine.block_manager.num_used_blocks == 0
-    engine.block_manager.check_invariants([])
+    check_invariants(engine.block_manager, [])
 
 
 def test_abort_before_prefill_ends_every_choice(checkpoint):
@@ -118,4 +119,4 @@ def test_choices_survive_preemption_unchanged(checkpoint):
     alone = make_llm(checkpoint)
     separate = [alone.generate([PROMPT], params(seed=7 + i, max_tokens=14))[0].outputs[0] for i in range(4)]
     assert [o.token_ids for o in together] == [o.token_ids for o in separate]
-    tight.engine.block_manager.check_invariants([])
+    check_invariants(tight.engine.block_manager, [])

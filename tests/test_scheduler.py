@@ -8,6 +8,7 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.scheduler import Scheduler
 from kvscope.engine.sequence import Sequence, SequenceStatus
 from kvscope.sampling_params import SamplingParams
+from pool_checks import check_invariants
 
 
 def running(bm: BlockManager, tokens: int, computed: int) -> Sequence:
@@ -90,7 +91,7 @@ def test_out_of_blocks_preempts_the_most_recently_admitted():
     assert [e.seq for e in out.entries] == [first]
     assert second.status == SequenceStatus.WAITING and sch.waiting[0] is second
     assert second.block_table == [] and second.num_computed_tokens == 0
-    sch.block_manager.check_invariants([first])
+    check_invariants(sch.block_manager, [first])
 
 
 def test_the_scheduler_decides_each_rows_kind_once():

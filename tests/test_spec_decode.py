@@ -11,6 +11,7 @@ from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
 from kvscope.engine.spec_decode import verify
 from kvscope.engine.spec_decode import SpeculativeConfig
+from pool_checks import check_invariants
 
 MAX_NEW = 20
 
@@ -42,7 +43,7 @@ def greedy(llm: LLM, prompts, max_new=MAX_NEW, **kw):
 def assert_no_leak(llm: LLM):
     for bm in (llm.engine.block_manager, getattr(llm.engine.speculator.proposer, "block_manager", None)):
         if bm is not None:
-            bm.check_invariants([])
+            check_invariants(bm, [])
             assert bm.num_free_blocks == bm.num_blocks
 
 

@@ -334,15 +334,3 @@ class BlockManager:
     def _record(self, kind: str, block_id: int, detail) -> None:
         if self.events is not None:
             self.events.append((kind, block_id, detail))
-
-    # -- inspection --------------------------------------------------------------------
-    def check_invariants(self, live: list[Sequence]) -> None:
-        """Ref counts equal the number of live block tables holding each block; free means 0."""
-        counts = [0] * self.num_blocks
-        for seq in live:
-            for block_id in seq.block_table:
-                counts[block_id] += 1
-        for block in self.blocks:
-            assert block.ref_count == counts[block.block_id], f"block {block.block_id} ref mismatch"
-            assert (block.ref_count == 0) == (block.block_id in self.free_ids), \
-                f"block {block.block_id} free-list mismatch"

@@ -33,9 +33,7 @@ class WorkerDied(RuntimeError):
 
 def torchrun_rank() -> int | None:
     """This process's rank when torchrun launched it, else None."""
-    if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
-        return int(os.environ["RANK"])
-    return None
+    return int(os.environ["RANK"]) if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) else None
 
 
 def backend_for(device: torch.device) -> str:
@@ -77,8 +75,7 @@ class TPWorkers:
         self.alive = True
 
     @classmethod
-    def start(cls, size: int, config, dtype: torch.dtype, max_model_len: int,
-              device: torch.device) -> "TPWorkers":
+    def start(cls, size: int, config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
         processes = []
         if torchrun_rank() is not None:
             init_method = "env://"
@@ -98,13 +95,9 @@ class TPWorkers:
         dist.broadcast_object_list([num_blocks], src=0)
 
     def send(self, plan: StepPlan | None) -> None:
-        self._check_alive()
-        dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
-
-    def _check_alive(self) -> None:
-        dead = [p for p in self.processes if p.exitcode is not None]
-        if dead:
+        if dead := [p for p in self.processes if p.exitcode is not None]:
             raise WorkerDied(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
+        dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
 
     def shutdown(self) -> None:
         if not self.alive:
@@ -141,26 +134,18 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
     try:
         path = resolve_model_path(config.model)
         _, runner, _ = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                             _receive_setup, TPGroup(rank, size))
-        serve_steps(runner, device)
+                                             lambda model: _receive(), TPGroup(rank, size))   # `send_setup`'s pool size
+        while (plan := _receive()) is not None:
+            replay(runner, move(plan, device))
     finally:
         dist.destroy_process_group()
 
 
-def _receive_setup(model) -> int:
-    """Rank 0's KV pool size (`TPWorkers.send_setup`)."""
-    setup = [None]
-    dist.broadcast_object_list(setup, src=0)
-    return setup[0]
-
-
-def serve_steps(runner, device: torch.device) -> None:
-    while True:
-        box = [None]
-        dist.broadcast_object_list(box, src=0)
-        if box[0] is None:
-            return
-        replay(runner, move(box[0], device))
+def _receive():
+    """The next object rank 0 broadcasts: the KV pool size, then each step's plan, then None."""
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @torch.inference_mode()

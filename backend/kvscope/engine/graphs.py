@@ -3,20 +3,16 @@ operations are not issued one by one from Python every step. `enforce_eager` is 
 switch (engine/model_runner.py reads it).
 
 On a GPU, CUDA graphs (DecodeGraphs): one graph per batch-size bucket replays the whole
-forward pass with a single launch. Inputs are copied into fixed buffers before each
-replay; rows beyond the real batch write to a scratch block and attend to nothing.
+forward pass in one launch. Inputs are copied into fixed buffers first; rows beyond the
+real batch write to a scratch block and attend to nothing.
 
-On a CPU, torch.compile (CompiledDecode): the eager forward pass issues about a thousand
-small PyTorch calls (norms, RoPE, residual adds) around a dozen matrix-vector products;
-inductor fuses each layer's small operations into a few generated C++ kernels, called with
-the matmuls from a C++ wrapper. Decode-only steps take this path. Attention is the C kernel
-(layers/kernels.py), a custom op opaque to inductor that reads every row's own
-context, so one graph serves every batch size and context length; with the reference
-attention, steps of up to MAX_REFERENCE_COMPILED_BATCH rows put every decode row in one
-padded attention group. PyTorch specialises a batch of one, so two graphs are compiled,
-both at start-up, on steps that write and read only the scratch block. Only torch.compile's
-public interface is used: `dynamic=True` marks every size as varying, so no real step
-recompiles."""
+On a CPU, torch.compile (CompiledDecode), public interface only: inductor fuses each
+layer's norms, RoPE and residual adds into a few generated C++ kernels, called with the
+matmuls from a C++ wrapper. The C attention kernel is a custom op opaque to inductor that
+reads every row's own context, so with `dynamic=True` one graph serves every batch size
+and context length (PyTorch specialises a batch of one: two graphs, both compiled at
+start-up on steps that touch only the scratch block). With the reference attention, steps
+of up to MAX_REFERENCE_COMPILED_BATCH rows pad every decode row into one attention group."""
 from __future__ import annotations
 
 import logging
@@ -24,11 +20,11 @@ import time
 
 import torch
 
+from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
 from kvscope.layers.attention import AttentionMetadata, step_metadata
-from kvscope.engine.block_manager import cdiv
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -67,10 +63,8 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # The C++ wrapper calls the generated kernels without going back to Python. Every
-        # guard is checked on every call: the graphs are cached per code object, so they are
-        # shared with any other engine in the process, and only the guards on the modules
-        # tell one engine's model from another's.
+        # Every guard is checked on every call: graphs are cached per code object, shared by
+        # every engine in the process, and only the guards on the modules tell their models apart.
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
         # the reference pads every row to the longest context; the kernel pads nothing

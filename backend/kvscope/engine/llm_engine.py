@@ -22,8 +22,7 @@ from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
 from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
                                        spec_logprobs)
 from kvscope.layers.parallel import TPGroup
-from kvscope.models.loader import choose_dtype
-from kvscope.models.loader import load_tokenizer, read_model_config, resolve_model_path
+from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
 # the scheduler's settings an instructor may change between steps (set_knobs)
@@ -57,9 +56,8 @@ class ProcessState:
 
 
 # -- the engine's named publication points -----------------------------------------------
-# Instrumentation subclasses EngineObserver and
-# registers with `engine.add_observer`; with no observer registered the engine skips
-# building any payload, so listening costs nothing when nobody listens.
+# Instrumentation subclasses EngineObserver and registers with `engine.add_observer`; with no
+# observer the engine builds no payload, so listening costs nothing when nobody listens.
 @dataclass
 class StepRecord:
     """Everything one step did, handed to observers after the step: the rows scheduled
@@ -161,11 +159,8 @@ class LLMEngine:
     def _build_speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
         if config is None:
             return None
-        if config.method == "ngram":
-            proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
-                                     config.prompt_lookup_min)
-        else:
-            proposer = DraftModelProposer(config, self)
+        proposer = (NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min)
+                    if config.method == "ngram" else DraftModelProposer(config, self))
         return Speculator(config, proposer, self.max_model_len)
 
     def _start_workers(self, device: torch.device, dtype: torch.dtype) -> tuple[TPWorkers, torch.device]:
@@ -204,7 +199,7 @@ class LLMEngine:
         gen_cfg = self.model_path / "generation_config.json"
         if gen_cfg.is_file():
             eos = json.loads(gen_cfg.read_text()).get("eos_token_id")
-            ids |= set([eos] if isinstance(eos, int) else (eos or []))
+            ids |= {eos} if isinstance(eos, int) else set(eos or [])
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return ids
@@ -215,10 +210,8 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass token ids")
             return self.tokenizer.encode(prompt, add_special_tokens=False)
-        ids = list(prompt)
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
+        ids, vocab = list(prompt), self.model_config.vocab_size
+        if bad := [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]:
             raise ValueError(f"token ids must be integers in [0, {vocab}); got {bad[:3]}")
         return ids
 
@@ -263,17 +256,14 @@ class LLMEngine:
         return self.scheduler.find(request_id)
 
     def abort(self, request_id: str) -> bool:
-        seq = self.find(request_id)
-        if seq is None:
-            return False
-        self.finish(seq, "abort")
-        return True
+        if (seq := self.find(request_id)) is not None:
+            self.finish(seq, "abort")
+        return seq is not None
 
     def has_unfinished(self) -> bool:
         """The one "is there work" check: a request is queued or running and not held by
         its owner (a held request waits for more allowance; stepping cannot advance it)."""
-        sched = self.scheduler
-        return any(not s.held for s in sched.running) or any(not s.held for s in sched.waiting)
+        return any(not s.held for s in (*self.scheduler.running, *self.scheduler.waiting))
 
     # -- what observers read between steps (besides the step record) --------------------
     @property
@@ -305,8 +295,7 @@ class LLMEngine:
     def set_knobs(self, **knobs) -> dict:
         """Change scheduler knobs between steps, validated as the constructor validates them.
         Returns the knobs now in force."""
-        unknown = set(knobs) - set(KNOBS)
-        if unknown:
+        if unknown := set(knobs) - set(KNOBS):
             raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
         merged = {**self.knobs(), **knobs}
         check_chunking(merged["enable_chunked_prefill"], merged["max_num_batched_tokens"], self.max_model_len)

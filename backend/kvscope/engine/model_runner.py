@@ -15,14 +15,12 @@ from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import kernels
-from kvscope.layers.attention import (HAS_FLASH_ATTN, SCALE_DTYPE, KVCacheFormat, PagedAttention, as_bytes,
-                                      kv_cache_format)
-from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.parallel import TPGroup
+from kvscope.layers.attention import (HAS_FLASH_ATTN, SCALE_DTYPE, AttentionMetadata, KVCacheFormat, PagedAttention,
+                                      PrefillSpan, as_bytes, kv_cache_format, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
-from kvscope.models.loader import ModelConfig
+from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
-from kvscope.models.loader import build_model
+from kvscope.models.loader import ModelConfig, build_model
 
 log = logging.getLogger("kvscope.engine")
 
@@ -178,7 +176,12 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                           head_dim: int) -> str:
+                           head_dim: int, kv_format: KVCacheFormat) -> str:
+    if kv_format.quantized:   # the kernels read unquantized caches; the reference dequantizes what it reads
+        if requested not in ("auto", "torch"):
+            raise ValueError(f"kv_cache_dtype={kv_format.name!r} is read by the 'torch' attention backend only, "
+                             f"not {requested!r}")
+        return "torch"
     triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
     if requested == "auto":
         if device.type != "cuda":
@@ -217,15 +220,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
-                                                        model.config.head_dim)
-        if self.kv_format.quantized and self.attention_backend != "torch":
-            if config.attention_backend != "auto":
-                raise ValueError(f"kv_cache_dtype={self.kv_format.name!r} is read by the 'torch' attention "
-                                 f"backend only, not {config.attention_backend!r}")
-            log.warning("attention: the %s kernel reads unquantized caches; kv_cache_dtype=%s uses the "
-                        "PyTorch reference, which dequantizes the blocks it reads", self.attention_backend,
-                        self.kv_format.name)
-            self.attention_backend = "torch"
+                                                        model.config.head_dim, self.kv_format)
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
@@ -371,10 +366,8 @@ class ModelRunner:
         return plain, plain_rows
 
     def _collect(self, result, seqs, logits, tokens) -> None:
-        token_list = tokens.tolist()
-        result.tokens = {s.seq_id: [t] for s, t in zip(seqs, token_list)}
-        wants = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
-        if wants:
+        result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
+        if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])
             for i, entry in zip(wants, entries):
                 result.logprobs[seqs[i].seq_id] = [entry]
@@ -383,15 +376,12 @@ class ModelRunner:
 # -- a failed step -------------------------------------------------------------------
 def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[int, torch.Generator],
                   eager: bool = False) -> tuple[StepResult, dict[int, str]]:
-    """The step's result and {seq_id: why its step failed}. When a step fails, find the
-    requests that make it fail and run the others' step again without them, so one bad
-    request ends alone instead of taking every stream with it; an error no single request
-    explains is raised again.
-
-    Only the error path pays: each request's part of the step is tried on its own, then the
-    step runs again for the rest. Running a step again is safe because writing a position's
-    K/V is idempotent (the same inputs write the same values to the same slots), and the
-    seeded generators are rewound so the rest draw exactly what they would have drawn."""
+    """The step's result and {seq_id: why its step failed}. When a step fails, each request's
+    part is tried alone and the step runs again without the ones that fail, so one bad
+    request ends alone instead of taking every stream with it (an error no single request
+    explains is raised again). Only the error path pays. Running a step again is safe:
+    writing a position's K/V is idempotent, and the seeded generators are rewound so the
+    rest draw exactly what they would have drawn."""
     states = {seq_id: gen.get_state() for seq_id, gen in generators.items()}
     try:
         return runner.run(out, generators, eager), {}

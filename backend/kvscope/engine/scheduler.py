@@ -134,9 +134,7 @@ class Scheduler:
             if seq.held or budget == 0:
                 kept.append(seq)
                 continue
-            drafts = seq.spec_token_ids
-            if drafts:
-                seq.spec_token_ids = []
+            drafts, seq.spec_token_ids = seq.spec_token_ids, []
             n = self._chunk(seq, seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
             appended = bm.try_append(seq, n)
             while not appended and queue:
@@ -175,11 +173,8 @@ class Scheduler:
     def _chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
         """Tokens a sequence computes this step: what is left, within the budget, the engine's
         prefill chunk and the request's own (a decode's single token is never cut)."""
-        n = min(remaining, budget)
-        for cap in (self.config.prefill_chunk_size, seq.prefill_chunk_size):
-            if cap:
-                n = min(n, cap)
-        return n
+        caps = (self.config.prefill_chunk_size, seq.prefill_chunk_size)
+        return min(remaining, budget, *(cap for cap in caps if cap))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
@@ -267,11 +262,9 @@ class Scheduler:
         token, p = seq.token_ids[-1], seq.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
-        n = len(seq.token_ids)
-        if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len:
+        n = len(seq.token_ids)   # the last test: the sequence filled the whole KV cache
+        if n - len(seq.prompt_token_ids) >= p.max_tokens or n >= self.max_model_len or n >= self.block_manager.capacity:
             return "length"
-        if n + 1 > self.block_manager.capacity:
-            return "length"   # the sequence filled the whole KV cache
         return None
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:

@@ -49,8 +49,7 @@ class Sequence:
     spec_token_ids: list[int] = field(default_factory=list)   # drafts awaiting verification
 
     def __post_init__(self):
-        if not self.request_id:
-            self.request_id = f"req-{self.seq_id}"
+        self.request_id = self.request_id or f"req-{self.seq_id}"
         self.token_ids = list(self.prompt_token_ids)
 
     @property
@@ -92,9 +91,7 @@ class Sequence:
         self.token_ids.append(token_id)
 
     def finish(self, reason: str, error: str | None = None) -> None:
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.error = error
+        self.status, self.finish_reason, self.error = SequenceStatus.FINISHED, reason, error
 
     @property
     def ttft(self) -> float | None:
@@ -106,12 +103,11 @@ class Sequence:
 
 
 # -- its text, token by token -----------------------------------------------------------
-# Incremental detokenization: text deltas as tokens arrive, holding back a delta while
-# it ends inside a multi-byte character (byte-level BPE splits UTF-8 across tokens), and the
-# stop-string rule, which needs that text: the first stop string to appear ends the sequence
-# and cuts its text where the stop string begins. With stop strings, the last characters
-# that could still begin one are held back from the deltas (as vLLM does), so a stop string
-# split over several tokens never reaches a stream before it is recognised.
+# Incremental detokenization: text deltas as tokens arrive, a delta held back while it ends inside a
+# multi-byte character (byte-level BPE splits UTF-8 across tokens); and the stop-string rule, which needs
+# that text: the first stop string to appear ends the sequence and cuts its text where it begins. With
+# stop strings, the last characters that could still begin one are held back from the deltas (as vLLM
+# does), so a stop string split over several tokens never reaches a stream before it is recognised.
 
 
 class IncrementalDetokenizer:
@@ -132,11 +128,10 @@ class IncrementalDetokenizer:
         if final and not delta:
             delta = self._flush(seq)
         seq.text += delta
-        stops, stopped = seq.params.stop, False
-        if stops:
-            cut = find_stop(seq.text, len(delta), stops)
-            if cut is not None:
-                seq.text, stopped = seq.text[:cut], True
+        stops = seq.params.stop
+        cut = find_stop(seq.text, len(delta), stops)
+        if stopped := (cut is not None):
+            seq.text = seq.text[:cut]
         hold = 0 if final or stopped or not stops else max(map(len, stops)) - 1
         return self._hand_out(seq, len(seq.text) - hold), stopped
 
@@ -166,10 +161,5 @@ class IncrementalDetokenizer:
 def find_stop(text: str, delta_len: int, stops: list[str]) -> int | None:
     """Earliest index in `text` where a stop string begins, looking only where the last
     delta could have completed one."""
-    best = None
-    for stop in stops:
-        start = max(0, len(text) - delta_len - len(stop) + 1)
-        i = text.find(stop, start)
-        if i != -1 and (best is None or i < best):
-            best = i
-    return best
+    found = (text.find(stop, max(0, len(text) - delta_len - len(stop) + 1)) for stop in stops)
+    return min((i for i in found if i != -1), default=None)

@@ -1,15 +1,14 @@
-"""Speculative decoding: vLLM's `speculative_config`, and the two halves of a speculative
-step around the ordinary one — drafts proposed before scheduling, verified after the target
-pass. The scheduler gives a sequence with drafts k + 1 query rows (its last token and the
-drafts) in an ordinary step, so speculative and plain requests share the batch.
+"""Speculative decoding: vLLM's `speculative_config`, and the two halves of a speculative step around the
+ordinary one — drafts proposed before scheduling, verified after the target pass. A sequence with k drafts gets
+k + 1 query rows (its last token and the drafts) in an ordinary step, so speculative and plain requests share
+the batch.
 
-Verification (`verify`, rejection sampling): the target scored the last known token and the k drafts in one pass, giving k + 1 rows of
-logits. Draft i is accepted with probability min(1, p(d) / q(d)), p being the target's and q
-the drafter's distribution at that position; at the first rejection a token is drawn from
-the normalised residual max(0, p − q), and if all k are accepted the last row gives a bonus
-token from p. The output then follows the target's distribution exactly. Greedy requests
-accept a draft exactly when it is the target's argmax, so they produce the target's tokens.
-A drafter without probabilities (n-gram lookup) proposes deterministically: q is one-hot."""
+Verification (`verify`, rejection sampling) reads those k + 1 rows of target logits. Draft i is accepted with
+probability min(1, p(d) / q(d)), p being the target's and q the drafter's distribution at that position; at the
+first rejection a token is drawn from the normalised residual max(0, p − q), and if all k are accepted the last
+row gives a bonus token from p. The output then follows the target's distribution exactly. Greedy requests accept
+a draft exactly when it is the target's argmax, so they produce the target's tokens. A drafter without
+probabilities (n-gram lookup) proposes deterministically: q is one-hot."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,21 +39,14 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
-        if raw is None:
-            return None
-        if isinstance(raw, SpeculativeConfig):
+        if raw is None or isinstance(raw, SpeculativeConfig):
             return raw
-        known = set(cls.__dataclass_fields__)
-        unknown = set(raw) - known
-        if unknown:
+        known = cls.__dataclass_fields__.keys()
+        if unknown := raw.keys() - known:
             raise ValueError(f"unknown speculative_config key(s) {sorted(unknown)}; known: {sorted(known)}")
         if "num_speculative_tokens" not in raw:
             raise ValueError("speculative_config needs num_speculative_tokens")
-        values = dict(raw)
-        values.setdefault("method", "draft_model" if values.get("model") else "ngram")
-        if "prompt_lookup_max" in raw and "prompt_lookup_min" not in raw:
-            values["prompt_lookup_min"] = 1
-        return cls(**values)
+        return cls(**{"method": "draft_model" if raw.get("model") else "ngram", **raw})
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -74,7 +66,7 @@ class DraftCheck:
     token_id: int
     target: float | torch.Tensor   # p(draft), or for greedy the row's logits (p on demand)
     q: float
-    u: float | None        # the uniform draw compared with p/q (None for greedy)
+    u: float | None                # the uniform draw compared with p/q (None for greedy)
     accepted: bool
 
     @property
@@ -108,15 +100,16 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
     if params.greedy:
         return _verify_greedy(logits, proposed)
     p = filtered_logits(logits, [params] * logits.shape[0]).softmax(dim=1)
+    if draft_probs is None:
+        draft_probs = torch.nn.functional.one_hot(torch.tensor(proposed, device=p.device), p.shape[1]).float()
     verdict = SpecVerdict(list(proposed), [])
     for i, d in enumerate(proposed):
-        q_row = _draft_row(draft_probs, i, d, p.shape[1], p.device)
-        ratio = float(p[i, d]) / max(float(q_row[d]), 1e-20)
+        p_d, q_d = float(p[i, d]), float(draft_probs[i, d])
         u = float(torch.rand((), generator=generator, device=generator.device))
-        accepted = u < min(1.0, ratio)
-        verdict.checks.append(DraftCheck(d, float(p[i, d]), float(q_row[d]), u, accepted))
+        accepted = u < min(1.0, p_d / max(q_d, 1e-20))
+        verdict.checks.append(DraftCheck(d, p_d, q_d, u, accepted))
         if not accepted:
-            residual = (p[i] - q_row).clamp_min(0)
+            residual = (p[i] - draft_probs[i]).clamp_min(0)
             verdict.token_ids.append(_draw(residual if residual.sum() > 0 else p[i], generator))
             return verdict
         verdict.token_ids.append(d)
@@ -125,22 +118,12 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
 
 
 def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
+    """The drafts before the first that is not its row's argmax are accepted; the tokens are the argmaxes of
+    the rows up to that one (or of all k + 1 rows)."""
     best = logits.argmax(dim=1).tolist()
-    verdict = SpecVerdict(list(proposed), [])
-    for i, d in enumerate(proposed):
-        accepted = best[i] == d
-        verdict.checks.append(DraftCheck(d, logits[i], 1.0, None, accepted))
-        verdict.token_ids.append(best[i])
-        if not accepted:
-            return verdict
-    verdict.token_ids.append(best[len(proposed)])
-    return verdict
-
-
-def _draft_row(draft_probs, i: int, token: int, vocab: int, device) -> torch.Tensor:
-    if draft_probs is not None:
-        return draft_probs[i]
-    return torch.zeros(vocab, device=device).index_fill_(0, torch.tensor([token], device=device), 1.0)
+    n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
+    checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
+    return SpecVerdict(list(proposed), best[:n + 1], checks)
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
@@ -202,12 +185,9 @@ class Speculator:
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.held or seq.forks or seq.grammar is not None:
                 continue
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-            k = min(self.config.num_speculative_tokens, room)
-            if k > 0:
+            if (k := min(self.config.num_speculative_tokens, room)) > 0:
                 ready.append(seq)
                 ks.append(k)
-        if not ready:
-            return
         for seq, draft in zip(ready, self.proposer.propose(ready, ks)):
             self.drafts.pop(seq.seq_id, None)
             if draft.token_ids:
@@ -226,8 +206,7 @@ class Speculator:
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
-        stats = self.stats.pop(seq.seq_id, None)
-        if stats is not None:
+        if (stats := self.stats.pop(seq.seq_id, None)) is not None:
             self.last_stats[seq.seq_id] = stats
         self.proposer.release(seq)
 
@@ -239,10 +218,9 @@ def spec_logprobs(logits: torch.Tensor, token_ids: list[int], n: int) -> list[di
 
 
 class NgramProposer:
-    """Prompt lookup (n-gram) drafting: no extra model. The last n tokens of a sequence are
-    looked up earlier in the same sequence; the tokens that followed the most recent earlier
-    occurrence are proposed as the continuation. Longest n first, from prompt_lookup_max
-    down to prompt_lookup_min. (Drafting with a small model: DraftModelProposer, below.)"""
+    """Prompt lookup (n-gram) drafting, no extra model: the last n tokens of a sequence are looked up earlier in
+    it, and the tokens that followed their most recent earlier occurrence are the draft. Longest n first, from
+    prompt_lookup_max down to prompt_lookup_min. (Drafting with a small model: DraftModelProposer, below.)"""
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_max: int, prompt_lookup_min: int):
         self.k = num_speculative_tokens
@@ -255,22 +233,12 @@ class NgramProposer:
         """Nothing is kept per sequence."""
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
-        if k <= 0:
-            return []
         for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
-            start = self._latest_match(token_ids, n)
-            if start is not None:
-                return token_ids[start + n:start + n + k]
+            tail = token_ids[-n:]
+            for start in range(len(token_ids) - n - 1, -1, -1):   # the most recent occurrence first
+                if token_ids[start:start + n] == tail:
+                    return token_ids[start + n:start + n + k]
         return []
-
-    @staticmethod
-    def _latest_match(token_ids: list[int], n: int) -> int | None:
-        """Start of the most recent earlier occurrence of the last n tokens, or None."""
-        tail = token_ids[-n:]
-        for start in range(len(token_ids) - n - 1, -1, -1):
-            if token_ids[start:start + n] == tail:
-                return start
-        return None
 
 
 # -- drafting with a small model ----------------------------------------------------------
@@ -280,14 +248,11 @@ GREEDY = SamplingParams(temperature=0.0)
 class DraftModelProposer:
     """Drafting with a small model that shares the target's vocabulary.
 
-    The draft model has its own paged KV cache, its own block manager and its own model
-    runner (the same classes the target uses). Each target sequence has a mirror sequence on
-    the draft side. Before drafting, the mirror forgets the K/V of any earlier drafts the
-    target rejected (its computed count falls back to the prefix it shares with the target
-    and the surplus blocks are given back), catches up on the tokens it has not seen, then
-    decodes k tokens. The draft proposes its most likely token at each position, so its
-    distribution q is one-hot and the rejection sampler accepts a draft with probability
-    p(draft)."""
+    It has its own paged KV cache, block manager and model runner (the target's classes), and a mirror of each
+    target sequence. Before drafting, the mirror forgets the K/V of earlier drafts the target rejected (its
+    computed count falls back to the prefix it shares with the target, the surplus blocks are given back),
+    catches up on the tokens it has not seen, then decodes k tokens. The draft proposes its most likely token
+    at each position, so q is one-hot and the rejection sampler accepts a draft with probability p(draft)."""
     def __init__(self, config: SpeculativeConfig, engine):
         path = resolve_model_path(config.model)
         self.model_config = read_model_config(path)
@@ -302,51 +267,38 @@ class DraftModelProposer:
         self.mirrors: dict[int, Sequence] = {}
         self.num_steps = 0
 
-    @property
-    def kv_cache_bytes(self) -> int:
-        return self.runner.kv_cache_bytes
-
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
         mirrors = [self._sync(seq) for seq in seqs]
-        drafts: dict[int, list[int]] = {m.seq_id: [] for m in mirrors}
-        active = list(zip(mirrors, ks))
+        active = [(m, m.num_tokens + k) for m, k in zip(mirrors, ks)]   # a mirror and its length when done
         while active:
             out = SchedulerOutput(step=self.num_steps)
             self.num_steps += 1
             for mirror, _ in active:
                 n = mirror.num_tokens - mirror.num_computed_tokens
-                if not self.block_manager.try_append(mirror, n):
-                    continue      # the draft cache is full: this sequence drafts no further
-                out.entries.append(ScheduledSeq.row(mirror, n))
+                if self.block_manager.try_append(mirror, n):   # a full draft cache ends its drafting here
+                    out.entries.append(ScheduledSeq.row(mirror, n))
             if out.is_empty:
                 break
             result = self.runner.run(out, {})
             for entry in out.entries:
-                mirror = entry.seq
-                mirror.num_computed_tokens += entry.num_new_tokens
-                token = result.tokens[mirror.seq_id][0]
-                mirror.token_ids.append(token)
-                drafts[mirror.seq_id].append(token)
+                entry.seq.num_computed_tokens += entry.num_new_tokens
+                entry.seq.token_ids.append(result.tokens[entry.seq.seq_id][0])
             scheduled = {e.seq.seq_id for e in out.entries}
-            active = [(m, k) for m, k in active if m.seq_id in scheduled and len(drafts[m.seq_id]) < k]
-        return [Draft(drafts[m.seq_id]) for m in mirrors]
+            active = [(m, end) for m, end in active if m.seq_id in scheduled and m.num_tokens < end]
+        return [Draft(m.token_ids[seq.num_tokens:]) for m, seq in zip(mirrors, seqs)]
 
     def _sync(self, seq: Sequence) -> Sequence:
         """The mirror with the target's tokens, keeping K/V only for the shared prefix."""
         mirror = self.mirrors.get(seq.seq_id)
         if mirror is None:
             mirror = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), GREEDY)
-        shared = 0
-        for a, b in zip(mirror.token_ids, seq.token_ids):
-            if a != b:
-                break
-            shared += 1
+        pairs = enumerate(zip(mirror.token_ids, seq.token_ids))
+        shared = next((i for i, (a, b) in pairs if a != b), min(mirror.num_tokens, seq.num_tokens))
         mirror.num_computed_tokens = min(mirror.num_computed_tokens, shared, seq.num_tokens - 1)
         self.block_manager.trim(mirror)
         mirror.token_ids = list(seq.token_ids)
         return mirror
 
     def release(self, seq: Sequence) -> None:
-        mirror = self.mirrors.pop(seq.seq_id, None)
-        if mirror is not None:
+        if (mirror := self.mirrors.pop(seq.seq_id, None)) is not None:
             self.block_manager.free(mirror)

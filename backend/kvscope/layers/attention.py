@@ -1,12 +1,11 @@
-"""Paged attention: the layer writes this step's K/V into the cache, then attends through
-the block tables with the selected backend. Below it, the readable reference backend in
-plain PyTorch (CPU or GPU): K and V are read back from the paged cache through each
-sequence's block table, the layout the kernels use. Whole blocks are gathered with
-index_select (an order of magnitude faster on CPU than gathering single slots).
+"""Paged attention: the layer writes this step's K/V into the cache, then attends through the
+block tables with the selected backend. What a step's attention needs to know (slot mapping,
+spans, block tables) is set once per forward pass by the model runner (`with step_metadata(md):`);
+the layers read it there instead of taking extra arguments.
 
-What a step's attention needs to know (slot mapping, spans, block tables) is set once per
-forward pass by the model runner (`with step_metadata(md):`); the layers read it there
-instead of taking extra arguments."""
+Below the layer, the readable reference backend in plain PyTorch (CPU or GPU) reads K and V back
+through each sequence's block table, the layout the kernels use, gathering whole blocks with
+index_select (an order of magnitude faster on CPU than gathering single slots)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +35,7 @@ class PrefillSpan:
 
 @dataclass
 class DecodeGroup:
-    """Decode rows of similar context length, padded only to the longest of them (the
-    reference path pads each group, not the whole batch, to the longest context)."""
+    """Decode rows of similar context length: the reference path pads each group, not the batch, to its longest."""
     rows: slice
     block_tables: torch.Tensor                  # [rows, blocks]
     mask: torch.Tensor                          # [rows, 1, 1, blocks * block_size]
@@ -45,9 +43,8 @@ class DecodeGroup:
 
 @dataclass
 class InPlaceRows:
-    """Rows the CPU kernel attends in one call per layer (an eager step with the cpu_paged
-    backend): every decode row, and every span short enough to read its context in place,
-    one row per query, each with its own block table and context length."""
+    """An eager cpu_paged step's rows for the row kernel, one call per layer: every decode row and
+    every short span, one row per query, each with its own block table and context length."""
     rows: slice | torch.Tensor                  # into the step's flattened tokens
     block_tables: torch.Tensor                  # [rows, width] int32
     context_lens: torch.Tensor                  # [rows] int32
@@ -55,8 +52,7 @@ class InPlaceRows:
 
 @dataclass
 class TiledSpans:
-    """Spans the CPU tile kernel attends in one call per layer (an eager step with the
-    cpu_paged backend): every span of at least MIN_TILED_SPAN tokens."""
+    """An eager cpu_paged step's spans of at least MIN_TILED_SPAN tokens, for the tile kernel (one call per layer)."""
     block_tables: torch.Tensor                  # [spans, width] int32: blocks holding each context
     q_starts: torch.Tensor                      # [spans] int32: first row in the step's tokens
     q_lens: torch.Tensor                        # [spans] int32
@@ -106,25 +102,19 @@ class step_metadata:
         _current = self.previous
 
 
-# -- how the cache stores K and V (kv_cache_dtype) ----------------------------------------
-# A quantized KV cache: K and V stored in 8 bits, dequantized when attention reads them.
-#
-# vLLM's `kv_cache_dtype` values:
+# -- how the cache stores K and V: vLLM's kv_cache_dtype ----------------------------------
 # - `auto`: the model's own dtype, nothing quantized.
 # - `fp8` (= `fp8_e4m3`) and `fp8_e5m2`: each element cast to an 8-bit float after dividing
 #   by one scale per layer for K and one for V (per-tensor; 1.0 unless a checkpoint or a
 #   calibration says otherwise, as in vLLM). e4m3 keeps more precision, e5m2 more range.
 # - `int8_per_token_head`: each token's vector in each KV head gets its own float32 scale
 #   (its largest magnitude / 127), so one outlier token costs precision only to itself.
-#
-# The cache keeps its paged shape [num_blocks, block_size, KVH, D]; the per-token-head scales
-# live beside it as [num_blocks, block_size, KVH]. Reading goes through QuantizedCache, which
-# gathers whole blocks like a plain tensor and hands back dequantized values, so the
-# PyTorch reference attention runs on it unchanged.
-
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head")
+# The cache keeps its paged shape [num_blocks, block_size, KVH, D], per-token-head scales beside
+# it as [num_blocks, block_size, KVH]. Attention reads 8-bit caches through QuantizedCache, which
+# gathers whole blocks like a plain tensor and dequantizes them, so the reference runs unchanged.
 _STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
             "int8_per_token_head": torch.int8}
+KV_CACHE_DTYPES = ("auto", *_STORAGE)
 SCALE_DTYPE = torch.float32
 
 
@@ -144,9 +134,8 @@ class KVCacheFormat:
 
     def bytes_per_token(self, num_layers: int, num_kv_heads: int, head_dim: int) -> int:
         """K and V of one token across all layers, scales included."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        scales = num_kv_heads * torch.empty((), dtype=SCALE_DTYPE).element_size() if self.per_token_head else 0
-        return 2 * num_layers * (num_kv_heads * head_dim * element + scales)
+        scale_bytes = SCALE_DTYPE.itemsize if self.per_token_head else 0
+        return 2 * num_layers * num_kv_heads * (head_dim * self.dtype.itemsize + scale_bytes)
 
 
 def kv_cache_format(name: str, model_dtype: torch.dtype) -> KVCacheFormat:
@@ -164,16 +153,13 @@ def quantize(x: torch.Tensor, fmt: KVCacheFormat, tensor_scale: float) -> tuple[
     """x: [N, KVH, D] → (stored values, per-token-head scales [N, KVH] or None)."""
     if fmt.per_token_head:
         scale = x.abs().amax(dim=-1).float().clamp_min(1e-8) / 127.0
-        q = (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
-        return q, scale
+        return (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8), scale
     limit = torch.finfo(fmt.dtype).max     # saturate instead of overflowing to NaN
     return (x.float() / tensor_scale).clamp(-limit, limit).to(fmt.dtype), None
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | None, fmt: KVCacheFormat, tensor_scale: float) -> torch.Tensor:
-    if fmt.per_token_head:
-        return (q.float() * scale.unsqueeze(-1)).to(fmt.compute_dtype)
-    return (q.float() * tensor_scale).to(fmt.compute_dtype)
+    return (q.float() * (scale.unsqueeze(-1) if fmt.per_token_head else tensor_scale)).to(fmt.compute_dtype)
 
 
 def store(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor, x: torch.Tensor,
@@ -201,9 +187,7 @@ class QuantizedCache:
         return self.data.shape
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        q = as_bytes(self.data).index_select(dim, index)
-        if self.fmt.dtype != torch.int8:
-            q = q.view(self.fmt.dtype)
+        q = as_bytes(self.data).index_select(dim, index).view(self.fmt.dtype)
         scale = self.scales.index_select(dim, index) if self.scales is not None else None
         return dequantize(q, scale, self.fmt, self.tensor_scale)
 
@@ -235,68 +219,55 @@ class PagedAttention(nn.Module):
         store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)
         store(self.v_cache, self.v_scales, md.slot_mapping, v, self.kv_format, self.v_scale)
         k_cache, v_cache = self.readable_caches()
-
         out = torch.empty_like(q)
-        if md.in_place is not None:   # decode rows and short spans: one kernel call
-            r = md.in_place
-            out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables,
-                                                  r.context_lens, self.scale)
+        if (r := md.in_place) is not None:   # decode rows and short spans: one kernel call
+            out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables, r.context_lens,
+                                             self.scale)
         if md.tiled is not None:      # the other spans: one call, written into their rows
             kernels.cpu_prefill(q.contiguous(), self.k_cache, self.v_cache, md.tiled, self.scale, out)
         for span in md.prefills:
             rows = slice(span.q_start, span.q_start + span.q_len)
-            out[rows] = prefill_attention(
-                q[rows], k[rows], v[rows], k_cache, v_cache, span, self.scale)
+            out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, span, self.scale)
         if md.num_decodes and md.in_place is None:
-            q_dec = q[md.num_prefill_tokens:]
-            out[md.num_prefill_tokens:] = self._decode(q_dec, md, k_cache, v_cache)
+            out[md.num_prefill_tokens:] = self._decode(q[md.num_prefill_tokens:], md, k_cache, v_cache)
         return out.view(q.shape[0], -1)
 
     def _decode(self, q, md, k_cache, v_cache):
-        if self.backend == "triton":
-            return kernels.triton_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
-                                          md.context_lens, self.scale)
         if self.backend == "flash_attn":
-            out = flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache,
-                                          cache_seqlens=md.context_lens, block_table=md.block_tables,
-                                          softmax_scale=self.scale, causal=True)
+            out = flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache, cache_seqlens=md.context_lens,
+                                          block_table=md.block_tables, softmax_scale=self.scale, causal=True)
             return out.squeeze(1)
-        if self.backend == "cpu_paged":
-            return kernels.cpu_decode_attention(q, self.k_cache, self.v_cache, md.block_tables,
-                                                        md.context_lens, self.scale)
+        if self.backend in ("triton", "cpu_paged"):   # the kernels read the raw caches in place
+            kernel = kernels.triton_decode_attention if self.backend == "triton" else kernels.cpu_decode_attention
+            return kernel(q, self.k_cache, self.v_cache, md.block_tables, md.context_lens, self.scale)
         return decode_attention(q, k_cache, v_cache, md, self.scale)
 
 
 # -- the reference backend ------------------------------------------------------------
-
 def gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int | None = None) -> torch.Tensor:
     """cache: [num_blocks, block_size, KVH, D]; blocks: [..., n] block ids →
     [..., n * block_size, KVH, D] (cut to `length` tokens when given)."""
-    out = cache.index_select(0, blocks.reshape(-1))
-    out = out.view(*blocks.shape[:-1], -1, *cache.shape[2:])
+    out = cache.index_select(0, blocks.reshape(-1)).view(*blocks.shape[:-1], -1, *cache.shape[2:])
     return out if length is None else out[..., :length, :, :]
 
 
 def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float):
     """q: [q_len, H, D]; k, v: this span's new keys/values [q_len, KVH, D];
     caches: [num_blocks, block_size, KVH, D]."""
-    qs = q.transpose(0, 1).unsqueeze(0)                        # [1, H, q_len, D]
-    if span.start == 0:   # nothing cached: the new keys are the whole context
-        ks, vs = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
-    else:
+    mask = None           # nothing cached: the new keys are the whole context, plainly causal
+    if span.start:        # else the context, this span's keys included, is read from the cache
         ctx = span.start + span.q_len
-        ks = gather_context(k_cache, span.context_blocks, ctx).transpose(0, 1).unsqueeze(0)  # [1, KVH, ctx, D]
-        vs = gather_context(v_cache, span.context_blocks, ctx).transpose(0, 1).unsqueeze(0)
-        query_pos = torch.arange(span.start, ctx, device=q.device)[:, None]
-        mask = torch.arange(ctx, device=q.device)[None, :] <= query_pos
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+        k, v = gather_context(k_cache, span.context_blocks, ctx), gather_context(v_cache, span.context_blocks, ctx)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= torch.arange(span.start, ctx, device=q.device)[:, None]
+    qs, ks, vs = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))      # [1, heads, tokens, D]
+    out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                         enable_gqa=True)
     return out.squeeze(0).transpose(0, 1)                        # [q_len, H, D]
 
 
 def decode_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float):
     """q: [B, H, D], one query per sequence, each attending to its own cached context."""
-    batch, num_heads, head_dim = q.shape
+    _, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
     for group in md.decode_groups:

@@ -1,19 +1,18 @@
-"""The two hand-written paged-attention kernels. Each reads a sequence's keys and values
-in place through its block table, with an online softmax, instead of first copying its
-context out of the pool as the readable reference (layers/attention.py) does.
+"""The two hand-written paged-attention kernels. Each reads a sequence's keys and values in place
+through its block table, with an online softmax, instead of first copying its context out of the
+pool as the readable reference (layers/attention.py) does.
 
-On a CPU, small C kernels (cpu_paged_attention.c): one takes query rows one at a time
-(decode rows, spans of a few tokens); the other takes longer spans (prompts, chunks) a
-tile of positions at a time, loading each key once per tile. They are built with this
-machine's C compiler the first time they are needed (native_build.py) and called through
-ctypes, which lets go of the GIL. Under torch.compile the row kernel is a custom op
-(kvscope::paged_decode_attention), opaque to inductor, so a compiled decode step fuses
-everything around attention and calls the kernel for attention itself.
+On a CPU, small C kernels (cpu_paged_attention.c): one takes query rows one at a time (decode
+rows, spans of a few tokens); the other takes longer spans (prompts, chunks) a tile of positions
+at a time, loading each key once per tile. They are built with this machine's C compiler the
+first time they are needed (native_build.py) and called through ctypes, which lets go of the GIL.
+Under torch.compile the row kernel is a custom op (kvscope::paged_decode_attention), opaque to
+inductor: a compiled decode step fuses everything around attention and calls the kernel for it.
 
 On a GPU, a Triton decode kernel: one program per (sequence, KV head) walks the context
-TILE_TOKENS at a time (each token finding its block in the block table) and keeps a
-running softmax for the query heads that share this KV head, so K and V are read from
-memory once. It reads context lengths from device memory, so a CUDA graph can capture it."""
+TILE_TOKENS at a time (each token finding its block in the block table) and keeps a running
+softmax for the query heads that share this KV head, so K and V are read from memory once. It
+reads context lengths from device memory, so a CUDA graph can capture it."""
 from __future__ import annotations
 
 import ctypes
@@ -52,9 +51,8 @@ def _entry_points(names: dict[torch.dtype, str], argtypes: list) -> dict[torch.d
         lib = load(SOURCE)
     except NativeBuildError as exc:
         return str(exc)
-    kernels = {}
-    for dtype, name in names.items():
-        kernels[dtype] = fn = getattr(lib, name)
+    kernels = {dtype: getattr(lib, name) for dtype, name in names.items()}
+    for fn in kernels.values():
         fn.argtypes, fn.restype = argtypes, None
     return kernels
 
@@ -79,7 +77,7 @@ def cpu_unavailable(dtype: torch.dtype) -> str | None:
 
 
 def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-        context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+               context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [B, H, D]; caches: [num_blocks, block_size, KVH, D]; block_tables: [B, width] int32;
     context_lens: [B] int32 (each >= 1) → [B, H, D]."""
     kernels = _kernels()
@@ -112,7 +110,7 @@ def _(q, k_cache, v_cache, block_tables, context_lens, scale):
 
 
 def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spans: TiledSpans, scale: float,
-            out: torch.Tensor) -> None:
+                out: torch.Tensor) -> None:
     """Causal attention for `spans` of the step's rows, read in place, written into `out`.
     q, out: [tokens, H, D] contiguous; each span's keys (this step's included) are already in
     the caches, at the positions its block table gives."""

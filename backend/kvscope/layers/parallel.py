@@ -1,15 +1,15 @@
-"""Tensor-parallel layers (Megatron-style, as in vLLM): each rank holds a slice of every
-weight matrix and one all-reduce per row-parallel layer puts the pieces back together.
+"""Tensor-parallel layers (Megatron-style, as in vLLM): each rank holds a slice of every weight
+matrix and one all-reduce per row-parallel layer puts the pieces back together.
 
-- Column-parallel (qkv_proj, gate_up_proj): output features split; each rank computes its
-  heads / its part of the MLP's hidden width. No communication.
-- Row-parallel (o_proj, down_proj): input features split; each rank's partial product is
-  summed across ranks with an all-reduce.
-- Vocab-parallel embedding and LM head: each rank owns a range of token ids; embeddings are
-  summed (the owner contributes, the others add zero) and logits gathered.
+- Column-parallel (qkv_proj, gate_up_proj): output features split; each rank computes its heads /
+  its part of the MLP's hidden width. No communication.
+- Row-parallel (o_proj, down_proj): input features split; the partial products are all-reduced.
+- Vocab-parallel embedding and LM head: each rank owns a range of token ids; embeddings are summed
+  (the owner contributes, the others add zero) and logits gathered.
 
-With one rank these are plain layers and no collective is called. Each layer copies its own
-slice out of a full checkpoint tensor (`load`), so a rank reads only what it keeps."""
+With one rank these are plain layers and no collective is called. Each layer's `load` copies its
+own slice out of a checkpoint tensor opened lazily (safetensors' get_slice reads only the rows or
+columns indexed), so no rank materialises a whole matrix it does not keep."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -18,27 +18,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-
-
-@dataclass(frozen=True)
-class TPGroup:
-    rank: int = 0
-    size: int = 1
-    comm: "CommCounter" = field(default_factory=lambda: CommCounter(), compare=False, repr=False)
-
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
-            self.comm.add(x)
-            dist.all_reduce(x)
-        return x
-
-    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
-        if self.size == 1:
-            return x
-        self.comm.add(x, self.size - 1)
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=-1)
 
 
 class CommCounter:
@@ -54,6 +33,27 @@ class CommCounter:
     def take(self) -> int:
         n, self.nbytes = self.nbytes, 0
         return n
+
+
+@dataclass(frozen=True)
+class TPGroup:
+    rank: int = 0
+    size: int = 1
+    comm: CommCounter = field(default_factory=CommCounter, compare=False, repr=False)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            self.comm.add(x)
+            dist.all_reduce(x)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        self.comm.add(x, self.size - 1)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
 
 
 def split(n: int, tp: TPGroup, what: str) -> int:
@@ -84,10 +84,9 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
-    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
+    def load(self, param: nn.Parameter, full, shard: int) -> None:
         n = self.local_sizes[shard]
-        dest = param.data.narrow(0, sum(self.local_sizes[:shard]), n)
-        dest.copy_(full.rows(self.tp.rank * n, n))
+        param.data.narrow(0, sum(self.local_sizes[:shard]), n).copy_(full[self.tp.rank * n:(self.tp.rank + 1) * n])
 
 
 class RowParallelLinear(nn.Module):
@@ -100,8 +99,8 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(F.linear(x, self.weight))
 
-    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
-        param.data.copy_(full.cols(self.tp.rank * self.local_in, self.local_in))
+    def load(self, param: nn.Parameter, full, shard: int) -> None:
+        param.data.copy_(full[:, self.tp.rank * self.local_in:(self.tp.rank + 1) * self.local_in])
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -116,49 +115,22 @@ class VocabParallelEmbedding(nn.Module):
         # and a tied LM head (this very matrix) multiplies at the faster layout
         self.weight = input_major(self.per_rank, hidden)
 
-    @property
-    def num_real_rows(self) -> int:
-        return max(0, min(self.per_rank, self.vocab_size - self.start))
-
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.start
         mine = (local >= 0) & (local < self.per_rank)
-        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mine.unsqueeze(-1)
-        return self.tp.all_reduce(out)
+        return self.tp.all_reduce(F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * mine.unsqueeze(-1))
 
-    def load(self, param: nn.Parameter, full: "SliceReader", shard: int) -> None:
-        n = self.num_real_rows
+    def load(self, param: nn.Parameter, full, shard: int) -> None:
+        n = max(0, min(self.per_rank, self.vocab_size - self.start))   # real rows, the padding left at zero
         param.data.zero_()
         if n:
-            param.data[:n].copy_(full.rows(self.start, n))
+            param.data[:n].copy_(full[self.start:self.start + n])
 
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Called on hidden states, it returns the logits over the whole vocabulary."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)
-        return self.tp.all_gather_last(local)[..., :self.vocab_size]
-
-
-class SliceReader:
-    """A checkpoint tensor read lazily: only the requested rows or columns are loaded
-    (safetensors' get_slice), so no rank materialises a whole matrix it does not keep."""
-    def __init__(self, handle, name: str | None = None, tensor: torch.Tensor | None = None):
-        self._slice = handle.get_slice(name) if handle is not None else None
-        self._tensor = tensor
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self._tensor.shape) if self._tensor is not None else tuple(self._slice.get_shape())
-
-    def rows(self, start: int, n: int) -> torch.Tensor:
-        return self._tensor[start:start + n] if self._tensor is not None else self._slice[start:start + n]
-
-    def cols(self, start: int, n: int) -> torch.Tensor:
-        return self._tensor[:, start:start + n] if self._tensor is not None else self._slice[:, start:start + n]
-
-    def full(self) -> torch.Tensor:
-        return self._tensor if self._tensor is not None else self._slice[:]
+        return self.tp.all_gather_last(F.linear(hidden, self.weight))[..., :self.vocab_size]

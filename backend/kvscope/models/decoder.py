@@ -20,18 +20,13 @@ if TYPE_CHECKING:   # the loader builds this model from a ModelConfig: imported 
     from kvscope.models.loader import ModelConfig
 
 
-# -- rotary position embedding, in the same float32 math as transformers (so greedy
-# outputs match it token for token) -------------------------------------------------
-
+# -- rotary position embedding, in transformers' float32 math (greedy outputs match it token for token)
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif kind == "llama3":
-        inv_freq = _llama3_frequencies(inv_freq, scaling)
-    return inv_freq
+        return inv_freq / scaling["factor"]
+    return _llama3_frequencies(inv_freq, scaling) if kind == "llama3" else inv_freq
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -51,14 +46,11 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, theta: float, scaling: dict):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos_cache", emb.cos(), persistent=False)
+        freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]   # each half's angles
+        self.register_buffer("cos_cache", torch.cat((freqs.cos(), freqs.cos()), dim=-1), persistent=False)
         # sin with the first half negated: rotate_half(x) * sin == x.roll(half) * signed sin,
         # exactly (negation is exact), in one op instead of chunk, neg and cat
-        half = head_dim // 2
-        self.register_buffer("sin_cache", torch.cat((-emb[:, :half].sin(), emb[:, half:].sin()), dim=-1),
-                             persistent=False)
+        self.register_buffer("sin_cache", torch.cat((-freqs.sin(), freqs.sin()), dim=-1), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Looked up once per forward pass and shared by every layer: [tokens, 1, head_dim]."""
@@ -90,8 +82,6 @@ class SelfAttention(nn.Module):
         self.num_heads = split(cfg.num_heads, tp, "num_attention_heads")
         self.num_kv_heads = split(cfg.num_kv_heads, tp, "num_key_value_heads")
         self.head_dim = cfg.head_dim
-        self.q_size = self.num_heads * cfg.head_dim
-        self.kv_size = self.num_kv_heads * cfg.head_dim
         full_q, full_kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [full_q, full_kv, full_kv], cfg.qkv_bias, tp,
                                              "attention heads")
@@ -101,18 +91,12 @@ class SelfAttention(nn.Module):
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, layer_idx)
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
-        q, k = self._rotated_queries_and_keys(qkv, rope)
-        v = qkv[:, self.q_size + self.kv_size:].view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(q, k, v))
-
-    def _rotated_queries_and_keys(self, qkv: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """q and k out of the packed qkv rows, normalised (Qwen3) and rotated by RoPE."""
-        q = qkv[:, :self.q_size].view(-1, self.num_heads, self.head_dim)
-        k = qkv[:, self.q_size:self.q_size + self.kv_size].view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)   # this rank's heads
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k, v = k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:   # Qwen3
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rotary(q, k, *rope)
+        return self.o_proj(self.attn(*apply_rotary(q, k, *rope), v))
 
 
 class MLP(nn.Module):
@@ -123,8 +107,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp, "intermediate_size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        gate, up = gate_up.chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -159,10 +142,8 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     # checkpoint name fragment -> (packed parameter, shard index)
-    packed = {
-        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    }
+    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
     def __init__(self, cfg: ModelConfig, max_position: int, tp: TPGroup = TPGroup()):
         super().__init__()
@@ -177,4 +158,3 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
-

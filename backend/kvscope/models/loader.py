@@ -1,14 +1,12 @@
-"""From a checkpoint to a model: find it (a local directory, the embedded default, or a hub
-id), read the architecture facts the engine needs from its config.json, choose the dtype
-they run in, and load its safetensors into the engine's model, with errors that name the
-file or tensor at fault.
+"""From a checkpoint to a model: find it (a local directory, the embedded default, or a hub id),
+read the architecture facts the engine needs from its config.json, choose the dtype they run in,
+and load its safetensors into the engine's model, with errors that name the file or tensor at fault.
 
-What `dtype="auto"` picks, and why (the reason is shown to the user): on a GPU, bfloat16.
-On a CPU, bfloat16 halves the bytes every decode step reads, but it only pays where the
-cores compute it natively (AVX512-BF16 or AMX); elsewhere each bf16 matmul converts to
-float32 on the fly and is slower than plain float32. A checkpoint stored in float32 stays
-float32 (halving it would change its numbers), and a tiny model whose weights sit in the
-CPU caches gains nothing from fewer bytes."""
+What `dtype="auto"` picks, and why (the reason is shown to the user): on a GPU, bfloat16. On a
+CPU, bfloat16 halves the bytes every decode step reads, but it only pays where the cores compute
+it natively (AVX512-BF16 or AMX); elsewhere each bf16 matmul converts to float32 on the fly and is
+slower than plain float32. A checkpoint stored in float32 stays float32 (halving it would change
+its numbers), and a tiny model whose weights sit in the CPU caches gains nothing from fewer bytes."""
 from __future__ import annotations
 
 import json
@@ -20,24 +18,19 @@ import torch
 from safetensors import safe_open
 
 from kvscope.hardware import cpu_bf16_flags
-from kvscope.layers.parallel import (ColumnParallelLinear, RowParallelLinear, SliceReader, TPGroup,
-                                     VocabParallelEmbedding)
+from kvscope.layers.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
 from kvscope.models.decoder import CausalLM
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 
 
 # -- the architecture facts -----------------------------------------------------------------
-SUPPORTED_ARCHITECTURES = {
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen2ForCausalLM": "qwen2",
-    "LlamaForCausalLM": "llama",
-}
+SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 class ModelConfigError(ValueError):
-    pass
+    """A config.json kvscope cannot run: the message names the unsupported value or the missing field."""
 
 
 @dataclass
@@ -67,9 +60,8 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise ModelConfigError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r}; "
-                f"kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ModelConfigError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
+                                   f"kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}")
         family = SUPPORTED_ARCHITECTURES[arch]
         try:
             heads = cfg["num_attention_heads"]
@@ -77,21 +69,16 @@ class ModelConfig:
             rope, rope_theta = _rope_settings(cfg)
             eos = cfg.get("eos_token_id")
             return cls(
-                architecture=arch, family=family, name=name,
-                vocab_size=cfg["vocab_size"], hidden_size=hidden,
-                intermediate_size=cfg["intermediate_size"],
-                num_layers=cfg["num_hidden_layers"], num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or hidden // heads,
+                architecture=arch, family=family, name=name, vocab_size=cfg["vocab_size"], hidden_size=hidden,
+                intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
+                num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
                 rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-                rope_theta=rope_theta, rope_scaling=rope,
+                rope_theta=rope_theta, rope_scaling=rope, qk_norm=family == "qwen3",
                 qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-                qk_norm=family == "qwen3",
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-                eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
-            )
+                eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
         except KeyError as missing:
             raise ModelConfigError(f"config.json lacks the field {missing}") from None
 
@@ -104,9 +91,7 @@ class ModelConfig:
 def _rope_settings(cfg: dict) -> tuple[dict, float]:
     """transformers 5 nests rope settings in `rope_parameters`; older files use
     `rope_theta` and `rope_scaling`. Both are accepted."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = dict(cfg.get("rope_scaling") or {})
-    merged = {**params, **scaling}
+    merged = {**(cfg.get("rope_parameters") or {}), **(cfg.get("rope_scaling") or {})}
     theta = float(merged.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -162,8 +147,6 @@ def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
 
 
 # -- finding and loading a checkpoint ---------------------------------------------------------
-
-
 class ModelLoadError(RuntimeError):
     """A checkpoint that cannot be used; the message says what and where."""
 
@@ -229,9 +212,8 @@ def load_weights(model: CausalLM, path: Path) -> None:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    if name.endswith(IGNORED_TENSORS):
-                        continue
-                    _load_tensor(model, params, name, SliceReader(f, name), file, loaded)
+                    if not name.endswith(IGNORED_TENSORS):
+                        _load_tensor(model, params, name, f.get_slice(name), file, loaded)
         except ModelLoadError:
             raise
         except Exception as exc:
@@ -240,11 +222,11 @@ def load_weights(model: CausalLM, path: Path) -> None:
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
-        raise ModelLoadError(f"{path} lacks weights for: {', '.join(missing[:5])}"
-                             f"{' …' if len(missing) > 5 else ''}")
+        raise ModelLoadError(f"{path} lacks weights for: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
 
 
-def _load_tensor(model, params, name, reader: SliceReader, file, loaded) -> None:
+def _load_tensor(model, params, name, tensor, file, loaded) -> None:
+    """`tensor`: safetensors' lazy slice, so a tensor-parallel layer reads only its own part."""
     target, shard = name, 0
     for fragment, (packed, index) in CausalLM.packed.items():
         if f".{fragment}." in name and name.replace(fragment, packed) in params:
@@ -255,24 +237,22 @@ def _load_tensor(model, params, name, reader: SliceReader, file, loaded) -> None
     if target not in params:
         raise ModelLoadError(f"{file.name}: unexpected tensor {name!r} for {model.config.architecture}")
     module = model.get_submodule(target.rsplit(".", 1)[0])
-    expected = _full_shape(module, params[target], shard)
-    if reader.shape != expected:
-        raise ModelLoadError(f"{file.name}: tensor {name!r} has shape {reader.shape}, "
-                             f"the config implies {expected}")
+    shape, expected = tuple(tensor.get_shape()), _full_shape(module, params[target], shard)
+    if shape != expected:
+        raise ModelLoadError(f"{file.name}: tensor {name!r} has shape {shape}, the config implies {expected}")
     if hasattr(module, "load"):   # a tensor-parallel layer copies its own slice
-        module.load(params[target], reader, shard)
+        module.load(params[target], tensor, shard)
     else:
-        params[target].data.copy_(reader.full())
+        params[target].data.copy_(tensor[:])
     loaded.add(target)   # a packed matrix is complete once every shard is copied
 
 
 def _full_shape(module, param, shard: int) -> tuple[int, ...]:
     """The checkpoint shape this parameter (or this shard of a packed one) comes from."""
-    tp = getattr(module, "tp", None)
     if isinstance(module, ColumnParallelLinear):
-        return (module.local_sizes[shard] * tp.size, *param.shape[1:])
+        return (module.local_sizes[shard] * module.tp.size, *param.shape[1:])
     if isinstance(module, RowParallelLinear):
-        return (param.shape[0], module.local_in * tp.size)
+        return (param.shape[0], module.local_in * module.tp.size)
     if isinstance(module, VocabParallelEmbedding):
         return (module.vocab_size, param.shape[1])
     return tuple(param.shape)
