@@ -1,19 +1,18 @@
 """The page allocator: a pool of fixed-size KV blocks with ref counts and a prefix cache.
 
-A full block is found by a hash chained to the block before it, as vLLM computes it: a
-cryptographic hash (SHA-256 by default, `prefix_caching_hash_algo`) of the parent block's
-hash, the block's token ids and its extra keys (the request's `cache_salt` on the first
-block, so requests with different salts never share a block). The hash only finds a
-candidate; a hit also checks the candidate's tokens, extra keys and the exact physical
-block it was computed after (id and generation), so even a forced collision anywhere in
-the chain cannot reuse a wrong block. Only full blocks are cached. Freed blocks keep their
-hash (lazy eviction) and sit in an LRU free list: a later request with the same prefix
-takes them back; only allocating a fresh block evicts the oldest one's hash.
+Only full blocks are cached, each found by a hash chained to the block before it, as vLLM
+computes it: a cryptographic hash (`prefix_caching_hash_algo`, SHA-256 by default) of the
+parent's hash, the block's token ids and its extra keys (the request's `cache_salt` on the
+first block: different salts never share a block). The hash only finds a candidate; a hit
+also checks its tokens, extra keys and the exact physical block it was computed after (id
+and generation), so even a forced collision cannot reuse a wrong block. Freed blocks keep
+their hash (lazy eviction) in an LRU free list, for a later request with the same prefix
+to take back; only allocating a fresh block evicts the oldest one's hash.
 
 Parallel sampling forks a sequence after its prompt: the copies share every block (ref
-counts). Full blocks are never written again, so they stay shared; the partial last block
-is copied only when a sequence first writes into it while others still hold it
-(copy-on-write). The copies to make on the device are handed to the model runner.
+counts). Full blocks are never written again; the partial last block is copied when a
+sequence first writes into it while others still hold it (copy-on-write), on the device by
+the model runner.
 """
 from __future__ import annotations
 
@@ -28,16 +27,14 @@ from kvscope.engine.sequence import Sequence
 BlockHash = bytes
 
 
-# -- block arithmetic: how many blocks hold n tokens, and which cache slot (block id *
-# block_size + offset) a position's K/V live in
 def cdiv(a: int, b: int) -> int:
     """a / b rounded up: the blocks (or ranks' rows) needed to hold a items."""
     return -(-a // b)
 
 
 def slots(blocks, positions, block_size: int):
-    """Cache slots of `positions`, given the block holding each (its block table's entry
-    at position // block_size); numpy arrays or plain ints alike."""
+    """The cache slots (block id * block_size + offset) holding `positions`' K/V, given the
+    block of each (block table entry position // block_size); numpy arrays or ints alike."""
     return blocks * block_size + positions % block_size
 
 
@@ -51,10 +48,8 @@ def _xxhash(data: bytes) -> bytes:
 
 # vLLM's names. sha256 resists collisions even from crafted prompts; xxhash (128-bit) is
 # several times faster and relies on the identity check in match_prefix for correctness.
-HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
-    "sha256": lambda data: hashlib.sha256(data).digest(),
-    "xxhash": _xxhash,
-}
+HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {"sha256": lambda data: hashlib.sha256(data).digest(),
+                                                        "xxhash": _xxhash}
 
 
 def hash_block_tokens(hash_fn: Callable[[bytes], bytes], parent: BlockHash | None, token_ids,
@@ -99,13 +94,11 @@ class BlockManager:
         self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[BlockHash, int] = {}
         self.events: list[tuple] | None = None   # a list while someone records allocator events
-        self.num_prefix_hits = 0                 # blocks reused, since start
+        self.num_prefix_hits = self.num_evictions = self.num_copies = 0   # blocks reused, evicted, copied on write
         # vLLM's counters, in tokens: a new request's tokens looked up and found; a
         # preempted request's re-admission is counted apart (its hits are recomputation saved)
         self.prefix_cache_queries = self.prefix_cache_hits = 0
         self.preempted_queries = self.preempted_hits = 0
-        self.num_evictions = 0
-        self.num_copies = 0                      # copy-on-write copies, since start
         self.pending_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
 
     # -- sizes -------------------------------------------------------------------------
@@ -146,7 +139,7 @@ class BlockManager:
             if block_id is None or not self._same_block(seq, i, block_id, hits[-1] if hits else None):
                 break
             hits.append(block_id)
-        if len(hits) == max_blocks and seq.num_tokens % self.block_size == 0 and max_blocks < seq.num_tokens:
+        if len(hits) == max_blocks and seq.num_tokens % self.block_size == 0:
             # a prompt of whole blocks: its last block is computed again even when cached
             self._extend_hashes(seq, max_blocks + 1)
             seq.last_block_recomputed = seq.block_hashes[max_blocks] in self.hash_to_block
@@ -160,16 +153,6 @@ class BlockManager:
         return (block.parent == parent and block.extra_keys == block_extra_keys(seq, index)
                 and block.token_ids == tuple(seq.token_ids[index * bs:(index + 1) * bs]))
 
-    def count_query(self, seq: Sequence, hits: list[int]) -> None:
-        """vLLM's prefix-cache counters, in tokens, for a request being admitted."""
-        found = len(hits) * self.block_size
-        if seq.num_preemptions:
-            self.preempted_queries += seq.num_tokens
-            self.preempted_hits += found
-        else:
-            self.prefix_cache_queries += seq.num_tokens
-            self.prefix_cache_hits += found
-
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix held by a free block, so the same prompts are computed
         again (a benchmark's repeats must not be served from the previous run's cache).
@@ -177,8 +160,7 @@ class BlockManager:
         for block_id in self.free_ids:
             block = self.blocks[block_id]
             if block.hash is not None:
-                if self.hash_to_block.get(block.hash) == block_id:
-                    del self.hash_to_block[block.hash]
+                del self.hash_to_block[block.hash]
                 block.hash, block.token_ids = None, ()
                 block.generation += 1
                 self._record("uncache", block_id, None)
@@ -200,14 +182,19 @@ class BlockManager:
             block.ref_count += 1
             self._record("hit", block_id, seq.seq_id)
         self.num_prefix_hits += len(hits)
-        self.count_query(seq, hits)
+        found = len(hits) * self.block_size
+        if seq.num_preemptions:
+            self.preempted_queries += seq.num_tokens
+            self.preempted_hits += found
+        else:
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += found
         seq.block_table = list(hits)
-        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens = found
         self.append_slots(seq, num_new_tokens)
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        fresh, copy = self._append_cost(seq, num_new_tokens)
-        return fresh + copy <= len(self.free_ids)
+        return sum(self._append_cost(seq, num_new_tokens)) <= len(self.free_ids)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         if not self.try_append(seq, num_new_tokens):
@@ -221,8 +208,13 @@ class BlockManager:
         fresh, copy = self._append_cost(seq, num_new_tokens)
         if fresh + copy > len(self.free_ids):
             return False
-        if copy:
-            self._copy_on_write(seq)
+        if copy:   # copy-on-write: the sequence writes into a copy of the shared block
+            idx = seq.num_computed_tokens // self.block_size
+            src = seq.block_table[idx]
+            self.blocks[src].ref_count -= 1
+            seq.block_table[idx] = dst = self._take_free_block(seq.seq_id, op="cow")
+            self.pending_copies.append((src, dst))
+            self.num_copies += 1
         for _ in range(fresh):
             seq.block_table.append(self._take_free_block(seq.seq_id))
         return True
@@ -236,23 +228,13 @@ class BlockManager:
         return (self.blocks_for(computed + num_new_tokens) - len(table),
                 idx < len(table) and self.blocks[table[idx]].ref_count > 1)
 
-    def _copy_on_write(self, seq: Sequence) -> None:
-        idx = seq.num_computed_tokens // self.block_size
-        src = seq.block_table[idx]
-        self.blocks[src].ref_count -= 1
-        dst = self._take_free_block(seq.seq_id, op="cow")
-        seq.block_table[idx] = dst
-        self.pending_copies.append((src, dst))
-        self.num_copies += 1
-
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
     def record_events(self, on: bool) -> None:
-        """Start (or stop) keeping allocator events (kind, block_id, detail) for take_events:
-        alloc, hit, share, cow, free and evict, and hash / uncache when a block's cached
-        contents are named or forgotten. With the tables, they are all an observer needs."""
+        """Start (or stop) keeping events (kind, block_id, detail) for take_events: alloc, hit, share, cow,
+        free, evict, hash / uncache (cached contents named or forgotten); with the tables, all an observer needs."""
         self.events = [] if on else None
 
     def take_events(self) -> list[tuple]:
@@ -268,17 +250,14 @@ class BlockManager:
         for block_id in parent.block_table:
             self.blocks[block_id].ref_count += 1
             self._record("share", block_id, child.seq_id)
-        child.block_table = list(parent.block_table)
-        child.block_hashes = list(parent.block_hashes)
-        child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
+        child.block_table, child.block_hashes = list(parent.block_table), list(parent.block_hashes)
+        child.num_computed_tokens, child.num_cached_tokens = parent.num_computed_tokens, parent.num_cached_tokens
 
     def _take_free_block(self, owner: int, op: str = "alloc") -> int:
         block_id, _ = self.free_ids.popitem(last=False)   # least recently freed first
         block = self.blocks[block_id]
         if block.hash is not None:
-            if self.hash_to_block.get(block.hash) == block_id:
-                del self.hash_to_block[block.hash]
+            del self.hash_to_block[block.hash]
             self.num_evictions += 1
             self._record("evict", block_id, block.hash)
             block.hash, block.token_ids = None, ()

@@ -67,7 +67,6 @@ class CompiledDecode:
         # every engine in the process, and only the guards on the modules tell their models apart.
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
                                      options={"cpp_wrapper": True})
-        # the reference pads every row to the longest context; the kernel pads nothing
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
@@ -93,8 +92,7 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * 3, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
-            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend,
-                                    compiled=True))
+            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend, compiled=True))
         log.info("decode step compiled for this CPU")
 
 
@@ -105,31 +103,28 @@ class DecodeGraphs:
         self.buckets = [b for b in (1, 2, 4, 8) if b <= max_batch] + list(range(16, max_batch + 1, 16))
         if self.buckets[-1] < max_batch:
             self.buckets.append(max_batch)
-        max_b = self.buckets[-1]
         dev = runner.device
         width = cdiv(runner.max_model_len, runner.block_size)
-        self.input_ids = torch.zeros(max_b, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(max_b, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((max_b,), runner.scratch_slot, dtype=torch.long, device=dev)
-        self.block_tables = torch.zeros(max_b, width, dtype=torch.int32, device=dev)
-        self.context_lens = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.hidden = torch.zeros(max_b, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
+        self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((max_batch,), runner.scratch_slot, dtype=torch.long, device=dev)
+        self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
+        self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self.hidden = torch.zeros(max_batch, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._capture()
 
     def fits(self, batch: int) -> bool:
         return batch <= self.buckets[-1]
 
-    def _metadata(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(slot_mapping=self.slot_mapping[:b], block_tables=self.block_tables[:b],
-                                 context_lens=self.context_lens[:b])
-
     @torch.inference_mode()
     def _capture(self) -> None:
         pool = None
         model = self.runner.model
         for b in reversed(self.buckets):
-            with step_metadata(self._metadata(b)):
+            md = AttentionMetadata(slot_mapping=self.slot_mapping[:b], block_tables=self.block_tables[:b],
+                                   context_lens=self.context_lens[:b])
+            with step_metadata(md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
@@ -147,7 +142,6 @@ class DecodeGraphs:
         self.slot_mapping[:n] = md.slot_mapping
         self.context_lens[:b].zero_()
         self.context_lens[:n] = md.context_lens
-        width = md.block_tables.shape[1]
-        self.block_tables[:n, :width] = md.block_tables
+        self.block_tables[:n, :md.block_tables.shape[1]] = md.block_tables
         self.graphs[b].replay()
         return self.hidden[:n]

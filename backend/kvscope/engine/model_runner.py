@@ -99,12 +99,9 @@ def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_
 
 def host_memory() -> tuple[int, int]:
     """(total, available) host RAM in bytes, from /proc/meminfo (sysconf elsewhere)."""
-    info = {}
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                key, rest = line.split(":", 1)
-                info[key] = int(rest.split()[0]) * 1024
+            info = {key: int(rest.split()[0]) * 1024 for key, rest in (line.split(":", 1) for line in f)}
     except (OSError, ValueError):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return total, total
@@ -215,9 +212,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model: CausalLM, device: torch.device,
                  dtype: torch.dtype, num_blocks: int, max_model_len: int):
         self.config, self.model, self.device, self.dtype = config, model, device, dtype
-        self.block_size = config.block_size
-        self.num_blocks = num_blocks
-        self.max_model_len = max_model_len
+        self.block_size, self.num_blocks, self.max_model_len = config.block_size, num_blocks, max_model_len
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
@@ -225,8 +220,7 @@ class ModelRunner:
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
-        self.graphs = None
-        self.compiled = None
+        self.graphs = self.compiled = None
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
 
     def prepare_decode(self) -> str:
@@ -262,18 +256,19 @@ class ModelRunner:
         layer = self.attn_layers[0]    # under tensor parallelism, this rank's KV heads only
         shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         fmt = self.kv_format
-        self.k_caches, self.v_caches, self.scale_caches = [], [], []
         for layer in self.attn_layers:
-            layer.kv_format = fmt
+            layer.kv_format, layer.backend = fmt, self.attention_backend
             layer.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             if fmt.per_token_head:   # one scale per token and KV head, beside the values
                 layer.k_scales = torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=self.device)
                 layer.v_scales = torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=self.device)
-                self.scale_caches += [layer.k_scales, layer.v_scales]
-            layer.backend = self.attention_backend
-            self.k_caches.append(layer.k_cache)
-            self.v_caches.append(layer.v_cache)
+
+    @property
+    def kv_caches(self) -> list[torch.Tensor]:
+        """Every layer's K and V caches, and their scales where the format keeps any."""
+        return [t for layer in self.attn_layers for t in (layer.k_cache, layer.v_cache, layer.k_scales, layer.v_scales)
+                if t is not None]
 
     def release(self) -> None:
         """Give the KV cache, the captured graphs and the weights back (the engine is shut
@@ -281,7 +276,6 @@ class ModelRunner:
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.empty(0)
             layer.k_scales = layer.v_scales = None
-        self.k_caches, self.v_caches, self.scale_caches = [], [], []
         self.graphs = self.compiled = None
         self.model.to("meta")
         if self.device.type == "cuda":
@@ -293,7 +287,7 @@ class ModelRunner:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k_caches, *self.v_caches, *self.scale_caches))
+        return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
     @staticmethod
     def _replayable(out: SchedulerOutput) -> bool:
@@ -307,7 +301,7 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
-        for cache in (*self.k_caches, *self.v_caches, *self.scale_caches):
+        for cache in self.kv_caches:
             raw = as_bytes(cache)    # fp8 has no indexing kernels on CPU; its bytes copy the same
             raw[dst] = raw[src]
 

@@ -1,10 +1,8 @@
 """One step's model inputs: the scheduled sequences flattened into one batch (tokens,
 positions, slot mapping, and for decodes block tables and context lengths), plus which
-rows of logits are sampled and for whom.
-
-The host-side arrays are allocated once (StepBuffers) and refilled in place every step,
-each in as few numpy operations as it takes; the tensors handed to the model are views of
-them on a CPU, or one copy of each on a GPU. A step's inputs are valid until the next step."""
+rows of logits are sampled and for whom. The host arrays are allocated once (StepBuffers)
+and refilled in place every step in as few numpy operations as it takes; the model gets
+views of them on a CPU, one copy of each on a GPU, valid until the next step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,23 +11,14 @@ from operator import attrgetter
 import numpy as np
 import torch
 
+from kvscope.engine.block_manager import cdiv, slots
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.layers.attention import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
 from kvscope.layers.kernels import tiles_span
-from kvscope.engine.block_manager import cdiv, slots
 
 MAX_DECODE_GROUPS = 4
 MIN_DECODE_GROUP = 8
-
-
-def decode_groups_for(attention_backend: str, compiled: bool) -> int:
-    """How many padded groups the decode rows need: only the reference backend gathers into
-    groups, one in a compiled step (a shape the graph shares across batches), up to
-    MAX_DECODE_GROUPS eagerly. The kernels read each row's own context and need none."""
-    if attention_backend != "torch":
-        return 0
-    return 1 if compiled else MAX_DECODE_GROUPS
 
 
 @dataclass
@@ -71,9 +60,7 @@ class StepBuffers:
         return self.offsets[:n]
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
-        """A view of the array on a CPU; a copy on any other device."""
-        tensor = torch.from_numpy(array)
-        return tensor if self.on_cpu else tensor.to(self.device)
+        return torch.from_numpy(array) if self.on_cpu else torch.from_numpy(array).to(self.device)
 
 
 def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
@@ -88,13 +75,14 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
 def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, attention_backend: str,
                    compiled: bool = False) -> StepInputs:
     """Flatten a scheduled step for this attention backend, eager or `compiled` (a decode
-    step through the compiled graph). The reference backend gets its padded decode groups
-    (decode_groups_for); an eager step with the CPU kernels gets one row-kernel call planned
-    for its decode rows and short spans, and one tile-kernel call for its other spans. A
-    compiled step's block table is at least two blocks wide: its graph was traced with a
-    width that varies, and dynamo specialises sizes 0 and 1, so a width of 1 would fail the
-    graph's guards and force a recompile mid-serving."""
-    max_decode_groups = decode_groups_for(attention_backend, compiled)
+    step through the compiled graph). Only the reference backend pads decode rows into groups
+    (the kernels read each row's own context): one when compiled (a shape the graph shares
+    across batches), else up to MAX_DECODE_GROUPS. Eager CPU kernels get one row-kernel call
+    planned for the decode rows and short spans, one tile-kernel call for the other spans. A
+    compiled step's block table is at least two blocks wide: dynamo specialises sizes 0 and 1,
+    so a width of 1 would fail the guards of the graph (traced with a varying width) and
+    recompile it mid-serving."""
+    max_decode_groups = 0 if attention_backend != "torch" else 1 if compiled else MAX_DECODE_GROUPS
     ordered = batch_order(out.entries)
     decodes = [e for e in ordered if e.kind == "decode"]
     prefills = ordered[:len(ordered) - len(decodes)]
@@ -147,8 +135,7 @@ def _plan_cpu_kernels(md: AttentionMetadata, span_tables: list[np.ndarray], buff
         if md.num_decodes:
             md.in_place = InPlaceRows(slice(md.num_prefill_tokens, None), md.block_tables, md.context_lens)
         return
-    decode_tables = md.block_tables.numpy() if md.num_decodes else np.zeros((0, 1), dtype=np.int32)
-    width = max(decode_tables.shape[1], *(len(t) for _, t in short))
+    width = max(md.block_tables.shape[1] if md.num_decodes else 0, *(len(t) for _, t in short))
     tables = np.zeros((sum(s.q_len for s, _ in short) + md.num_decodes, width), dtype=np.int32)
     lens = np.empty(len(tables), dtype=np.int32)
     row = 0
@@ -156,8 +143,8 @@ def _plan_cpu_kernels(md: AttentionMetadata, span_tables: list[np.ndarray], buff
         tables[row:row + span.q_len, :len(table)] = table
         lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
         row += span.q_len
-    tables[row:, :decode_tables.shape[1]] = decode_tables
     if md.num_decodes:
+        tables[row:, :md.block_tables.shape[1]] = md.block_tables.numpy()
         lens[row:] = md.context_lens.numpy()
     rows = slice(None) if md.tiled is None else torch.from_numpy(np.concatenate(
         [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in short]
@@ -209,30 +196,23 @@ def _decode_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, buffer
     """Groups of equal size over rows sorted by context length: padding each group to its
     own longest context wastes far less than padding the whole batch."""
     n = len(lens)
-    if max_groups == 1:
-        return [_group(slice(None), tables, lens, tables.shape[1], block_size, buffers)]
+    if max_groups == 1:   # every row, the table's full width: shapes a compiled graph keeps across steps
+        return [_group(slice(None), tables.shape[1], tables, lens, block_size, buffers)]
     size = cdiv(n, min(max_groups, cdiv(n, MIN_DECODE_GROUP)))
-    groups = []
-    for start in range(0, n, size):
-        rows = slice(start, min(n, start + size))
-        width = cdiv(int(lens[rows].max()), block_size)
-        groups.append(_group(rows, tables[rows], lens[rows], width, block_size, buffers))
-    return groups
+    return [_group(rows, cdiv(int(lens[rows].max()), block_size), tables, lens, block_size, buffers)
+            for rows in (slice(start, min(n, start + size)) for start in range(0, n, size))]
 
 
-def _group(rows: slice, tables: np.ndarray, lens: np.ndarray, width: int, block_size: int,
+def _group(rows: slice, width: int, tables: np.ndarray, lens: np.ndarray, block_size: int,
            buffers: StepBuffers) -> DecodeGroup:
-    mask = buffers.arange(width * block_size)[None, :] < lens[:, None]
-    return DecodeGroup(rows, buffers.to_device(np.ascontiguousarray(tables[:, :width])),
-                       buffers.to_device(mask.reshape(len(lens), 1, 1, -1)))
+    mask = buffers.arange(width * block_size)[None, :] < lens[rows, None]
+    return DecodeGroup(rows, buffers.to_device(np.ascontiguousarray(tables[rows, :width])),
+                       buffers.to_device(mask.reshape(len(mask), 1, 1, -1)))
 
 
 def _add_samplers(inputs: StepInputs, entry: ScheduledSeq, row: int) -> None:
     """The sequence draws from this row, and so do the choices that fork from it now. With k
     drafts, the k rows before it are scored too: one per draft, this one for the bonus."""
     k = len(entry.spec_token_ids)
-    inputs.sample_rows += range(row - k, row + 1)
-    inputs.sample_seqs += [entry.seq] * (k + 1)
-    for seq in entry.forks:
-        inputs.sample_rows.append(row)
-        inputs.sample_seqs.append(seq)
+    inputs.sample_rows += [*range(row - k, row + 1)] + [row] * len(entry.forks)
+    inputs.sample_seqs += [entry.seq] * (k + 1) + entry.forks
