@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.models.loader import choose_dtype
-from kvscope.models.loader import ModelConfig
+from kvscope.models.loader import ModelConfig, choose_dtype
 
 CPU = torch.device("cpu")
 

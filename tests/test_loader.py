@@ -9,8 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_models import make_checkpoint
-from kvscope.models.loader import ModelConfigError
-from kvscope.models.loader import ModelLoadError
+from kvscope.models.loader import ModelConfigError, ModelLoadError
 from kvscope import LLM, SamplingParams
 
 

@@ -9,8 +9,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.engine.spec_decode import verify
-from kvscope.engine.spec_decode import SpeculativeConfig
+from kvscope.engine.spec_decode import SpeculativeConfig, verify
 from pool_checks import check_invariants
 
 MAX_NEW = 20

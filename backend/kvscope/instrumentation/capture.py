@@ -15,9 +15,7 @@ import torch
 from kvscope.engine.step_inputs import batch_order
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.attention import PagedAttention
-from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.attention import gather_context
+from kvscope.layers.attention import AttentionMetadata, PagedAttention, PrefillSpan, gather_context, step_metadata
 from kvscope.engine.block_manager import cdiv
 
 

@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvscope.layers.attention import PagedAttention
-from kvscope.layers.attention import AttentionMetadata, PrefillSpan, step_metadata
-from kvscope.layers.attention import SCALE_DTYPE, KVCacheFormat, kv_cache_format
+from kvscope.layers.attention import (SCALE_DTYPE, AttentionMetadata, KVCacheFormat, PagedAttention, PrefillSpan,
+                                      kv_cache_format, step_metadata)
 from kvscope.models.loader import ModelConfig
 
 

@@ -8,13 +8,8 @@ and token counts. It re-derives only the blocks a step touched, so its cost foll
 step's work, not the pool's size."""
 from __future__ import annotations
 
-from collections import Counter
-
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
-
-PUBLISHED_OPS = ("alloc", "free", "hit", "evict", "share", "cow")   # "hash" and "uncache" change states only
-
 
 def short_hash(h: bytes | None) -> str | None:
     return None if h is None else h[:3].hex()
@@ -84,22 +79,27 @@ class KVTracker:
             self.seqs.pop(rid, None)
         return True
 
-    def _apply(self, events: list[tuple]) -> None:
-        """What the events say about hashes and the running totals."""
-        for op, b, detail in events:
-            if op == "hash":
-                self.hashes[b] = detail
-            elif op in ("evict", "uncache"):
+    def _apply(self, events: list[tuple]) -> list[tuple]:
+        """Hashes and running totals from the events, in one pass; returns the published ones."""
+        published = []
+        for event in events:
+            op, b, detail = event
+            if op in ("hash", "uncache"):   # a block's cached contents named or forgotten
+                self.hashes[b] = detail if op == "hash" else None
+                continue
+            if op == "evict":
                 self.hashes[b] = None
-        ops = Counter(e[0] for e in events)
-        self.totals["prefix_hits"] += ops["hit"]
-        self.totals["evictions"] += ops["evict"]
+                self.totals["evictions"] += 1
+            elif op == "hit":
+                self.totals["prefix_hits"] += 1
+            published.append(event)
+        return published
 
     def update(self, seqs: list[Sequence], ranges: list[tuple[Sequence, int, int]], events: list[tuple],
                step: int, ts: float = 0.0) -> dict | None:
         """seqs: every sequence the step (or an abort) touched; ranges: (seq, start, n) of
         the tokens computed; events: the block manager's (op, block, detail) records."""
-        self._apply(events)
+        published = self._apply(events)
         dirty: set[int] = {e[1] for e in events}
         changed_tables = [s.request_id for s in seqs if self._retable(s, dirty)]
         bs = self.block_size
@@ -113,7 +113,6 @@ class KVTracker:
                 self.totals["num_cached"] += _is_cached(state) - _is_cached(old)
                 self.states[b] = state
                 blocks.append(block_dict(b, state))
-        published = [e for e in events if e[0] in PUBLISHED_OPS]
         if not blocks and not changed_tables and not published:
             return None
         removed = [rid for rid in changed_tables if rid not in self.tables]
