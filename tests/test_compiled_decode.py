@@ -4,6 +4,8 @@ the same seeded samples; every decode step of a plain batch takes the compiled g
 whatever the batch size or context length, and none recompiles after start-up."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -162,6 +164,28 @@ def test_forward_hooks_force_the_eager_path(engines):
     finally:
         compiled.engine.remove_observer(counter)
     assert set(counter.paths) == {(True, "eager"), (False, "eager")}
+
+
+def test_engines_in_one_process_each_run_their_own_graphs(checkpoint, tmp_path):
+    """The compiled graphs skip the guards on the model, which only holds because each engine
+    compiles its own copy of the forward pass. Three models decode one after another in one
+    process: the first, the same weights with another RMSNorm epsilon and RoPE base, and a
+    qwen2 of the same sizes (q/k/v biases, no q/k norms). Each must equal its own eager
+    engine, with no recompile after start-up."""
+    kw = dict(device="cpu", dtype="float32", block_size=16)
+    retuned = make_checkpoint("qwen3", tmp_path / "retuned")
+    config = json.loads((retuned / "config.json").read_text())
+    config.update(rms_norm_eps=0.5, rope_parameters={"rope_theta": 50.0, "rope_type": "default"})
+    (retuned / "config.json").write_text(json.dumps(config))
+    others = [retuned, make_checkpoint("qwen2", tmp_path / "qwen2", seed=1)]
+    paths = [checkpoint, *others]
+    compiled = [LLM(str(p), enforce_eager=False, **kw) for p in paths]
+    prompts = prompts_of([7, 19, 33], seed=13)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        got = [[o.outputs[0].token_ids for o in llm.generate(prompts, greedy(12))] for llm in compiled]
+    want = [[o.outputs[0].token_ids for o in LLM(str(p), **kw).generate(prompts, greedy(12))] for p in paths]
+    assert got == want
+    assert got[0] != got[1], "the two qwen3 checkpoints should not agree token for token"
 
 
 def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch):

@@ -9,14 +9,17 @@ real batch write to a scratch block and attend to nothing.
 On a CPU, torch.compile (CompiledDecode), public interface only: inductor fuses each
 layer's norms, RoPE and residual adds into a few generated C++ kernels, called with the
 matmuls from a C++ wrapper. The C attention kernel is a custom op opaque to inductor that
-reads every row's own context, so with `dynamic=True` one graph serves every batch size
-and context length (PyTorch specialises a batch of one: two graphs, both compiled at
-start-up on steps that touch only the scratch block). With the reference attention, steps
-of up to MAX_REFERENCE_COMPILED_BATCH rows pad every decode row into one attention group."""
+reads every row's own context, so one graph serves every batch size and context length.
+The sizes that vary (batch, block-table width) become symbolic when the warm-up changes
+them; the model's stay fixed. PyTorch specialises a batch of one, so there are three
+graphs, all compiled at start-up on steps that touch only the scratch block. With the
+reference attention, steps of up to MAX_REFERENCE_COMPILED_BATCH rows pad every decode row
+into one attention group."""
 from __future__ import annotations
 
 import logging
 import time
+import types
 
 import torch
 
@@ -47,6 +50,11 @@ class DecodeLogits(torch.nn.Module):
         return self.model.compute_logits(self.model(input_ids, positions)).float()
 
 
+def own_code(fn):
+    """`fn` with a code object of its own."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def compile_unavailable(runner) -> str | None:
     """Why this runner cannot compile its decode step (None when it can)."""
     if runner.device.type != "cpu":
@@ -63,10 +71,13 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # Every guard is checked on every call: graphs are cached per code object, shared by
-        # every engine in the process, and only the guards on the modules tell their models apart.
-        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=True, fullgraph=True,
-                                     options={"cpp_wrapper": True})
+        # dynamo keeps graphs and their guards per code object. This engine's own copy of
+        # forward shares them with no other engine, so the guards on the model can go (a built
+        # model never changes); those on the step's inputs and the global state stay.
+        module = DecodeLogits(runner.model)
+        module.forward = types.MethodType(own_code(DecodeLogits.forward), module)
+        self.forward = torch.compile(module, dynamic=None, fullgraph=True, options={
+            "cpp_wrapper": True, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
@@ -81,16 +92,18 @@ class CompiledDecode:
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
-        """Compile both graphs (batch 1 and batch > 1) on decode steps that write and read
-        only the scratch block, prepared exactly as real steps are."""
+        """Compile the graphs on decode steps that write and read only the scratch block,
+        prepared exactly as real steps are: a batch of one at two table widths (the width
+        turns symbolic), then a batch of two (the batch size does; PyTorch keeps a batch of
+        one apart)."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
-        for batch in (1, 2):
+        for batch, width in ((1, 3), (1, 4), (2, 5)):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # three blocks: no size equals another, which dynamo would tie
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
-                seq.block_table, seq.num_computed_tokens = [scratch] * 3, position
+                seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
             self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend, compiled=True))
         log.info("decode step compiled for this CPU")
