@@ -101,7 +101,7 @@ class CompiledDecode:
         position = min(2 * runner.block_size, runner.max_model_len - 1)
         for batch, width in ((1, 3), (1, 4), (2, 5)):
             out = SchedulerOutput(step=-1)
-            for _ in range(batch):   # three blocks: no size equals another, which dynamo would tie
+            for _ in range(batch):   # no width equals a batch size: dynamo would tie the two
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
