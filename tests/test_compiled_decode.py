@@ -128,7 +128,7 @@ def test_a_batch_of_short_contexts_runs_the_graph_without_recompiling(engines):
     counter = PathCounter(compiled.engine)
     compiled.engine.add_observer(counter)
     try:
-        with torch.compiler.set_stance("fail_on_recompile"):   # a step failing both graphs' guards raises
+        with torch.compiler.set_stance("fail_on_recompile"):   # a step failing every graph's guards raises
             outs = compiled.generate(prompts, greedy(8))      # contexts of at most 12 tokens
     finally:
         compiled.engine.remove_observer(counter)
