@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Site()

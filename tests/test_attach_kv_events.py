@@ -108,7 +108,7 @@ def test_the_attached_service_takes_every_argument_the_engine_service_does():
     import inspect
 
     from kvscope.server.attach.service import AttachService
-    from kvscope.server.service import EngineService
+    from kvscope.server.service.engine_service import EngineService
     engine = list(inspect.signature(EngineService.submit).parameters)
     attached = inspect.signature(AttachService.submit).parameters
     named = [n for n, p in attached.items() if p.kind is not p.VAR_POSITIONAL]

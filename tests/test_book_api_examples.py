@@ -9,7 +9,7 @@ import re
 
 import httpx
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 CHAPTER = next(c for c in Site().chapter_list() if c.number == 21).body
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", CHAPTER, re.S | re.M)

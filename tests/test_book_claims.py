@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("markdown_it")
 
-from kvscope.server.rendering import Site  # noqa: E402
+from kvscope.server.pages import Site  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Site()

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("markdown_it")
 
-from kvscope.server.rendering import Site, make_markdown, render_markdown  # noqa: E402
+from kvscope.server.pages import Site, make_markdown, render_markdown  # noqa: E402
 
 QUESTION = re.compile(r'<fieldset class="kv-quiz__question".*?</fieldset>', re.S)
 CHOICE = re.compile(r'<li class="kv-quiz__choice" data-correct="(true|false)">.*?<span>(.*?)</span></label>', re.S)

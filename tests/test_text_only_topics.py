@@ -10,7 +10,7 @@ pytest.importorskip("markdown_it")
 pytest.importorskip("jinja2")
 pytest.importorskip("frontmatter")
 
-from kvscope.server.rendering import Site, make_markdown, render_markdown  # noqa: E402
+from kvscope.server.pages import Site, make_markdown, render_markdown  # noqa: E402
 
 SITE = Site()
 MARKER = re.compile(r'<aside class="kv-aside kv-text-only" aria-label="Text only: ([^"]+)">(.*?)</aside>', re.S)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 CHAPTERS = Site().chapter_list()
 MEASURE = """() => {

@@ -11,13 +11,13 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from kvscope.server.openai_api import openai_router
-from kvscope.server.replay_ws import serve_replay
+from kvscope.server.api.openai_api import openai_router
+from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
-from kvscope.server.rest import rest_router
+from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
-from kvscope.server.service import EngineService
-from kvscope.server.ws import serve_websocket
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.ws import serve_websocket
 
 log = logging.getLogger("kvscope.server")
 PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
@@ -94,10 +94,10 @@ def mount_site(app: FastAPI, service) -> None:
 def mount_pages(app: FastAPI) -> None:
     """The chapter pages (another module's job); the API works without them."""
     try:
-        pages = importlib.import_module("kvscope.server.pages")
+        pages = importlib.import_module("kvscope.server.pages.routes")
     except ModuleNotFoundError as exc:
-        if exc.name != "kvscope.server.pages":
+        if exc.name != "kvscope.server.pages.routes":
             raise
-        log.info("kvscope.server.pages is not there yet: serving the API and /static only")
+        log.info("kvscope.server.pages.routes is not there yet: serving the API and /static only")
         return
     pages.mount_pages(app)

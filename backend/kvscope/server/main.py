@@ -57,7 +57,7 @@ def server_config_from_args(args) -> ServerConfig:
 def build_app(args):
     """(app, service) from parsed serve arguments."""
     from kvscope.server.app import create_app
-    from kvscope.server.service import EngineService
+    from kvscope.server.service.engine_service import EngineService
     service = EngineService(engine_from_args(args), server_config_from_args(args))
     return create_app(service), service
 

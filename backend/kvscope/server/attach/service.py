@@ -19,13 +19,13 @@ from kvscope.server.attach.metrics import figures, parse
 from kvscope.server.attach.probe import AttachError, VllmServer, local_model_facts, probe
 from kvscope.server.attach.requests import run_request
 from kvscope.server.attach.vllm_client import VllmClient, completion_params
-from kvscope.server.commands import HANDLERS
+from kvscope.server.api.commands import HANDLERS
 from kvscope.server.config import ServerConfig
-from kvscope.server.hub import Hub
-from kvscope.server.metrics import Metrics
-from kvscope.server.policy import Policy
-from kvscope.server.service import Submitted
-from kvscope.server.validation import CommandError
+from kvscope.server.classroom.hub import Hub
+from kvscope.server.service.metrics import Metrics
+from kvscope.server.classroom.policy import Policy
+from kvscope.server.service.engine_service import Submitted
+from kvscope.server.api.validation import CommandError
 
 log = logging.getLogger("kvscope.attach")
 POLL_S = 1.0

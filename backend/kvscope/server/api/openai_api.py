@@ -12,15 +12,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kvscope.server.async_engine import StreamDelta
+from kvscope.server.service.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
-from kvscope.server.policy import MAX_N, check_sampling_numbers
-from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, printable
+from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
+from kvscope.server.api.rest import STATUS, read_json, rest_caller, until_disconnect
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import CommandError, printable
 
 NUM = {"type": ["number", "null"]}
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}

@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from kvscope.server.async_engine import AsyncEngine, StreamDelta
+from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
@@ -22,10 +22,10 @@ from kvscope.instrumentation.watch import WatchRegistry, WatchSpec
 from kvscope.llm import apply_chat_template
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.config import ServerConfig
-from kvscope.server.hub import Hub
-from kvscope.server.metrics import Metrics
-from kvscope.server.policy import Policy, message_texts
-from kvscope.server.validation import CommandError
+from kvscope.server.classroom.hub import Hub
+from kvscope.server.service.metrics import Metrics
+from kvscope.server.classroom.policy import Policy, message_texts
+from kvscope.server.api.validation import CommandError
 
 SYNTHETIC_PROMPTS = [
     "Once upon a time, a little fox found a shiny stone by the river.",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.engine.llm_engine import LLMEngine
-from kvscope.server.pacing import Pacing
+from kvscope.server.service.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.llm import RequestOutput
 from kvscope.sampling_params import SamplingParams

@@ -10,11 +10,11 @@ from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
 from kvscope.instrumentation.watch import WatchSpec
 from kvscope.sampling_params import StructuredOutputsParams
-from kvscope.server.policy import is_token, one_prompt_form
-from kvscope.server.sandbox import Sandbox
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, message_ref, sampling_params
-from kvscope.server.viewer import Filter, Viewer
+from kvscope.server.classroom.policy import is_token, one_prompt_form
+from kvscope.server.classroom.sandbox import Sandbox
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import CommandError, message_ref, sampling_params
+from kvscope.server.classroom.viewer import Filter, Viewer
 
 
 @dataclass

@@ -77,7 +77,7 @@ def describe(error) -> str:
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
     """Client sampling params (already schema-checked) to SamplingParams, within limits."""
-    from kvscope.server.policy import check_sampling_numbers
+    from kvscope.server.classroom.policy import check_sampling_numbers
     raw = dict(raw or {})
     check_sampling_numbers(raw, "params.")
     max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))

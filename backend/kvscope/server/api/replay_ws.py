@@ -12,8 +12,8 @@ from pathlib import Path
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
-from kvscope.server.hub import dumps
-from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
+from kvscope.server.classroom.hub import dumps
+from kvscope.server.api.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
                                       validate_command)
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -12,10 +12,10 @@ from jsonschema.exceptions import best_match
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import COMMANDS, obj
-from kvscope.server.hub import dumps
-from kvscope.server.policy import one_prompt_form
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, describe, printable, sampling_params, strict_json
+from kvscope.server.classroom.hub import dumps
+from kvscope.server.classroom.policy import one_prompt_form
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import CommandError, describe, printable, sampling_params, strict_json
 
 _submit = COMMANDS["submit"]["properties"]
 GENERATE = Draft202012Validator(obj({}, {k: _submit[k] for k in ("prompt", "messages", "prompt_token_ids", "params")}
