@@ -373,7 +373,8 @@ def record(names: list[str], server_options: list[str], out: str) -> None:
     import uvicorn
 
     from kvscope.server.cli_args import add_serve_arguments
-    from kvscope.server.main import WS_MAX_FRAME, build_app
+    from kvscope.server.app import WS_MAX_FRAME
+    from kvscope.server.main import build_app
     port = free_port()
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)

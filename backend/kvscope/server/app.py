@@ -20,6 +20,11 @@ from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.ws import serve_websocket
 
 log = logging.getLogger("kvscope.server")
+WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
+# Longer than clients' pool expiry (httpx: 5 s), so the client closes an idle keep-alive
+# connection first: with equal timeouts a request sent as the server closes it is lost
+# before the engine sees it.
+KEEP_ALIVE_S = 75
 PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
 
 
@@ -89,6 +94,14 @@ def mount_site(app: FastAPI, service) -> None:
         @app.get("/console", include_in_schema=False)
         async def console():   # the pages module may serve its own; this is the plain one
             return FileResponse(front / "console.html")
+
+
+def run(app: FastAPI, config, log_level: str) -> None:
+    """Serve `app` (either server's) until interrupted."""
+    import uvicorn
+    uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                  ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
+                                  ws_ping_interval=20, ws_ping_timeout=20, timeout_keep_alive=KEEP_ALIVE_S)).run()
 
 
 def mount_pages(app: FastAPI) -> None:

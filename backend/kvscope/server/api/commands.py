@@ -13,7 +13,8 @@ from kvscope.sampling_params import StructuredOutputsParams
 from kvscope.server.classroom.policy import is_token, one_prompt_form
 from kvscope.server.classroom.sandbox import Sandbox
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import CommandError, message_ref, sampling_params
+from kvscope.server.api.validation import message_ref, sampling_params
+from kvscope.server.errors import CommandError
 from kvscope.server.classroom.viewer import Filter, Viewer
 
 

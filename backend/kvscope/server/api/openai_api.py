@@ -20,7 +20,8 @@ from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
 from kvscope.server.api.rest import STATUS, read_json, rest_caller, until_disconnect
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import CommandError, printable
+from kvscope.server.api.validation import printable
+from kvscope.server.errors import CommandError
 
 NUM = {"type": ["number", "null"]}
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}

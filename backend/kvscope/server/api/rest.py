@@ -15,7 +15,8 @@ from kvscope.instrumentation.schema import COMMANDS, obj
 from kvscope.server.classroom.hub import dumps
 from kvscope.server.classroom.policy import one_prompt_form
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import CommandError, describe, printable, sampling_params, strict_json
+from kvscope.server.api.validation import describe, printable, sampling_params, strict_json
+from kvscope.server.errors import CommandError
 
 _submit = COMMANDS["submit"]["properties"]
 GENERATE = Draft202012Validator(obj({}, {k: _submit[k] for k in ("prompt", "messages", "prompt_token_ids", "params")}

@@ -11,15 +11,11 @@ from jsonschema.exceptions import best_match
 
 from kvscope.instrumentation.schema import COMMANDS
 from kvscope.sampling_params import SamplingParams
+from kvscope.server.classroom.policy import check_sampling_numbers
+from kvscope.server.errors import CommandError
 
 VALIDATORS = {name: Draft202012Validator(schema) for name, schema in COMMANDS.items()}
 DEFAULT_MAX_TOKENS = 64
-
-
-class CommandError(Exception):
-    def __init__(self, code: str, message: str, request_id: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.request_id = code, message, request_id
 
 
 def no_constant(name: str):
@@ -77,7 +73,6 @@ def describe(error) -> str:
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
     """Client sampling params (already schema-checked) to SamplingParams, within limits."""
-    from kvscope.server.classroom.policy import check_sampling_numbers
     raw = dict(raw or {})
     check_sampling_numbers(raw, "params.")
     max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))

@@ -14,8 +14,8 @@ from kvscope.server.api.commands import HANDLERS, Session
 from kvscope.server.classroom.policy import is_token, learner_id
 from kvscope.server.security import origin_allowed
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
-                                      validate_command)
+from kvscope.server.api.validation import incoming_frames, message_ref, parse_frame, printable, validate_command
+from kvscope.server.errors import CommandError
 from kvscope.server.classroom.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")

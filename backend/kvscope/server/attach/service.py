@@ -25,7 +25,7 @@ from kvscope.server.classroom.hub import Hub
 from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy
 from kvscope.server.service.engine_service import Submitted
-from kvscope.server.api.validation import CommandError
+from kvscope.server.errors import CommandError
 
 log = logging.getLogger("kvscope.attach")
 POLL_S = 1.0

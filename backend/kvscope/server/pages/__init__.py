@@ -1,9 +1,11 @@
-"""Rendering of the explainer's pages (chapters, home, glossary) from `content/`.
+"""The explainer's pages (chapters, home, glossary), rendered from `content/`, and the
+routes that serve them (routes.py).
 
-Light on purpose: only jinja2, markdown-it-py, python-frontmatter and pyyaml; no engine
-or web-framework imports, so it is cheap to import and easy to test."""
+Rendering is light on purpose: only jinja2, markdown-it-py, python-frontmatter and pyyaml;
+no engine or web-framework imports (routes.py alone imports FastAPI, and this file does
+not import routes.py), so `kvscope export-site` and the tests need no server."""
 from kvscope.server.pages.content import (PARTS, Chapter, ContentError, Glossary, Term, content_dir,
-                                              frontend_dir, load_chapters, load_glossary)
+                                       frontend_dir, load_chapters, load_glossary)
 from kvscope.server.pages.markdown import RenderError, make_markdown, render_markdown
 from kvscope.server.pages.site import Site, export_static_site
 

@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, pass_context, select_autoescap
 from markupsafe import Markup
 
 from kvscope.server.pages.content import (PARTS, Chapter, content_dir, frontend_dir, load_chapters,
-                                              load_glossary, signature)
+                                       load_glossary, signature)
 from kvscope.server.pages.markdown import make_markdown, render_markdown
 from kvscope.server.pages.static_modules import import_map_script, recording_script
 

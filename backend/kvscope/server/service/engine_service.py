@@ -25,7 +25,7 @@ from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.hub import Hub
 from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy, message_texts
-from kvscope.server.api.validation import CommandError
+from kvscope.server.errors import CommandError
 
 SYNTHETIC_PROMPTS = [
     "Once upon a time, a little fox found a shiny stone by the river.",
