@@ -124,11 +124,11 @@ def rest_router(service: EngineService) -> APIRouter:
     async def healthz():
         engine = service.engine
         return {"status": "ok" if service.aengine and service.aengine.error is None else "degraded",
-                "model": service.model_name, "step": engine.scheduler.num_steps,
+                "model": service.model_name, "step": engine.num_steps,
                 "paused": bool(service.aengine and service.aengine.paused),
-                "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
-                "viewers": len(hub.viewers), "free_blocks": engine.block_manager.num_free_blocks,
-                "num_blocks": engine.block_manager.num_blocks}
+                "running": engine.num_running, "waiting": engine.num_waiting,
+                "viewers": len(hub.viewers), "free_blocks": engine.num_free_blocks,
+                "num_blocks": engine.plan.num_blocks}
 
     @router.get("/metrics")
     async def metrics():

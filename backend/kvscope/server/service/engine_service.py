@@ -93,7 +93,7 @@ class EngineService:
     def learner_share(self) -> int:
         """Requests learners may have in flight together: below the engine's capacity."""
         limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else max(1, self.engine.scheduler.config.max_num_seqs // 2)
+        return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
 
     def learner_requests(self) -> int:
         return sum(len(v.active) for v in self.hub.viewers.values() if not v.is_instructor)
@@ -340,7 +340,7 @@ class EngineService:
 
         def run() -> dict:
             block_size = engine.config.block_size   # the pool as this engine stores it
-            budget = engine.block_manager.num_blocks * block_size * self.instr.facts.kv_bytes_per_token
+            budget = engine.plan.num_blocks * block_size * self.instr.facts.kv_bytes_per_token
             start = time.perf_counter()
             result = measure_kv_cache_dtype(engine.model, engine.model_config, engine.dtype, engine.device, ids,
                                             kv_cache_dtype, max_tokens, block_size, budget)
@@ -362,12 +362,12 @@ class EngineService:
         return rids
 
     def engine_state(self, reason: str) -> dict:
-        sched, rec = self.engine.scheduler, self.hub.recorder
+        engine, rec = self.engine, self.hub.recorder
         return {"type": "engine", "ts": self.clock(), "reason": reason,
-                "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
+                "paused": bool(self.aengine and self.aengine.paused), "step": engine.num_steps,
                 "slow_motion_s": self.aengine.pacing.min_step_interval_s if self.aengine else 0.0,
-                "knobs": self.engine.knobs(), "num_running": len(sched.running),
-                "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
+                "knobs": engine.knobs(), "num_running": engine.num_running,
+                "num_waiting": engine.num_waiting, "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
 
     def recording_preamble(self) -> list[dict]:
