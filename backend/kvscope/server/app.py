@@ -1,8 +1,6 @@
 """The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,8 +16,8 @@ from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.ws import serve_websocket
+from kvscope.server.pages.routes import mount_pages
 
-log = logging.getLogger("kvscope.server")
 WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
 # Longer than clients' pool expiry (httpx: 5 s), so the client closes an idle keep-alive
 # connection first: with equal timeouts a request sent as the server closes it is lost
@@ -90,9 +88,9 @@ def mount_site(app: FastAPI, service) -> None:
     if front is not None:
         app.mount("/static", StaticFiles(directory=front), name="static")
     mount_pages(app)
-    if front is not None and not any(getattr(r, "path", None) == "/console" for r in app.routes):
+    if front is not None:
         @app.get("/console", include_in_schema=False)
-        async def console():   # the pages module may serve its own; this is the plain one
+        async def console():
             return FileResponse(front / "console.html")
 
 
@@ -103,14 +101,3 @@ def run(app: FastAPI, config, log_level: str) -> None:
                                   ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
                                   ws_ping_interval=20, ws_ping_timeout=20, timeout_keep_alive=KEEP_ALIVE_S)).run()
 
-
-def mount_pages(app: FastAPI) -> None:
-    """The chapter pages (another module's job); the API works without them."""
-    try:
-        pages = importlib.import_module("kvscope.server.pages.routes")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kvscope.server.pages.routes":
-            raise
-        log.info("kvscope.server.pages.routes is not there yet: serving the API and /static only")
-        return
-    pages.mount_pages(app)

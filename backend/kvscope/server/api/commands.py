@@ -185,16 +185,15 @@ async def unwatch(s: Session, msg: dict) -> None:
     s.ack(msg, request_id=rid)
 
 
-async def hold(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.hold(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
-
-
-async def next_token(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.next_token(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
+def steer(operation: str):
+    """The handler of `hold`, `next` or `release`: the service's `operation` on one of the
+    viewer's own requests."""
+    async def handler(s: Session, msg: dict) -> None:
+        rid = msg["request_id"]
+        s.own(rid)
+        await getattr(s.service, operation)(rid)
+        s.ack(msg, request_id=rid)
+    return handler
 
 
 async def pace(s: Session, msg: dict) -> None:
@@ -255,12 +254,6 @@ async def kv_quant(s: Session, msg: dict) -> None:
     check_submit_allowance(s, 0)   # last: a refused message costs no submit allowance
     result = await service.measure_kv_cache_dtype(ids, msg["kv_cache_dtype"], max_tokens)
     s.reply(msg, {"type": "kv_quant", "ts": service.clock(), "prompt": text, **result})
-
-
-async def release(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.release(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
 
 
 # -- sandbox, auth, ping -----------------------------------------------------------------------
@@ -362,9 +355,9 @@ async def viewers(s: Session, msg: dict) -> None:
 
 HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
-    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
-    "next": next_token, "release": release, "pace": pace, "measure": measure, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
-    "kv_quant": kv_quant,
+    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": steer("hold"),
+    "next": steer("next_token"), "release": steer("release"), "pace": pace, "measure": measure,
+    "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping, "kv_quant": kv_quant,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
     "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
     "replay": replay_control,

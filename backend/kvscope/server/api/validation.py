@@ -59,10 +59,14 @@ def validate_command(msg: dict) -> str:
     if not isinstance(kind, str) or kind not in VALIDATORS:
         known = ", ".join(sorted(VALIDATORS))
         raise CommandError("unknown_type", f"unknown message type {str(kind)[:40]!r}; known types: {known}")
-    error = best_match(VALIDATORS[kind].iter_errors(msg))
+    check_schema(VALIDATORS[kind], msg)
+    return kind
+
+
+def check_schema(validator: Draft202012Validator, value) -> None:
+    error = best_match(validator.iter_errors(value))
     if error is not None:
         raise CommandError("invalid_field", describe(error))
-    return kind
 
 
 def describe(error) -> str:
