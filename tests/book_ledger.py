@@ -53,7 +53,8 @@ class Gpu:
 
 
 # NVIDIA H100 datasheet (https://www.nvidia.com/en-us/data-center/h100/): SXM 3.35 TB/s,
-# 1,979 BF16 TFLOP/s with sparsity = 989 dense; PCIe 2.0 TB/s, 1,513 with sparsity = 756 dense.
+# 1,979 BF16 TFLOP/s with sparsity = 989 dense. The H100 PCIe product brief
+# (https://www.nvidia.com/content/dam/en-zz/Solutions/gtcs22/data-center/h100/PB-11133-001_v01.pdf): 2.0 TB/s, 1,513 with sparsity = 756 dense.
 H100_SXM = Gpu(hbm_bytes_per_s=3.35e12, bf16_flops=989e12, hbm_bytes=80e9)
 H100_PCIE = Gpu(hbm_bytes_per_s=2.0e12, bf16_flops=756e12, hbm_bytes=80e9)
 # NVIDIA H200 datasheet (https://www.nvidia.com/en-us/data-center/h200/): 141 GB at 4.8 TB/s.
@@ -514,8 +515,8 @@ MEASURED = [
     Measured(13, "and the compiled step took {} to {} ms",
              r"compiled\): ([\d.]+) ms against [\d.]+ ms\s+\(2.02×\) on 1 thread and ([\d.]+) ms", (1, 0)),
     Measured(20, "from about {} ms to about {} ms per token for one request on two threads", EMBEDDED_DECODE_MS, (1, 0)),
-    Measured(20, "{} to {} seconds on that machine the first time, {} to {} seconds once",
-             r"Compile time on this machine: (\d+)–(\d+) s with an empty inductor\s+cache, (\d+)–(\d+) s with a warm one"),
+    Measured(20, "today about {} seconds on that machine once",
+             r"start-up compile [\d–]+ → (\d+) s"),
 ]
 # ---------------------------------------------------------------------------------------------
 # Finding every figure.

@@ -18,6 +18,7 @@ MARKER = re.compile(r'<aside class="kv-aside kv-text-only" aria-label="Text only
 # (chapter, section id, a word of the topic the marker must name, a vLLM setting it points to)
 TEXT_ONLY = [
     (12, "when-the-formula-does-not-hold", "latent", "kv_lora_rank"),
+    (12, "hybrid-models-a-state-instead-of-a-cache", "hybrid", "--mamba-cache-dtype"),
     (14, "overlapping-the-cpus-work-with-the-gpus", "asynchronous", "--async-scheduling"),
     (15, "layers-with-different-needs", "hybrid", "--disable-hybrid-kv-cache-manager"),
     (19, "mixture-of-experts-expert-parallelism", "expert", "--enable-expert-parallel"),
