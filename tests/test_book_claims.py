@@ -225,3 +225,13 @@ def test_glossary_keeps_itl_and_tpot_apart():
     assert "2(N − 1)/N" in SITE.glossary.lookup("ring all-reduce").short
     assert "270,000" in SITE.glossary.lookup("thread").short
     assert not SITE.glossary.lookup("prefill").short.startswith("The first forward pass")
+
+
+def test_chapter_21_code_map_names_files_that_exist():
+    """The map from chapters to kvscope's files stays true as files move."""
+    section = CHAPTERS[21].split("## Where each chapter lives in code", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if re.match(r"\| \d+ ", line)]
+    assert [int(row[1].split()[0]) for row in rows] == list(range(1, 22))
+    for row in rows:
+        for path in re.findall(r"`([\w/]+(?:\.\w+|/))`", row[2]):
+            assert (ROOT / "backend" / "kvscope" / path).exists(), (row[1].strip(), path)

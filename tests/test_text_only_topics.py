@@ -26,6 +26,7 @@ TEXT_ONLY = [
     (20, "separating-prefill-from-decode", "disaggregated", "--kv-transfer-config"),
     (20, "the-same-prompt-alone-or-in-a-crowd-batch-invariance", "batch-invariant", "VLLM_BATCH_INVARIANT=1"),
     (21, "the-wider-landscape", "LoRA", "--enable-lora"),
+    (21, "one-process-or-several", "processes", "--api-server-count"),
 ]
 
 # (chapter, widget, words that name the topic the widget shows live)
