@@ -622,7 +622,6 @@ NOT_CLAIMS: list[tuple[int, str, str]] = [
     (20, "already meets its latency targets at 70 percent of its peak throughput. Why not run it at 99 percent", "the quiz's given inputs"),
     (18, "measures r, the share of drafted tokens accepted, at 50 percent", "the quiz's given input"),
     (17, "Now let a 2,000-token prompt arrive", "the input of the chapter's example"),
-    (14, "The GPU runs 64 times faster when it is full", "a wrong quiz choice, its why says so"),
     (16, "is the SHA-256 cryptographic hash: 256 bits", "the hash's width is in its name"),
     (16, "the hit rate is 0 %, however many requests send it", "follows from hashing whole blocks, as the sentence says"),
     (16, "gives a hit rate of 0 percent", "follows from hashing whole blocks, as the sentence says"),
