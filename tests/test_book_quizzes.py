@@ -81,7 +81,11 @@ def test_correct_choice_is_never_much_longer_than_every_distractor():
 
 
 def test_every_choice_explains_itself():
-    """Each wrong choice says which mistake it is, and the right one why it is right."""
+    """The right choice says why it is right; each wrong one opens by naming the learner's
+    mistake it stands for ("That confuses ...", "That forgets ..."), then corrects it."""
     unexplained = [f"{where}: {choice['text']!r}" for where, item in quiz_items() for choice in item["choices"]
                    if len(str(choice.get("why") or "").split()) < 5]
     assert not unexplained, unexplained
+    unnamed = [f"{where}: {choice['text']!r}" for where, item in quiz_items() for choice in item["choices"]
+               if not choice.get("correct") and not str(choice["why"]).startswith("That ")]
+    assert not unnamed, unnamed
