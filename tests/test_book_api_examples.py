@@ -30,7 +30,7 @@ def test_python_example_prints_what_the_book_shows():
     code = next(code for lang, code in BLOCKS if lang == "python" and "LLM(" in code)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "chapter 21", "exec"), {})
+        exec(compile(code, "chapter 21", "exec"), {"__name__": "__main__"})   # as `python script.py` runs it
     assert printed.getvalue().strip() == block_after("text", "LLM(").strip()
 
 

@@ -43,7 +43,7 @@ def sentences(text: str) -> list[str]:
     (11, "It cannot take more than one,", "k + 1 positions"),
     (11, "gives exactly the same result", "up to floating-point rounding"),
     (20, "half of the requests were faster", "for the ITL it is a gap between two tokens"),
-    (21, "llm = LLM()\n", "llm = LLM(model=default_model_path())"),
+    (21, "llm = LLM()\n", "llm = LLM(model=default_model_path(), kv_cache_memory_bytes=256 << 20)"),
     (15, "That multiplies the position by the block size.", "(13 × 4 + 1)"),
     (12, "Three things that are common in 2026", "Hybrid models keep a fixed-size state"),
     (21, "a prompt lookup or a small [[draft model]] proposes", "EAGLE-3 or a model's own multi-token prediction"),
