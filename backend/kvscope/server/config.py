@@ -17,6 +17,7 @@ class Limits:
     max_frame_bytes: int = 64 * 1024
     max_active_requests: int = 4            # in flight per learner
     max_learner_requests: int | None = None # in flight across all learners (default: half of --max-num-seqs)
+    max_sweep_in_flight: int = 32           # a learner's sweep's top level, within the learners' share (0: no sweeps)
     hold_timeout_s: float = 300             # a learner's held request untouched this long is cancelled
     max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
     max_watches: int = 2                    # requests one learner may watch at once

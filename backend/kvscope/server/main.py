@@ -39,6 +39,7 @@ def server_config_from_args(args) -> ServerConfig:
                       max_prompt_chars=args.learner_max_prompt_chars,
                       max_active_requests=args.learner_max_active_requests,
                       max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
+                      max_sweep_in_flight=args.learner_max_sweep_in_flight,
                       messages_per_second=args.learner_messages_per_second,
                       max_watched_prompt_tokens=args.max_watched_prompt_tokens,
                       submits_per_minute=args.learner_submits_per_minute),
