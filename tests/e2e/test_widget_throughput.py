@@ -83,5 +83,9 @@ def test_the_recorded_sweep_shows_the_same_shape(new_page, static_site, screensh
     assert recorded[-1]["throughput"] > 2 * recorded[0]["throughput"]
     assert recorded[-1]["itl_p50"] > recorded[0]["itl_p50"]
     assert widget.get_by_role("button", name="Run the sweep").is_disabled()
+    # the controls say what the recorded sweep ran, and cannot be changed: nothing would run
+    tokens, top = widget.get_by_label("Tokens each"), widget.get_by_label("Most requests in flight")
+    assert tokens.input_value() == str(max(p["max_tokens"] for p in recorded)) and tokens.is_disabled()
+    assert top.input_value() == "32" and top.is_disabled()
     widget.scroll_into_view_if_needed()
     screenshot(widget, "throughput-recorded")

@@ -189,6 +189,7 @@ class KvThroughput extends KvWidget {
     this.seqsLabel.hidden = !this.instructor;
     this.budgetLabel.hidden = !this.instructor;
     this.runButton.disabled = mode !== 'live' || this.cap === 0;
+    this.topInput.disabled = this.tokensInput.disabled = mode !== 'live';
     setBusy(this.runButton, Boolean(this.run));   // busy, not disabled: focus stays on Run
     this.showLevels();
     this.measuredEl.textContent = mode === 'live'
@@ -298,11 +299,17 @@ class KvThroughput extends KvWidget {
     if (!pts.length) nodes.push(svg('text', { x: W / 2, y: PANEL_H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' },
       !this.isLive ? 'Loading the recorded sweep…' : this.run ? 'Running the first level…' : 'Press Run the sweep: each level adds a point to every panel.'));
     this.dataset.shown = this.isLive ? 'live' : 'recorded';
+    if (!this.isLive && pts.length) {   // the controls say what the recorded sweep ran
+      this.topInput.value = String(Math.max(...pts.map((p) => p.concurrency)));
+      this.tokensInput.value = String(Math.max(...pts.map((p) => p.max_tokens)));
+    }
     this.showLevels();   // the session (and its cap) may arrive after the mode
     this.chart.replaceChildren(...nodes);
     this.summaryEl.textContent = sweepSummary(pts);
     this.chart.setAttribute('aria-label', `Throughput and latency against requests in flight: ${pts.length} levels. ${pts.map((p) => `${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens per second, inter-token p50 ${formatSeconds(p.itl_p50)}, first token p50 ${formatSeconds(p.ttft_p50)}`).join('; ')}`);
-    const head = h('tr', {}, ...['in flight', 'tok/s', 'inter-token p50', 'inter-token p90', 'TTFT p50', 'TTFT p90', 'level took'].map((c) => h('th', { scope: 'col' }, c)));
+    const abbr = (short, long) => h('abbr', { title: long }, short);
+    const head = h('tr', {}, ...['in flight', 'tok/s', [abbr('ITL', 'inter-token latency'), ' p50'], [abbr('ITL', 'inter-token latency'), ' p90'],
+      [abbr('TTFT', 'time to first token'), ' p50'], [abbr('TTFT', 'time to first token'), ' p90'], 'took'].map((c) => h('th', { scope: 'col' }, ...[c].flat())));
     this.table.replaceChildren(h('thead', {}, head), h('tbody', {}, ...pts.map((p) => h('tr', { title: `${p.requests} requests, ${formatInt(p.tokens)} tokens` },
       ...[p.concurrency, formatFloat(p.throughput, 1), formatSeconds(p.itl_p50), formatSeconds(p.itl_p90), formatSeconds(p.ttft_p50), formatSeconds(p.ttft_p90),
         `${formatFloat(p.seconds, 2)} s`].map((v) => h('td', {}, String(v)))))));
