@@ -109,13 +109,14 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add one more request to their own (a sweep counts as one), and
-    `in_flight` to the learners' share? One submit's allowance either way."""
+    """May this learner add `in_flight` requests to the learners' share, and one to their own
+    (a sweep is one, whatever its levels; `in_flight` 0: none, as kv_quant)? One submit's
+    allowance either way."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
     own = s.service.own_requests(s.viewer)
-    if own + 1 > limits.max_active_requests:
+    if own + min(in_flight, 1) > limits.max_active_requests:
         raise CommandError("too_many_requests",
                            f"you have {own} requests in flight (a sweep counts as one); "
                            f"the limit is {limits.max_active_requests} (kvscope serve --learner-max-active-requests)")
