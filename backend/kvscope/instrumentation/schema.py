@@ -76,7 +76,7 @@ LIMITS = obj({"max_prompt_tokens": NAT, "max_prompt_chars": NAT, "max_tokens": N
               "submits_per_minute": NNUM, "messages_per_second": NNUM, "max_frame_bytes": NAT,
               "max_active_requests": NAT, "max_watched_layers_x_heads": NAT},
              {"max_learner_requests": NAT, "hold_timeout_s": NNUM, "max_watched_prompt_tokens": NAT,
-              "max_watches": NAT})
+              "max_watches": NAT, "max_sweep_in_flight": NAT})
 SESSION = event("session", {"client_id": STR, "role": {"enum": ["learner", "instructor"]},
                             "subscriptions": {"type": "object", "additionalProperties": FILTER},
                             "limits": LIMITS}, {"replay": BOOL})
@@ -302,9 +302,8 @@ COMMANDS = {
     "next": command("next", {"request_id": RID}),
     "release": command("release", {"request_id": RID}),
     "pace": command("pace", {"interval_s": INTERVAL}, {"request_id": RID, "request_ids": arr(RID, minItems=1, maxItems=16)}),
-    "measure": command("measure", {"concurrency": {"type": "integer", "minimum": 1, "maximum": 64},
-                                   "total": {"type": "integer", "minimum": 1, "maximum": 64},
-                                   "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
+    "sweep": command("sweep", {"levels": arr({"type": "integer", "minimum": 1, "maximum": 256}, minItems=1, maxItems=10),
+                               "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
     "slow_motion": command("slow_motion", {"interval_s": INTERVAL}),
     "kv_quant": command("kv_quant", {"kv_cache_dtype": {"enum": [d for d in KV_DTYPES if d != "auto"]}}, {
         "prompt": {"type": "string", "minLength": 1}, "prompt_token_ids": arr(NAT, minItems=1),

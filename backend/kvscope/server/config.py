@@ -17,6 +17,7 @@ class Limits:
     max_frame_bytes: int = 64 * 1024
     max_active_requests: int = 4            # in flight per learner
     max_learner_requests: int | None = None # in flight across all learners (default: half of --max-num-seqs)
+    max_sweep_in_flight: int = 32           # a learner's sweep's top level, within the learners' share (0: no sweeps)
     hold_timeout_s: float = 300             # a learner's held request untouched this long is cancelled
     max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
     max_watches: int = 2                    # requests one learner may watch at once
@@ -57,6 +58,7 @@ class ServerConfig:
                           max_prompt_chars=args.learner_max_prompt_chars,
                           max_active_requests=args.learner_max_active_requests,
                           max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
+                          max_sweep_in_flight=args.learner_max_sweep_in_flight,
                           messages_per_second=args.learner_messages_per_second,
                           max_watched_prompt_tokens=args.max_watched_prompt_tokens,
                           submits_per_minute=args.learner_submits_per_minute),

@@ -9,7 +9,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
@@ -39,6 +39,23 @@ SYNTHETIC_PROMPTS = [
 ]
 
 
+SWEEP_PAUSE_S = 0.5   # between two levels of a sweep: a recording's runs are told apart by this gap
+
+
+def sweep_requests(level: int) -> int:
+    """Requests a sweep level runs: two rounds of its concurrency, at least 4 (for a TTFT percentile)."""
+    return max(4, 2 * level)
+
+
+@dataclass
+class Sweep:
+    """A measured sweep in progress. A learner's counts once against their in-flight limit,
+    and its top level stays reserved in the learners' share from its start to its end."""
+    owner: str
+    top: int
+    request_ids: set[str] = field(default_factory=set)
+
+
 @dataclass
 class Submitted:
     request_id: str
@@ -65,7 +82,8 @@ class EngineService:
         self._ids = itertools.count(1)
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self._reaper: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()   # runs the server drives (measure), until done
+        self._tasks: set[asyncio.Task] = set()   # runs the server drives (sweeps), until done
+        self.sweeps: dict[str, Sweep] = {}       # by owner: one sweep per viewer at a time
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -95,8 +113,24 @@ class EngineService:
         limit = self.config.limits.max_learner_requests
         return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
 
+    @property
+    def sweep_cap(self) -> int:
+        """The most requests a learner's sweep may keep in flight: its own limit, within the share."""
+        return min(self.config.limits.max_sweep_in_flight, self.learner_share)
+
     def learner_requests(self) -> int:
-        return sum(len(v.active) for v in self.hub.viewers.values() if not v.is_instructor)
+        """Learners' requests in flight, a sweep counted at its top level for its whole run."""
+        total = 0
+        for v in self.hub.viewers.values():
+            if not v.is_instructor:
+                sweep = self.sweeps.get(v.id)
+                total += len(v.active) if sweep is None else len(v.active - sweep.request_ids) + sweep.top
+        return total
+
+    def own_requests(self, viewer) -> int:
+        """A viewer's requests in flight as its limit counts them: a sweep is one."""
+        sweep = self.sweeps.get(viewer.id)
+        return len(viewer.active) if sweep is None else len(viewer.active - sweep.request_ids) + 1
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -311,23 +345,37 @@ class EngineService:
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
 
-    async def measure(self, owner: str, concurrency: int, total: int, max_tokens: int) -> None:
-        """A throughput run driven here, next to the engine: `total` requests of `max_tokens`
+    async def sweep(self, sweep: Sweep, levels: list[int], max_tokens: int) -> None:
+        """Throughput runs at rising concurrency, one level after the other (`sweep_requests`
+        each), a short pause between levels. Registered in `sweeps` by the caller, until done."""
+        try:
+            for i, level in enumerate(levels):
+                if sweep.owner not in self.hub.viewers:
+                    return
+                if i:
+                    await asyncio.sleep(SWEEP_PAUSE_S)
+                await self.measure(sweep, level, sweep_requests(level), max_tokens)
+        finally:
+            self.sweeps.pop(sweep.owner, None)
+
+    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
+        """One throughput run driven here, next to the engine: `total` requests of `max_tokens`
         tokens each (the synthetic prompts), `concurrency` of them in flight at any time, the
-        next one added the moment one finishes. Owned by `owner`, so its page gets every
-        request's events; it stops adding requests once that page has gone."""
+        next one added the moment one finishes. Owned by the sweep's owner, so its page gets
+        every request's events; it stops adding requests once that page has gone."""
         tok = self._tokenizer()
         numbers = iter(range(total))
 
         async def worker():
             for i in numbers:   # one iterator shared by the workers: each number is taken once
-                if owner not in self.hub.viewers:
+                if sweep.owner not in self.hub.viewers:
                     return
                 prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
                 params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
-                label = RequestLabel(owner=owner, prompt=prompt)
-                async for _ in self.stream(self.new_request_id(), tok.encode(prompt, add_special_tokens=False),
-                                           params, "ws", label):
+                label = RequestLabel(owner=sweep.owner, prompt=prompt)
+                rid = self.new_request_id()
+                sweep.request_ids.add(rid)
+                async for _ in self.stream(rid, tok.encode(prompt, add_special_tokens=False), params, "ws", label):
                     pass
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
