@@ -129,15 +129,22 @@ class KvThroughput extends KvWidget {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
     const instructor = this.client.session && this.client.session.role === 'instructor';
-    this.seqsLabel.hidden = !instructor;
-    this.budgetLabel.hidden = !instructor;
+    // attached to vLLM its caps are its own, set when it started: no knob to turn here
+    this.seqsLabel.hidden = !instructor || this.attached;
+    this.budgetLabel.hidden = !instructor || this.attached;
     const limits = this.client.session && this.client.session.limits;
     if (limits && limits.max_active_requests) this.concurrencyInput.max = String(instructor ? 64 : limits.max_active_requests);
     this.runButton.disabled = mode !== 'live';
     setBusy(this.runButton, Boolean(this.run));   // busy, not disabled: focus stays on Run
-    this.measuredEl.textContent = mode === 'live'
+    this.measuredEl.textContent = mode === 'live' && this.attached
+      ? 'What a run measures: the server keeps your requests in flight against the attached vLLM server, the number you ask for, and sends the next one the moment one finishes (the same story prompts, sampled, every token counted). Times are taken at vLLM’s API, so they include the network between kvscope and vLLM; vLLM’s own scheduler caps apply (set when it started, not from this page).'
+      : mode === 'live'
       ? 'What a run measures: the server keeps your requests in flight, the number you ask for, and adds the next one the moment one finishes (the same story prompts, sampled, every token counted), so the figures are the engine’s — a run counts as one submit against your limit.'
       : 'The runs the project recorded on the embedded model, each driven as a live run is (scripts/make_recordings.py).';
+  }
+
+  get attached() {
+    return this.client.hello?.backend?.engine === 'vllm';
   }
 
   async start() {
@@ -145,7 +152,7 @@ class KvThroughput extends KvWidget {
     const clamp = (input) => Math.max(Number(input.min), Math.min(Number(input.max), Math.round(Number(input.value) || 1)));
     const setting = { concurrency: clamp(this.concurrencyInput), total: clamp(this.totalInput), max_tokens: clamp(this.tokensInput) };
     try {
-      if (this.client.session && this.client.session.role === 'instructor') {
+      if (this.client.session && this.client.session.role === 'instructor' && !this.attached) {
         const ack = await this.client.command('set_knobs', { max_num_seqs: clamp(this.seqsInput), max_num_batched_tokens: clamp(this.budgetInput) });
         Object.assign(setting, { max_num_seqs: ack.knobs.max_num_seqs, token_budget: ack.knobs.max_num_batched_tokens });
       }
@@ -161,6 +168,7 @@ class KvThroughput extends KvWidget {
       await this.client.command('measure', { concurrency: setting.concurrency, total: setting.total, max_tokens: setting.max_tokens });
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
+      this.announce('The run did not start.');   // the "Running…" line must not stay
       this.run = null;
       this.updateMode(this.client.mode);
     }
@@ -179,6 +187,9 @@ class KvThroughput extends KvWidget {
       this.dataset.points = String(this.points.length);
       this.updateMode(this.client.mode);
       const p = this.points[this.points.length - 1];
+      const failed = run.finished.filter((e) => e.reason === 'error');
+      // one line when some requests failed (vLLM gone mid-run, say): the point counts the rest
+      this.errorEl.textContent = failed.length ? `${failed.length} of ${run.finished.length} requests failed: ${failed[0].error}` : '';
       this.announce(`${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens/s, first token p50 ${formatSeconds(p.ttft_p50)}, inter-token p50 ${formatSeconds(p.itl_p50)}.`);
       this.requestRender();
     }
