@@ -170,3 +170,45 @@ def test_the_attached_hello_and_engine_events_follow_the_schema():
         assert (hello["engine"]["block_size"], hello["engine"]["num_blocks"], hello["model"]["num_layers"]) == (32, 64, 4)
         state = check_event(service.engine_state("connect"))
         assert ("--kv-events-config" in state["vllm"]["kv_events"]) == (source is None)
+
+
+def test_every_command_the_attached_server_takes_finds_what_it_calls_on_the_service():
+    """commands.py calls `s.service.X` for either service; attached, a command that is not
+    refused must find every X it reaches (the attached ch20 once failed on a missing
+    `spawn`). Read from commands.py's source: each handler and the helpers it calls."""
+    import ast
+    import inspect
+
+    from kvscope.server import commands
+    from kvscope.server.attach.probe import VllmServer
+    from kvscope.server.attach.service import NEEDS_ENGINE, AttachService
+    from kvscope.server.config import ServerConfig
+    from kvscope.server.validation import CommandError
+    tree = ast.parse(inspect.getsource(commands))
+    functions = {f.name: f for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def reached(name: str, seen: set[str]) -> set[str]:
+        if name in seen or name not in functions:
+            return set()
+        seen.add(name)
+        used = set()
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Attribute) and (
+                    (isinstance(node.value, ast.Attribute) and node.value.attr == "service")
+                    or (isinstance(node.value, ast.Name) and node.value.id == "service")):
+                used.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                used |= reached(node.func.id, seen)
+        return used
+
+    server = VllmServer(url="http://127.0.0.1:8000", version="0.32.0", model="m", max_model_len=1024,
+                        block_size=32, num_blocks=64, enable_prefix_caching=True, kv_cache_bytes=0, kv_events=None)
+    service = AttachService(server, ServerConfig())
+    # (a property that refuses with a sentence counts: it is there, and says why)
+    missing = {kind: sorted(n for n in reached(handler.__name__, set())
+                            if not hasattr(type(service), n) and n not in vars(service))
+               for kind, handler in commands.HANDLERS.items() if kind not in NEEDS_ENGINE}
+    missing = {k: v for k, v in missing.items() if v}
+    assert not missing, missing
+    with pytest.raises(CommandError, match="needs kvscope's own engine"):
+        service.engine.config   # noqa: B018 (the refusal is the point)

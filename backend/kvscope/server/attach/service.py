@@ -36,7 +36,7 @@ KV_EVENTS_HINT = ("vLLM was started without KV events: start it with --kv-events
                   "'{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
                   "\"replay_endpoint\": \"tcp://*:5558\"}' to see its blocks here")
 NEEDS_ENGINE = ("watch", "unwatch", "hold", "next", "release", "pace", "pause", "resume", "step", "reset",
-                "slow_motion", "set_knobs", "inject", "record_start", "record_stop")
+                "slow_motion", "set_knobs", "inject", "record_start", "record_stop", "kv_quant")
 
 
 class AttachService:
@@ -211,6 +211,26 @@ class AttachService:
     async def _refuse(self, session, msg: dict) -> None:
         raise CommandError("attach", f"{msg['type']!r} needs kvscope's own engine; this server is attached to "
                                      f"vLLM at {self.server.url}, which shows its requests, blocks and metrics only")
+
+    def _needs_engine(self, what: str) -> CommandError:
+        return CommandError("attach", f"{what} needs kvscope's own engine; this server is attached to vLLM at "
+                                      f"{self.server.url}, which runs a prompt as vLLM schedules it")
+
+    # What commands.py reads of kvscope's engine for a submit's options (watching, its own
+    # chunk size, a grammar): attached, each is refused with a sentence, never an AttributeError.
+    @property
+    def engine(self):
+        raise self._needs_engine("this option of a submit (its own prefill chunk size)")
+
+    @property
+    def instr(self):
+        raise self._needs_engine("watching a request's attention and sampling")
+
+    async def compile_grammar(self, constraint) -> None:
+        raise self._needs_engine("structured outputs from these pages")
+
+    def touch_hold(self, rid: str, held: bool) -> None:
+        raise self._needs_engine("holding a request")
 
     @property
     def learner_share(self) -> int:
