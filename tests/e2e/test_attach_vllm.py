@@ -290,8 +290,10 @@ def test_ch20_measures_vllm(attached, vllm, page, screenshot, assert_clean):
 
 def test_late_attach_replays_and_vllm_going_away_shows_disconnected_then_the_kv_events_flag(attached, vllm, page, screenshot):
     # A late attach reads the blocks vLLM cached before it came, from the publisher's replay buffer.
+    vllm_post(vllm["url"], "/v1/completions", {"model": str(MODEL), "max_tokens": 1,
+                                               "prompt": "Blocks cached before the late attach came. " * 12})
+    wait_until(lambda: cached_hashes(attached), what="the attached pool's blocks")
     cached = cached_hashes(attached)
-    assert cached
     with attach(vllm["url"], vllm["folder"]) as late:
         # the replay arrives over ZeroMQ a moment after the new subscriber connects
         deadline = time.monotonic() + 20
@@ -306,7 +308,7 @@ def test_late_attach_replays_and_vllm_going_away_shows_disconnected_then_the_kv_
     assert "Disconnected" in panel.locator("[data-attached-status]").inner_text()
     page.locator(".kv-badge[data-state=disconnected]").wait_for(timeout=10000)
     assert "disconnected, reconnecting" in page.locator(".kv-badge").inner_text()
-    screenshot(page.locator("header"), "attach-header-disconnected")
+    screenshot(page.locator("header.kv-site-header"), "attach-header-disconnected")
     vllm["process"] = start_vllm(vllm["python"], vllm["port"], vllm["folder"], kv_events=False)
     wait_for_vllm(vllm["url"], vllm["process"], vllm["folder"])
     page.locator("kv-pages [data-connected=true]").wait_for(timeout=20000)

@@ -363,7 +363,7 @@ class KvPages extends withHandlers(KvWidget) {
       else if (p.blocks[i].hash) cached += 1;
     }
     const text = `Detail: blocks ${formatInt(this.windowStart)}–${formatInt(end - 1)} of ${formatInt(p.numBlocks)}: ${formatInt(used)} in use, ${formatInt(cached)} cached. `
-      + `The strip above is the whole pool, ${formatInt(this.stripPainter.perColumn)} blocks a column (in use from the bottom, then cached); the frame is the detail.`;
+      + `The strip above is the whole pool, ${formatInt(this.stripPainter.perColumn)} blocks a column (in use from the bottom, then cached); the bars above and below it mark the detail.`;
     if (this.windowEl.textContent !== text) this.windowEl.textContent = text;
     this.strip.setAttribute('aria-valuemin', '0');
     this.strip.setAttribute('aria-valuemax', String(Math.max(0, p.numBlocks - this.windowSize)));

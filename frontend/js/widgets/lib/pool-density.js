@@ -1,11 +1,13 @@
 // A large block pool (a GPU server holds 10^5 blocks and more) as one strip: the pool cut
 // into as many runs of consecutive blocks as the strip has columns, each column filled from
 // the bottom with the share of its blocks in use, then the share free but cached; the rest
-// is free. A frame marks the run of blocks the detail view below it draws cell by cell.
+// is free. Bars above and below the strip, and a tint over it, mark the run of blocks the
+// detail view draws cell by cell (never a line over a column: one block must stay visible).
 
 import { cssVar } from '../../widget-base.js';
 
-export const STRIP_HEIGHT = 44;
+export const STRIP_HEIGHT = 48;
+const MARK = 5;   // px of the window's bars above and below the strip
 
 export class DensityStrip {
   constructor(canvas) {
@@ -40,7 +42,7 @@ export class DensityStrip {
 
   draw({ blocks, width, windowStart, windowSize }) {
     const W = Math.max(280, Math.floor(width));
-    const columns = Math.min(blocks.length, Math.floor(W / 2));   // at least 2 px a column
+    const columns = Math.min(blocks.length, Math.floor(W / 3));   // at least 3 px a column
     const { perColumn, buckets } = DensityStrip.bucket(blocks, columns);
     this.columns = buckets.length;
     this.perColumn = perColumn;
@@ -53,9 +55,12 @@ export class DensityStrip {
     c.style.height = `${STRIP_HEIGHT}px`;
     const ctx = c.getContext('2d');
     ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-    const H = STRIP_HEIGHT - 6;   // room for the window's frame
+    const H = STRIP_HEIGHT - 2 * MARK - 2;   // room for the window's bars
+    const top = MARK + 1;
+    ctx.fillStyle = cssVar('--kv-surface') || '#fff';
+    ctx.fillRect(0, 0, W, STRIP_HEIGHT);
     ctx.fillStyle = cssVar('--kv-free') || '#e3e6ea';
-    ctx.fillRect(0, 3, W, H);
+    ctx.fillRect(0, top, W, H);
     const used = cssVar('--kv-used') || '#0072b2';
     const cached = cssVar('--kv-cached') || '#009e73';
     for (const [i, b] of buckets.entries()) {
@@ -64,15 +69,19 @@ export class DensityStrip {
       const hUsed = b.used ? Math.max(2, (H * b.used) / b.count) : 0;
       const hCached = b.cached ? Math.max(2, (H * b.cached) / b.count) : 0;
       ctx.fillStyle = used;
-      ctx.fillRect(x, 3 + H - hUsed, Math.ceil(this.colWidth), hUsed);
+      ctx.fillRect(x, top + H - hUsed, Math.ceil(this.colWidth), hUsed);
       ctx.fillStyle = cached;
-      ctx.fillRect(x, 3 + H - hUsed - hCached, Math.ceil(this.colWidth), hCached);
+      ctx.fillRect(x, top + H - hUsed - hCached, Math.ceil(this.colWidth), hCached);
     }
     const x0 = (windowStart / perColumn) * this.colWidth;
-    const x1 = Math.min(W, ((windowStart + windowSize) / perColumn) * this.colWidth);
-    ctx.strokeStyle = cssVar('--kv-focus') || '#0a58a8';
-    ctx.lineWidth = 2;
-    ctx.strokeRect(x0 + 1, 1, Math.max(3, x1 - x0 - 2), STRIP_HEIGHT - 2);
+    const x1 = Math.max(x0 + 3, Math.min(W, ((windowStart + windowSize) / perColumn) * this.colWidth));
+    const focus = cssVar('--kv-focus') || '#0a58a8';
+    ctx.fillStyle = focus;
+    ctx.fillRect(x0, 0, x1 - x0, MARK);
+    ctx.fillRect(x0, STRIP_HEIGHT - MARK, x1 - x0, MARK);
+    ctx.globalAlpha = 0.12;
+    ctx.fillRect(x0, top, x1 - x0, H);
+    ctx.globalAlpha = 1;
     return { perColumn, buckets };
   }
 }
