@@ -28,13 +28,22 @@ function numberOrNull(input) {
   return input.value === '' ? null : Number(input.value);
 }
 
+/** Attached to vLLM the caps are vLLM's own, set when it started (a cap of 0 is its
+ *  stand-in: vLLM reports them only through /server_info, in its development mode). */
+function attachedKnobs(k) {
+  const cap = (v) => (v ? String(v) : 'not reported');
+  return `vLLM's own: budget ${cap(k.max_num_batched_tokens)}, max seqs ${cap(k.max_num_seqs)} `
+    + '(set by vLLM at start-up; not steerable from here)';
+}
+
 function showEngine(e) {
   $('s-paused').textContent = e.paused ? 'paused' : 'running';
   $('s-step').textContent = String(e.step);
   $('s-queues').textContent = `${e.num_running} / ${e.num_waiting}`;
   const k = e.knobs;
-  $('s-knobs').textContent = `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
-    + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
+  $('s-knobs').textContent = e.vllm ? attachedKnobs(k)
+    : `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
+      + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
   $('s-viewers').textContent = String(e.num_viewers);
   $('s-slow').textContent = e.slow_motion_s ? `${e.slow_motion_s} s between steps` : 'off';
   showSlowMotion(e.slow_motion_s);

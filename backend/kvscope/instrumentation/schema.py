@@ -61,7 +61,9 @@ H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2
 CAPABILITIES = ("requests", "tokenize", "kv", "steps", "step_rows", "memory", "attention", "sampling",
                 "internals", "sandbox", "kv_quant", "speculation", "tensor_parallel", "instructor")
 BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attached_url": NULL_STR,
-               "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)})
+               "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)},
+              # serve --attach: hello keys the attached server does not report (stand-ins kept the shape)
+              {"unreported": arr(STR, uniqueItems=True)})
 HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
                         "started_at": STR, "backend": BACKEND, "model": MODEL, "device": DEVICE,
                         "engine": ENGINE, "h100": H100})
@@ -91,7 +93,8 @@ ENGINE_STATE = event("engine", {
     {"slow_motion_s": NNUM,
      # serve --attach: the vLLM server drawn, whether it answers, and its /metrics figures
      "vllm": obj({"url": STR, "version": STR, "model": STR, "connected": BOOL, "kv_events": STR,
-                  "metrics": {"type": "object"}})})
+                  "metrics": {"type": "object"}},
+                 {"retry_s": NNUM, "kv_cache_report_mode": {"enum": ["full", "incremental"]}})})
 
 TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
              "complete": BOOL})

@@ -186,15 +186,22 @@ class KvThroughput extends KvWidget {
   updateMode(mode) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
-    this.seqsLabel.hidden = !this.instructor;
-    this.budgetLabel.hidden = !this.instructor;
+    // attached to vLLM its caps are its own, set when it started: no knob to turn here
+    this.seqsLabel.hidden = !this.instructor || this.attached;
+    this.budgetLabel.hidden = !this.instructor || this.attached;
     this.runButton.disabled = mode !== 'live' || this.cap === 0;
     this.topInput.disabled = this.tokensInput.disabled = mode !== 'live';
     setBusy(this.runButton, Boolean(this.run));   // busy, not disabled: focus stays on Run
     this.showLevels();
-    this.measuredEl.textContent = mode === 'live'
+    this.measuredEl.textContent = mode === 'live' && this.attached
+      ? 'What a sweep measures: at each level the server keeps that many of your requests in flight against the attached vLLM server and sends the next one the moment one finishes (the same story prompts, sampled, every token counted). Times are taken at vLLM’s API, so they include the network between kvscope and vLLM; vLLM’s own scheduler caps apply (set when it started, not from this page).'
+      : mode === 'live'
       ? 'What a sweep measures: at each level the server keeps that many of your requests in flight and adds the next one the moment one finishes (the same story prompts, sampled, every token counted), so the figures are the engine’s. The whole sweep counts as one submit and one of your requests in flight.'
       : 'The sweep the project recorded on the embedded model, driven as a live sweep is (scripts/make_recordings.py).';
+  }
+
+  get attached() {
+    return this.client.hello?.backend?.engine === 'vllm';
   }
 
   async start() {
@@ -203,7 +210,7 @@ class KvThroughput extends KvWidget {
     const { levels } = this.plan();
     const setting = { max_tokens: clamp(this.tokensInput) };
     try {
-      if (this.instructor) {
+      if (this.instructor && !this.attached) {
         const ack = await this.client.command('set_knobs', { max_num_seqs: clamp(this.seqsInput), max_num_batched_tokens: clamp(this.budgetInput) });
         Object.assign(setting, { max_num_seqs: ack.knobs.max_num_seqs, token_budget: ack.knobs.max_num_batched_tokens });
       }
@@ -222,6 +229,7 @@ class KvThroughput extends KvWidget {
       this.collect();
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
+      this.announce('The sweep did not start.');   // the "Running…" line must not stay
       this.run = null;
       this.updateMode(this.client.mode);
     }
@@ -248,6 +256,10 @@ class KvThroughput extends KvWidget {
       this.points.push(runReport(added, added.map((e) => run.finished.get(e.request_id)),
         { ...run.setting, concurrency: run.levels[k], total: run.requests[k] }));
       from += run.requests[k];
+      const failed = added.filter((e) => run.finished.get(e.request_id).reason === 'error');
+      // one line when some requests failed (vLLM gone mid-run, say): the point counts the rest
+      this.errorEl.textContent = failed.length
+        ? `${failed.length} of ${added.length} requests at ${run.levels[k]} in flight failed: ${run.finished.get(failed[0].request_id).error}` : '';
       const p = this.points[k];
       this.announce(`${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens/s, inter-token p50 ${formatSeconds(p.itl_p50)}, first token p50 ${formatSeconds(p.ttft_p50)}.`);
     }

@@ -12,7 +12,8 @@ from kvscope.instrumentation.watch import WatchSpec
 from kvscope.sampling_params import StructuredOutputsParams
 from kvscope.server.classroom.policy import is_token, one_prompt_form
 from kvscope.server.classroom.sandbox import Sandbox
-from kvscope.server.service.engine_service import EngineService, Sweep, sweep_requests
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.classroom.sweeps import Sweep, sweep_requests
 from kvscope.server.api.validation import message_ref, sampling_params
 from kvscope.server.errors import CommandError
 from kvscope.server.classroom.viewer import Filter, Viewer

@@ -9,7 +9,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
@@ -25,6 +25,7 @@ from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.hub import Hub
 from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy, message_texts
+from kvscope.server.classroom.sweeps import Sweep, SweepAccounts
 from kvscope.server.errors import CommandError
 
 SYNTHETIC_PROMPTS = [
@@ -39,23 +40,6 @@ SYNTHETIC_PROMPTS = [
 ]
 
 
-SWEEP_PAUSE_S = 0.5   # between two levels of a sweep: a recording's runs are told apart by this gap
-
-
-def sweep_requests(level: int) -> int:
-    """Requests a sweep level runs: two rounds of its concurrency, at least 4 (for a TTFT percentile)."""
-    return max(4, 2 * level)
-
-
-@dataclass
-class Sweep:
-    """A measured sweep in progress. A learner's counts once against their in-flight limit,
-    and its top level stays reserved in the learners' share from its start to its end."""
-    owner: str
-    top: int
-    request_ids: set[str] = field(default_factory=set)
-
-
 @dataclass
 class Submitted:
     request_id: str
@@ -63,8 +47,9 @@ class Submitted:
     error: str | None = None
 
 
-class EngineService:
+class EngineService(SweepAccounts):
     def __init__(self, engine: LLMEngine, config: ServerConfig):
+        super().__init__()
         self.engine, self.config = engine, config
         self.clock = Clock()
         self.started_at = time.time()
@@ -83,7 +68,6 @@ class EngineService:
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self._reaper: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()   # runs the server drives (sweeps), until done
-        self.sweeps: dict[str, Sweep] = {}       # by owner: one sweep per viewer at a time
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -112,25 +96,6 @@ class EngineService:
         """Requests learners may have in flight together: below the engine's capacity."""
         limit = self.config.limits.max_learner_requests
         return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
-
-    @property
-    def sweep_cap(self) -> int:
-        """The most requests a learner's sweep may keep in flight: its own limit, within the share."""
-        return min(self.config.limits.max_sweep_in_flight, self.learner_share)
-
-    def learner_requests(self) -> int:
-        """Learners' requests in flight, a sweep counted at its top level for its whole run."""
-        total = 0
-        for v in self.hub.viewers.values():
-            if not v.is_instructor:
-                sweep = self.sweeps.get(v.id)
-                total += len(v.active) if sweep is None else len(v.active - sweep.request_ids) + sweep.top
-        return total
-
-    def own_requests(self, viewer) -> int:
-        """A viewer's requests in flight as its limit counts them: a sweep is one."""
-        sweep = self.sweeps.get(viewer.id)
-        return len(viewer.active) if sweep is None else len(viewer.active - sweep.request_ids) + 1
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -344,19 +309,6 @@ class EngineService:
             except ValueError as exc:
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
-
-    async def sweep(self, sweep: Sweep, levels: list[int], max_tokens: int) -> None:
-        """Throughput runs at rising concurrency, one level after the other (`sweep_requests`
-        each), a short pause between levels. Registered in `sweeps` by the caller, until done."""
-        try:
-            for i, level in enumerate(levels):
-                if sweep.owner not in self.hub.viewers:
-                    return
-                if i:
-                    await asyncio.sleep(SWEEP_PAUSE_S)
-                await self.measure(sweep, level, sweep_requests(level), max_tokens)
-        finally:
-            self.sweeps.pop(sweep.owner, None)
 
     async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
         """One throughput run driven here, next to the engine: `total` requests of `max_tokens`
