@@ -87,13 +87,30 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    # the kernel trusts these layouts: check them, cheaply, on every call
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.is_contiguous()
-    assert block_tables.dtype == context_lens.dtype == torch.int32 and k_cache.dtype == q.dtype
+    _check_layout(q, k_cache, v_cache, out, block_tables, context_lens)
+    if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
+        raise ValueError(f"{batch} query rows need {batch} block tables and context lengths, got "
+                         f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
     kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
                      context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
                      block_size, block_tables.shape[1], scale, torch.get_num_threads())
     return out
+
+
+def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
+    """The C kernels trust raw pointers: refuse, on every call (it is cheap), any tensor whose
+    layout, dtype or device they would misread. Real checks, not asserts, which python -O drops."""
+    tensors = (q, k_cache, v_cache, out, *int32s)
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        raise ValueError("the CPU paged-attention kernels take contiguous CPU tensors")
+    if not k_cache.dtype == v_cache.dtype == q.dtype == out.dtype or q.dtype not in CPU_DTYPES:
+        raise ValueError(f"query, caches and output must share one of float32, bfloat16; got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}, {out.dtype}")
+    if any(t.dtype != torch.int32 for t in int32s):
+        raise ValueError("block tables, lengths and offsets must be int32")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 4 or q.dim() != 3 or out.shape != q.shape \
+            or k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit queries {tuple(q.shape)}")
 
 
 # A plain operator library rather than torch.library.custom_op: its dispatch costs a third
@@ -119,8 +136,7 @@ def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise RuntimeError(kernels)
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    assert q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
-    assert k_cache.dtype == q.dtype == out.dtype and spans.block_tables.dtype == torch.int32
+    _check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
     kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
                      spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),
                      len(spans.q_lens), num_heads, num_kv_heads, head_dim, block_size, spans.block_tables.shape[1],
@@ -137,13 +153,6 @@ MIN_TILED_SPAN = 8
 
 def tiles_span(q_len: int) -> bool:
     return q_len >= MIN_TILED_SPAN
-
-
-def cpu_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    # eagerly, the plain call: even a light operator's dispatch costs a few µs per layer
-    if torch.compiler.is_compiling():
-        return torch.ops.kvscope.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return cpu_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
 # -- GPU: the Triton decode kernel ---------------------------------------------------------
