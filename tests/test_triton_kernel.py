@@ -1,5 +1,6 @@
 """The Triton paged-decode kernel, run by Triton's interpreter on CPU (TRITON_INTERPRET=1),
-checked against the PyTorch reference and inside the whole engine against transformers."""
+checked against the PyTorch reference and inside the whole engine against transformers. With
+KVSCOPE_TRITON_ON_GPU=1 (scripts/gpu_check.sh) the same code runs compiled, on a CUDA GPU."""
 from __future__ import annotations
 
 import os
@@ -12,12 +13,18 @@ import pytest
 
 pytest.importorskip("triton")
 BACKEND = Path(__file__).resolve().parents[1] / "backend"
+ON_GPU = os.environ.get("KVSCOPE_TRITON_ON_GPU") == "1"
 
 
-def run_interpreted(code: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{BACKEND}:{Path(__file__).parent}")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
-                          text=True, timeout=600)
+def run_kernel_code(code: str) -> str:
+    """Run `code` in a fresh interpreter (Triton reads TRITON_INTERPRET once), with DEVICE set."""
+    env = dict(os.environ, PYTHONPATH=f"{BACKEND}:{Path(__file__).parent}")
+    if ON_GPU:
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
+    code = f"DEVICE = {'cuda' if ON_GPU else 'cpu'!r}\n" + textwrap.dedent(code)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -27,7 +34,7 @@ def test_kernel_matches_reference_over_batches_contexts_groups_and_dtypes():
     tables: batch 1 and many; contexts shorter than a block, exactly k blocks and long (cut
     into several slices); GQA groups of 1, 2 and 8; one slice, forced slices and the chosen
     number; float32, float16, bfloat16 (tiny heads and blocks keep the interpreter quick)."""
-    out = run_interpreted("""
+    out = run_kernel_code("""
         import torch
         from kvscope.layers.kernels import decode_splits, triton_decode_attention
         from kvscope.layers.attention import gather_context
@@ -51,7 +58,8 @@ def test_kernel_matches_reference_over_batches_contexts_groups_and_dtypes():
             tables = order[:len(lens) * width].view(len(lens), width).int().contiguous()
             lens_t = torch.tensor(lens, dtype=torch.int32)
             q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
-            got = triton_decode_attention(q, k_cache, v_cache, tables, lens_t, dim ** -0.5, num_splits=splits)
+            got = triton_decode_attention(*(t.to(DEVICE) for t in (q, k_cache, v_cache, tables, lens_t)),
+                                          dim ** -0.5, num_splits=splits).cpu()
             err = (got.float() - reference(q, k_cache, v_cache, tables, lens_t, dim ** -0.5)).abs().max().item()
             limit = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
             assert got.dtype == dtype and err < limit, (lens, heads, kv_heads, bs, dtype, splits, err)
@@ -79,15 +87,15 @@ def test_kernel_matches_reference_over_batches_contexts_groups_and_dtypes():
 
 
 def test_padded_rows_of_a_graph_batch_give_zeros_not_nan():
-    out = run_interpreted("""
+    out = run_kernel_code("""
         import torch
         from kvscope.layers.kernels import triton_decode_attention
-        k_cache, v_cache = torch.randn(2, 6, 4, 2, 16).unbind(0)
-        tables = torch.zeros(3, 4, dtype=torch.int32)
-        lens = torch.tensor([5, 0, 0], dtype=torch.int32)        # rows 1, 2: padding, no context
+        k_cache, v_cache = torch.randn(2, 6, 4, 2, 16, device=DEVICE).unbind(0)
+        tables = torch.zeros(3, 4, dtype=torch.int32, device=DEVICE)
+        lens = torch.tensor([5, 0, 0], dtype=torch.int32, device=DEVICE)   # rows 1, 2: padding, no context
         for splits in (1, 4):
-            got = triton_decode_attention(torch.randn(3, 4, 16), k_cache, v_cache, tables, lens, 0.25,
-                                          num_splits=splits)
+            got = triton_decode_attention(torch.randn(3, 4, 16, device=DEVICE), k_cache, v_cache, tables, lens,
+                                          0.25, num_splits=splits).cpu()
             assert torch.isfinite(got).all() and (got[1:] == 0).all(), splits
         print("ok")
     """)
@@ -95,7 +103,7 @@ def test_padded_rows_of_a_graph_batch_give_zeros_not_nan():
 
 
 def test_engine_with_triton_backend_matches_transformers(tmp_path):
-    out = run_interpreted(f"""
+    out = run_kernel_code(f"""
         import torch
         from pathlib import Path
         from hf_models import make_checkpoint, hf_greedy
@@ -104,7 +112,7 @@ def test_engine_with_triton_backend_matches_transformers(tmp_path):
         ck = make_checkpoint("qwen3", Path({str(tmp_path)!r}) / "m")
         prompts = [[1, 2, 3], list(range(5, 40)), [7] * 20]
         ref = hf_greedy(ck, prompts, 6)
-        llm = LLM(str(ck), device="cpu", attention_backend="triton", block_size=8)
+        llm = LLM(str(ck), device=DEVICE, dtype="float32", attention_backend="triton", block_size=8)
         assert llm.engine.plan.attention_backend == "triton"
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
         got = [o.outputs[0].token_ids for o in outs]

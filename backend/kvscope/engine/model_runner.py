@@ -15,8 +15,8 @@ from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import kernels
-from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, HAS_FLASH_ATTN, SCALE_DTYPE, KVCacheFormat, PagedAttention,
-                                      PrefillSpan, Routes, as_bytes, attention_context, kv_cache_format, pick_routes,
+from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, SCALE_DTYPE, KVCacheFormat, PagedAttention,
+                                      PrefillSpan, Routes, as_bytes, attention_context, flash_fits, kv_cache_format, pick_routes,
                                       span_metadata, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
 from kvscope.layers.parallel import TPGroup
@@ -189,7 +189,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
-        if HAS_FLASH_ATTN and block_size % FLASH_PAGE_MULTIPLE == 0:
+        if flash_fits(dtype, block_size):
             return "flash_attn"
         return "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
@@ -201,10 +201,9 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
                          "block_size that are powers of two")
     if requested == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the triton backend runs on CUDA (or on CPU under TRITON_INTERPRET=1)")
-    if requested == "flash_attn" and not (HAS_FLASH_ATTN and device.type == "cuda"
-                                          and block_size % FLASH_PAGE_MULTIPLE == 0):
-        raise ValueError(f"attention_backend='flash_attn' needs flash-attn, CUDA and a block_size multiple of "
-                         f"{FLASH_PAGE_MULTIPLE}")
+    if requested == "flash_attn" and not (device.type == "cuda" and flash_fits(dtype, block_size)):
+        raise ValueError(f"attention_backend='flash_attn' needs flash-attn, CUDA, float16 or bfloat16 and a "
+                         f"block_size multiple of {FLASH_PAGE_MULTIPLE}")
     return requested
 
 

@@ -74,11 +74,12 @@ def pick_routes(backend: str, graph: str | None, dtype: torch.dtype, block_size:
     if backend == "flash_attn":
         route = Route.FLASH_ATTN
     else:   # triton: FlashAttention's varlen kernel takes the spans where it can read the cache
-        route = Route.FLASH_PREFILL_TRITON if flash_prefill_fits(dtype, block_size) else Route.TRITON
+        route = Route.FLASH_PREFILL_TRITON if flash_fits(dtype, block_size) else Route.TRITON
     return Routes(route, route if graph == "cuda graphs" else None)
 
 
-def flash_prefill_fits(dtype: torch.dtype, block_size: int) -> bool:
+def flash_fits(dtype: torch.dtype, block_size: int) -> bool:
+    """FlashAttention-2 can run here: installed, half-precision caches, pages it can read."""
     return HAS_FLASH_ATTN and dtype in (torch.float16, torch.bfloat16) and block_size % FLASH_PAGE_MULTIPLE == 0
 
 
