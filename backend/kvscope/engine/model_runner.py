@@ -15,8 +15,8 @@ from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import kernels
-from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, SCALE_DTYPE, KVCacheFormat, PagedAttention,
-                                      PrefillSpan, Routes, as_bytes, attention_context, flash_fits, kv_cache_format, pick_routes,
+from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, SCALE_DTYPE, KVCacheFormat, PagedAttention, PrefillSpan,
+                                      Routes, as_bytes, attention_context, flash_fits, kv_cache_format, pick_routes,
                                       span_metadata, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
 from kvscope.layers.parallel import TPGroup
@@ -321,7 +321,8 @@ class ModelRunner:
         self.copy_blocks(out.block_copies)
         replay = not eager and self._replayable(out)
         compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
-        inputs = prepare_inputs(out, self.block_size, self.buffers, self.routes.graph if compiled else self.routes.eager)
+        route = self.routes.graph if compiled else self.routes.eager
+        inputs = prepare_inputs(out, self.block_size, self.buffers, route)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))

@@ -98,12 +98,13 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
         _plan_cpu_kernels(md, spans, span_tables, tables, lens, buffers)
     else:
         if spans:
-            md.spans = (_varlen_spans(spans, span_tables, buffers) if route.prefill == "flash_attn varlen"
+            md.spans = (_varlen_spans(spans, span_tables, buffers) if route.flash_prefill
                         else _sdpa_spans(spans, span_tables, buffers))
-        if decodes:
-            md.decode = (_decode_groups(tables, lens, block_size, buffers, 1 if route in COMPILED else MAX_DECODE_GROUPS)
-                         if route in (Route.REFERENCE, Route.REFERENCE_COMPILED)
-                         else PagedRows(slice(num_prefill_tokens, None), buffers.to_device(tables), buffers.to_device(lens)))
+        if decodes and route in (Route.REFERENCE, Route.REFERENCE_COMPILED):
+            groups = 1 if route in COMPILED else MAX_DECODE_GROUPS   # a compiled graph keeps one shape
+            md.decode = _decode_groups(tables, lens, block_size, buffers, groups)
+        elif decodes:
+            md.decode = PagedRows(slice(num_prefill_tokens, None), buffers.to_device(tables), buffers.to_device(lens))
     inputs.input_ids, inputs.positions, md.slot_mapping = map(buffers.to_device, tokens)
     return inputs
 

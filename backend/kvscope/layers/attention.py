@@ -50,6 +50,10 @@ class Route(Enum):
     def decode(self) -> str:
         return self.value[1]
 
+    @property
+    def flash_prefill(self) -> bool:
+        return self.prefill == "flash_attn varlen"
+
 
 @dataclass(frozen=True)
 class Routes:
@@ -316,7 +320,7 @@ class PagedAttention(nn.Module):
 
     def _spans(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
         """The step's prompts and chunks: its first md.num_prefill_tokens rows."""
-        if md.route in (Route.FLASH_ATTN, Route.FLASH_PREFILL_TRITON):
+        if md.route.flash_prefill:
             s = md.spans   # the new K/V are already in the cache, where the block tables find them
             return flash_attn_varlen_func(q, self.k_cache, self.v_cache, s.cu_seqlens_q, s.cu_seqlens_k,
                                           s.max_seqlen_q, s.max_seqlen_k, softmax_scale=self.scale, causal=True,

@@ -161,7 +161,7 @@ def tiles_span(q_len: int) -> bool:
 # -- GPU: the Triton decode kernel ---------------------------------------------------------
 TILE_TOKENS = 32   # context tokens a loop step reads: on an H100, 16 or 32 read KV at ~1 TB/s, 64 at 0.74
 NUM_STAGES = 3     # tiles in flight: the next tiles' loads are issued while this one is reduced
-MAX_SPLITS = 64    # slices one sequence's context is cut into at most
+MAX_SPLITS = 64    # slices one sequence's context is cut into at most (a power of two: the combine's width)
 H100_SMS = 132     # the card the splits are sized for when no CUDA device is there to ask
 
 
@@ -188,19 +188,20 @@ if HAS_TRITON:
     @triton.jit
     def _paged_decode_kernel(
         q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr,
-        part_max_ptr, part_sum_ptr, part_out_ptr, scale,
+        part_max_ptr, part_sum_ptr, part_out_ptr, scale, num_splits,
         stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, NUM_STAGES: tl.constexpr,
+        HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     ):
         """One program: one sequence, one KV head and the GROUP query heads that share it (each
-        K/V tile is loaded once for all of them), over one slice of the context."""
+        K/V tile is loaded once for all of them), over one of num_splits slices of the context
+        (a run-time number, so a new batch size compiles nothing new; SPLIT: more than one)."""
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         context_len = tl.load(context_lens_ptr + seq)
         # this program's slice: whole tiles, so every slice but the last is full
-        split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), TILE) * TILE
+        split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
         lo = split * split_len
         hi = tl.minimum(lo + split_len, context_len)
 
@@ -235,28 +236,28 @@ if HAS_TRITON:
             acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
             running_max = new_max
 
-        if NUM_SPLITS == 1:   # the whole context: normalise and write the output
+        if not SPLIT:   # the whole context: normalise and write the output
             running_sum = tl.where(running_sum == 0.0, 1.0, running_sum)   # padded rows of a graph batch
             out = acc / running_sum[:, None]
             tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
         else:   # this slice's max, sum and unnormalised output, for _combine_splits
-            part = (seq * GROUP * tl.num_programs(1) + heads) * NUM_SPLITS + split             # [G]
+            part = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split             # [G]
             tl.store(part_max_ptr + part, running_max, mask=head_ok)
             tl.store(part_sum_ptr + part, running_sum, mask=head_ok)
             tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
 
     @triton.jit
-    def _combine_splits(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, stride_ob, stride_oh,
-                        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    def _combine_splits(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+                        HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
         """One program per (sequence, query head): rescale each slice's sum and output to the
         largest max over the slices, add them up, normalise. Empty slices weigh nothing."""
         seq = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
-        part = (seq * tl.num_programs(1) + head) * NUM_SPLITS + offs_s
-        ok = offs_s < NUM_SPLITS
+        part = (seq * tl.num_programs(1) + head) * num_splits + offs_s
+        ok = offs_s < num_splits
         maxes = tl.load(part_max_ptr + part, mask=ok, other=float("-inf"))
         sums = tl.load(part_sum_ptr + part, mask=ok, other=0.0)
         outs = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
@@ -274,25 +275,27 @@ def triton_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             num_splits: int | None = None) -> torch.Tensor:
     """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, width];
     context_lens: [B] (on the device: a CUDA graph replays this with new lengths) → [B, H, D].
-    num_splits: slices per context, else decode_splits chooses from the shapes alone."""
+    num_splits: slices per context (at most MAX_SPLITS), else decode_splits chooses from the shapes."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
     tile = max(TILE_TOKENS, block_size)
     if num_splits is None:
         num_splits = decode_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be 1 to {MAX_SPLITS}, not {num_splits}")
     q = q.contiguous()
     out = torch.empty_like(q)
     parts = [torch.empty(batch, num_heads, num_splits, *extra, dtype=torch.float32, device=q.device)
              for extra in ((), (), (head_dim,))] if num_splits > 1 else [out] * 3   # max, sum, output
     _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, *parts, scale,
+        q, k_cache, v_cache, block_tables, context_lens, out, *parts, scale, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), BLOCK_SIZE=block_size,
-        TILE=tile, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, NUM_STAGES=NUM_STAGES,
+        TILE=tile, HEAD_DIM=head_dim, SPLIT=num_splits > 1, NUM_STAGES=NUM_STAGES,
     )
     if num_splits > 1:
-        _combine_splits[(batch, num_heads)](*parts, out, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
-                                            NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits))
+        _combine_splits[(batch, num_heads)](*parts, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+                                            SPLITS_PAD=MAX_SPLITS)
     return out
