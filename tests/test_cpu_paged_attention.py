@@ -370,3 +370,29 @@ def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):
     assert len(built) == 1
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))   # a cached build needs no compiler
     native_build.load(kernels.SOURCE)
+
+
+def test_layouts_the_kernels_would_misread_are_refused_even_under_python_O():
+    """The C kernels trust raw pointers: wrong dtypes, shapes or strides raise ValueError
+    (real checks, which python -O keeps; asserts it would drop)."""
+    import subprocess
+    import sys
+    code = """
+import torch
+from kvscope.layers import kernels
+q, cache = torch.randn(2, 4, 16), torch.randn(6, 4, 2, 16)
+tables, lens = torch.zeros(2, 3, dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+bad = [(q, cache, cache, tables.long(), lens), (q, cache, cache, tables, lens.long()),
+       (q, cache.transpose(1, 2), cache, tables, lens), (q, cache, cache.double(), tables, lens),
+       (q, cache, cache, tables[:1], lens), (torch.randn(2, 4, 8), cache, cache, tables, lens)]
+for i, args in enumerate(bad):
+    try:
+        kernels.cpu_decode(*args, 0.25)
+    except ValueError:
+        continue
+    raise SystemExit(f"case {i} was not refused")
+kernels.cpu_decode(q, cache, cache, tables, lens, 0.25)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-2000:]
