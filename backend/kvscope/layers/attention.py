@@ -34,12 +34,12 @@ FLASH_PAGE_MULTIPLE = 256
 
 # -- a step's route: which kernel takes the spans (prompts, chunks), which the decode rows ----------
 class Route(Enum):
-    REFERENCE = ("sdpa", "torch (gathered, in up to 4 padded groups)")
-    REFERENCE_COMPILED = ("none (decode only)", "torch (gathered, one padded group, compiled)")
-    CPU_KERNELS = ("cpu_paged (C tile kernel; short spans join the row kernel)", "cpu_paged (C row kernel)")
-    CPU_COMPILED = ("none (decode only)", "cpu_paged (C row kernel as an op in the compiled graph)")
-    TRITON = ("sdpa", "triton paged decode")
-    FLASH_PREFILL_TRITON = ("flash_attn varlen", "triton paged decode")
+    REFERENCE = ("sdpa", "torch, gathered in up to 4 padded groups")
+    REFERENCE_COMPILED = ("none: decode only", "torch, gathered in one padded group, compiled")
+    CPU_KERNELS = ("cpu_paged tile kernel, short spans with the rows", "cpu_paged row kernel")
+    CPU_COMPILED = ("none: decode only", "cpu_paged row kernel, an op in the compiled graph")
+    TRITON = ("sdpa", "triton")
+    FLASH_PREFILL_TRITON = ("flash_attn varlen", "triton")
     FLASH_ATTN = ("flash_attn varlen", "flash_attn with_kvcache")
 
     @property
@@ -65,7 +65,7 @@ class Routes:
         return self.graph.decode if self.graph is not None else self.eager.decode
 
     def describe(self) -> str:
-        return f"prefill {self.eager.prefill}, decode {self.describe_decode()}"
+        return f"prefill: {self.eager.prefill}; decode: {self.describe_decode()}"
 
 
 def pick_routes(backend: str, graph: str | None, dtype: torch.dtype, block_size: int) -> Routes:
