@@ -52,7 +52,8 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     from kvscope.bench.spec import add_arguments as add_spec_arguments
     add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
     from kvscope.bench.attention import add_arguments as add_attention_arguments
-    add_attention_arguments(sub.add_parser("attention", help="CPU decode attention: the C kernel vs the reference"))
+    add_attention_arguments(sub.add_parser("attention", help="decode attention: each backend's K/V read rate "
+                                                             "against the device's bandwidth"))
     from kvscope.bench.tp import add_arguments as add_tp_arguments
     add_tp_arguments(sub.add_parser("tp", help="tensor parallel: step time for N processes vs one"))
     try:

@@ -134,7 +134,7 @@ class LLMEngine:
         self.runner.workers = self.workers
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
-            attention_backend=self.runner.attention_backend, decode=decode, kv_format=self.runner.kv_format,
+            attention_backend=self.runner.attention_backend, attention=self.runner.routes, decode=decode, kv_format=self.runner.kv_format,
             kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing,
             block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)

@@ -15,8 +15,9 @@ from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
 from kvscope.layers import kernels
-from kvscope.layers.attention import (HAS_FLASH_ATTN, SCALE_DTYPE, AttentionMetadata, KVCacheFormat, PagedAttention,
-                                      PrefillSpan, as_bytes, kv_cache_format, step_metadata)
+from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, SCALE_DTYPE, KVCacheFormat, PagedAttention, PrefillSpan,
+                                      Routes, as_bytes, attention_context, flash_fits, kv_cache_format, pick_routes,
+                                      span_metadata, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
@@ -52,6 +53,7 @@ class ExecutionPlan:
     dtype: torch.dtype
     dtype_reason: str
     attention_backend: str
+    attention: Routes         # which kernels take the spans and the decode rows
     decode: str               # "eager", "compiled (...)" or "cuda graphs"; an eager fallback says why
     kv_format: KVCacheFormat  # its name is vLLM's kv_cache_dtype
     kv_cache_bytes: int       # every layer's K, V and scales, allocated once
@@ -68,7 +70,8 @@ class ExecutionPlan:
     def describe(self) -> str:
         ranks = f", {self.tensor_parallel_size} tensor-parallel ranks" if self.tensor_parallel_size > 1 else ""
         stored = f" stored as {self.kv_format.name}" if self.kv_format.quantized else ""
-        return (f"{self.device}{ranks}, {self.dtype_name} ({self.dtype_reason}); attention {self.attention_backend}, "
+        return (f"{self.device}{ranks}, {self.dtype_name} ({self.dtype_reason}); attention {self.attention_backend} "
+                f"({self.attention.describe()}), "
                 f"decode {self.decode}; KV cache {self.kv_cache_sizing}, {self.block_size} tokens a block{stored}, "
                 f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
@@ -164,9 +167,8 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
     ids = torch.zeros(n, dtype=torch.long, device=device)
     rope_len = model.model.rotary.cos_cache.shape[0]
     pos = torch.arange(n, device=device) % rope_len
-    md = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
-                           prefills=[PrefillSpan(0, n, 0)], num_prefill_tokens=n)
-    with step_metadata(md):
+    md = span_metadata(torch.zeros(n, dtype=torch.long, device=device), PrefillSpan(0, n, 0))
+    with step_metadata(model, md):
         hidden = model(ids, pos)
     model.compute_logits(hidden[-min(n, config.max_num_seqs):])
     torch.cuda.synchronize(device)
@@ -187,7 +189,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
-        if HAS_FLASH_ATTN and block_size % 256 == 0:
+        if flash_fits(dtype, block_size):
             return "flash_attn"
         return "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
@@ -199,8 +201,9 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
                          "block_size that are powers of two")
     if requested == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the triton backend runs on CUDA (or on CPU under TRITON_INTERPRET=1)")
-    if requested == "flash_attn" and not (HAS_FLASH_ATTN and device.type == "cuda" and block_size % 256 == 0):
-        raise ValueError("attention_backend='flash_attn' needs flash-attn, CUDA and a block_size multiple of 256")
+    if requested == "flash_attn" and not (device.type == "cuda" and flash_fits(dtype, block_size)):
+        raise ValueError(f"attention_backend='flash_attn' needs flash-attn, CUDA, float16 or bfloat16 and a "
+                         f"block_size multiple of {FLASH_PAGE_MULTIPLE}")
     return requested
 
 
@@ -216,7 +219,9 @@ class ModelRunner:
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
+        self.routes = pick_routes(self.attention_backend, None, dtype, self.block_size)   # until a graph is made
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        attention_context(model)   # bound now, before any graph traces the model
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
@@ -237,6 +242,7 @@ class ModelRunner:
             return f"eager: CUDA graphs need the triton or flash_attn backend, not {self.attention_backend}"
         if self.config.tensor_parallel_size > 1:
             return "eager: tensor-parallel ranks run eagerly"
+        self.routes = pick_routes(self.attention_backend, "cuda graphs", self.dtype, self.block_size)
         self.graphs = DecodeGraphs(self, max_batch=min(self.config.max_num_seqs, 512))
         return "cuda graphs"
 
@@ -244,10 +250,12 @@ class ModelRunner:
         reason = compile_unavailable(self)
         if reason is None:
             try:
+                self.routes = pick_routes(self.attention_backend, "compiled", self.dtype, self.block_size)
                 self.compiled = CompiledDecode(self)
                 return f"compiled (torch.compile, {self.compiled.compile_seconds:.0f} s at start-up)"
             except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
                 reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
+                self.routes = pick_routes(self.attention_backend, None, self.dtype, self.block_size)
         log.warning("compiled decode: running eagerly: %s", reason)
         return f"eager: {reason}"
 
@@ -257,7 +265,7 @@ class ModelRunner:
         shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         fmt = self.kv_format
         for layer in self.attn_layers:
-            layer.kv_format, layer.backend = fmt, self.attention_backend
+            layer.kv_format = fmt
             layer.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             if fmt.per_token_head:   # one scale per token and KV head, beside the values
@@ -313,7 +321,8 @@ class ModelRunner:
         self.copy_blocks(out.block_copies)
         replay = not eager and self._replayable(out)
         compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
-        inputs = prepare_inputs(out, self.block_size, self.buffers, self.attention_backend, compiled)
+        route = self.routes.graph if compiled else self.routes.eager
+        inputs = prepare_inputs(out, self.block_size, self.buffers, route)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
@@ -324,7 +333,7 @@ class ModelRunner:
         elif compiled:
             logits = self.compiled.run(inputs)    # every row is sampled: the graph scores them all
         else:
-            with step_metadata(md):
+            with step_metadata(self.model, md):
                 hidden = self.model(ids, pos)
         if not seqs:
             return result

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvscope.layers.attention import (SCALE_DTYPE, AttentionMetadata, KVCacheFormat, PagedAttention, PrefillSpan,
-                                      kv_cache_format, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KVCacheFormat, PagedAttention, PrefillSpan, kv_cache_format,
+                                      span_metadata, step_metadata)
 from kvscope.models.loader import ModelConfig
 
 
@@ -109,9 +109,8 @@ def greedy_on_own_cache(model, prompt_ids: list[int], max_tokens: int, fmt: KVCa
         for _ in range(max_tokens):
             n = len(ids)
             span = PrefillSpan(0, n, start, blocks[:-(-(start + n) // block_size)] if start else None)
-            md = AttentionMetadata(slot_mapping=torch.arange(start, start + n, device=device),
-                                   prefills=[span], num_prefill_tokens=n)
-            with step_metadata(md):
+            md = span_metadata(torch.arange(start, start + n, device=device), span)
+            with step_metadata(model, md):
                 hidden = model(torch.tensor(ids, device=device), torch.arange(start, start + n, device=device))
             row = model.compute_logits(hidden[-1:]).float()[0]
             logits.append(row.cpu())

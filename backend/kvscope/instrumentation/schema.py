@@ -53,6 +53,7 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
               "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR,
+              "prefill_attention": STR, "decode_attention": STR,
               "kv_cache_dtype": {"enum": KV_DTYPES}})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
