@@ -336,6 +336,28 @@ def speculation(d: Driver) -> None:
     d.finished(second)
 
 
+# chapter 16's <kv-hash-chain>: one prompt cut to a block less one token, a whole number of
+# blocks and a block plus one, each sent twice under one salt (the second reuses what the
+# first left cached), then the longest under another salt (nothing shared)
+CHAIN_PROMPT = ("A lighthouse stood at the end of a long stone pier. Every night its keeper climbed the "
+                "winding stairs, wiped the salt from the glass, and lit the lamp for the boats coming home.")
+CHAIN_SALTS = ("tenant-A", "tenant-B")   # frontend/js/widgets/kv-hash-chain.js names them in this order
+
+
+def hash_chain(d: Driver) -> None:
+    """Chapter 16's hash chain: which blocks of a 31-, 32- and 33-token prompt (blocks of 16)
+    a second, identical request finds in the cache, and that a new salt finds none."""
+    ids = d.call("tokenize", text=CHAIN_PROMPT)["ids"]
+    block_size = d.until(lambda e: e["type"] == "hello")["engine"]["block_size"]
+    lengths = (2 * block_size - 1, 2 * block_size, 2 * block_size + 1)
+    runs = [(n, CHAIN_SALTS[0]) for n in lengths] + [(lengths[-1], CHAIN_SALTS[1])]
+    for n, salt in runs:
+        for _ in range(2):
+            rid = d.submit(prompt_token_ids=ids[:n], params={**GREEDY, "max_tokens": 4}, cache_salt=salt)   # 4 steps each: 32 in all
+            d.finished(rid)
+            d.settle(0.2)
+
+
 # scenarios that need the server started with more options
 SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
@@ -343,7 +365,7 @@ SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
-             "internals": internals, "sampling": sampling, "speculation": speculation}
+             "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain}
 
 
 def free_port() -> int:
