@@ -336,6 +336,14 @@ def speculation(d: Driver) -> None:
     d.finished(second)
 
 
+def spec_sampling(d: Driver) -> None:
+    """Chapter 18's exact sampling rule: a story told twice, sampled (so drafts are accepted
+    with probability min(1, p/q)), watched so each pass's `spec` event carries p and q."""
+    rid = d.submit(prompt=RETOLD, params={"temperature": 0.8, "seed": 3, "max_tokens": 48, "ignore_eos": True},
+                   watch={"layers": [], "sampling": True})
+    d.finished(rid)
+
+
 # chapter 16's <kv-hash-chain>: one prompt cut to a block less one token, a whole number of
 # blocks and a block plus one, each sent twice under one salt (the second reuses what the
 # first left cached), then the longest under another salt (nothing shared)
@@ -359,13 +367,15 @@ def hash_chain(d: Driver) -> None:
 
 
 # scenarios that need the server started with more options
-SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM,
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
                   "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
-             "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain}
+             "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
+             "spec-sampling": spec_sampling}
 
 
 def free_port() -> int:

@@ -160,7 +160,8 @@ class Instrumentation(EngineObserver):
         if delta:
             events.append(delta)
         if record.result.spec:
-            events += spec_events(record, self.engine, ts)
+            shown = {sid for sid, w in self.watches.by_seq_id().items() if w.sampling} if self.watches else set()
+            events += spec_events(record, self.engine, ts, shown)
         if self._capture is not None:
             self._capture.remove()
             events += self._watched_events(record, self._capture, ts)
