@@ -344,6 +344,14 @@ def spec_sampling(d: Driver) -> None:
     d.finished(rid)
 
 
+def ring(d: Driver) -> None:
+    """Chapter 19's <kv-ring-allreduce>: two ranks (SERVER_OPTIONS), a short and a longer
+    prompt decoding side by side, so each step's `allreduce_bytes` follows its token count."""
+    a = d.submit(prompt="The robot woke up", params={**GREEDY, "max_tokens": MIN_STEPS})
+    b = d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 12})
+    d.finished(a, b)
+
+
 # chapter 16's <kv-hash-chain>: one prompt cut to a block less one token, a whole number of
 # blocks and a block plus one, each sent twice under one salt (the second reuses what the
 # first left cached), then the longest under another salt (nothing shared)
@@ -368,14 +376,14 @@ def hash_chain(d: Driver) -> None:
 
 # scenarios that need the server started with more options
 NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
-SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM,
+SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM, "ring": ["--tensor-parallel-size", "2"],
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
                   "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
              "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
-             "spec-sampling": spec_sampling}
+             "spec-sampling": spec_sampling, "ring": ring}
 
 
 def free_port() -> int:
