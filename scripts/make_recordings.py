@@ -352,6 +352,26 @@ def ring(d: Driver) -> None:
     d.finished(a, b)
 
 
+REPEATING = ("The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+             "One, two, three. One, two, three. One, two,", "Mia ran home. Mia ran home. Mia ran")
+
+
+def catch_up(d: Driver) -> None:
+    """Chapter 14's <kv-catch-up>: one budget of 32 tokens covering all four kinds of row.
+    Three repeating prompts decode with prompt-lookup drafts (verify rows), a long prompt is
+    cut into chunks by what they leave, and the small pool (SERVER_OPTIONS) runs out, so a
+    request is preempted and later recomputed."""
+    d.call("set_knobs", max_num_batched_tokens=32)
+    d.call("pause")
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": MIN_STEPS}) for p in REPEATING]
+    d.steps(3)
+    d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 6})
+    d.steps()
+    d.call("resume")
+    d.finished(*runners)
+    d.call("set_knobs", max_num_batched_tokens=256)
+
+
 # chapter 16's <kv-hash-chain>: one prompt cut to a block less one token, a whole number of
 # blocks and a block plus one, each sent twice under one salt (the second reuses what the
 # first left cached), then the longest under another salt (nothing shared)
@@ -377,13 +397,15 @@ def hash_chain(d: Driver) -> None:
 # scenarios that need the server started with more options
 NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
 SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM, "ring": ["--tensor-parallel-size", "2"],
+                  # prompt lookup on a pool of 11 blocks: drafts verified, and a request preempted
+                  "catch-up": [*NGRAM, "--num-kv-blocks", "11", "--max-model-len", "176"],
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
                   "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
              "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
-             "spec-sampling": spec_sampling, "ring": ring}
+             "spec-sampling": spec_sampling, "ring": ring, "catch-up": catch_up}
 
 
 def free_port() -> int:
