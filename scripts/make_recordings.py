@@ -352,6 +352,20 @@ def ring(d: Driver) -> None:
     d.finished(a, b)
 
 
+ROOFLINE_BATCHES = (1, 2, 4, 8, 16)
+
+
+def roofline(d: Driver) -> None:
+    """Chapter 13's <kv-roofline>: the same short requests run 1, 2, 4, 8 and 16 at a time,
+    so each batch size has its own decode steps (FLOPs, bytes, time) to plot."""
+    for batch in ROOFLINE_BATCHES:
+        done = sum(e["type"] == "request.finished" for e in d.seen)
+        d.call("measure", concurrency=batch, total=batch, max_tokens=12)
+        while sum(e["type"] == "request.finished" for e in d.seen) < done + batch:
+            d._next(60)
+        d.settle(0.3)
+
+
 REPEATING = ("The cat sat on the mat. The cat sat on the mat. The cat sat on the",
              "One, two, three. One, two, three. One, two,", "Mia ran home. Mia ran home. Mia ran")
 
@@ -405,7 +419,8 @@ SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
              "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
-             "spec-sampling": spec_sampling, "ring": ring, "catch-up": catch_up}
+             "spec-sampling": spec_sampling, "ring": ring, "catch-up": catch_up,
+             "roofline": roofline}
 
 
 def free_port() -> int:
