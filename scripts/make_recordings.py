@@ -340,7 +340,7 @@ def spec_sampling(d: Driver) -> None:
     """Chapter 18's exact sampling rule: a story told twice, sampled (so drafts are accepted
     with probability min(1, p/q)), watched so each pass's `spec` event carries p and q."""
     rid = d.submit(prompt=RETOLD, params={"temperature": 0.8, "seed": 3, "max_tokens": 48, "ignore_eos": True},
-                   watch={"layers": [], "sampling": True})
+                   watch={"layers": [], "sampling": False})   # the spec events' p and q; no sampling events
     d.finished(rid)
 
 
@@ -360,7 +360,7 @@ def roofline(d: Driver) -> None:
     so each batch size has its own decode steps (FLOPs, bytes, time) to plot."""
     for batch in ROOFLINE_BATCHES:
         done = sum(e["type"] == "request.finished" for e in d.seen)
-        d.call("measure", concurrency=batch, total=batch, max_tokens=12)
+        d.call("measure", concurrency=batch, total=batch, max_tokens=10)
         while sum(e["type"] == "request.finished" for e in d.seen) < done + batch:
             d._next(60)
         d.settle(0.3)

@@ -15,7 +15,7 @@ import { namedRecordingEvents } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
 
 const RECORDING = 'roofline';
-const MAX_TOKENS = 12;   // as the recording's (scripts/make_recordings.py, roofline)
+const MAX_TOKENS = 10;   // as the recording's (scripts/make_recordings.py, roofline)
 const PLOT = { w: 560, h: 340, left: 64, right: 16, top: 16, bottom: 44 };
 
 const STYLE = `
@@ -24,7 +24,7 @@ kv-roofline .krl-chart text { font-size: 11px; }
 kv-roofline .krl-roof { fill: none; stroke: var(--kv-fg); stroke-width: 2.5; }
 kv-roofline .krl-grid { stroke: var(--kv-border); stroke-width: 1; }
 kv-roofline .krl-dot { fill: var(--kv-cat-8); opacity: .45; }
-kv-roofline .krl-median { stroke: var(--kv-bg); stroke-width: 1.5; }
+kv-roofline .krl-point { stroke: var(--kv-bg); stroke-width: 1.5; }
 kv-roofline .krl-chosen { stroke: var(--kv-focus); stroke-width: 3; fill: none; }
 kv-roofline input[type=range] { width: min(18rem, 100%); }
 kv-roofline input:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
@@ -48,10 +48,12 @@ class Batches {
     this.byBatch.get(n).push({ step: e.step, intensity: e.cost.flops / e.cost.bytes, flops: e.cost.achieved_flops_per_s });
   }
 
-  /** Per batch size with enough steps to trust: the median step. */
+  /** Per batch size with enough steps to trust: its intensity (the same in every step, up to
+   *  the attention's share) and its fastest step's FLOP/s: on a shared machine other work only
+   *  ever slows a step down, so the best step is the one nearest what the batch can do. */
   points(minSteps = 3) {
     return [...this.byBatch].filter(([, steps]) => steps.length >= minSteps).sort((a, b) => a[0] - b[0])
-      .map(([batch, steps]) => ({ batch, steps, intensity: median(steps.map((s) => s.intensity)), flops: median(steps.map((s) => s.flops)) }));
+      .map(([batch, steps]) => ({ batch, steps, intensity: median(steps.map((s) => s.intensity)), flops: Math.max(...steps.map((s) => s.flops)) }));
   }
 }
 
@@ -88,7 +90,7 @@ class KvRoofline extends KvWidget {
     this.setLegend([
       { label: 'the roof: bandwidth × intensity, then the peak FLOP/s (measured at start-up)', color: 'var(--kv-fg)', shape: 'line' },
       { label: 'one decode step', color: 'var(--kv-cat-8)', shape: 'circle' },
-      { label: 'a batch size: its median step (chosen one ringed)', color: 'var(--kv-cat-1)', shape: 'circle' },
+      { label: 'a batch size, at its fastest step (the chosen one ringed)', color: 'var(--kv-cat-1)', shape: 'circle' },
     ]);
     this.updateMode(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
@@ -224,7 +226,7 @@ class KvRoofline extends KvWidget {
     const bound = chosen.intensity < ridge ? 'memory-bound: left of the ridge, under the slope' : 'compute-bound: right of the ridge, under the flat roof';
     const above = chosen.flops > roofAt(chosen.intensity)
       ? ' The point sits above the roof: this small model’s weights fit in the processor’s caches, which are faster than the memory the roof was measured on.' : '';
-    this.lessonEl.textContent = `${chosen.batch} request${chosen.batch === 1 ? '' : 's'} per step (median of ${chosen.steps.length} steps): `
+    this.lessonEl.textContent = `${chosen.batch} request${chosen.batch === 1 ? '' : 's'} per step (the fastest of ${chosen.steps.length} steps): `
       + `${chosen.intensity.toFixed(2)} FLOPs per byte, ${fmtFlops(chosen.flops)}, ${bound}. Each request adds about `
       + `${perRequest.toFixed(2)} FLOP per byte, because all of them share one read of the weights; the ridge at ${ridge.toFixed(1)} would take `
       + `about ${formatInt(Math.ceil(ridge / perRequest))} requests in one step.${above}`;
@@ -262,7 +264,7 @@ class KvRoofline extends KvWidget {
     for (const s of all) nodes.push(svg('circle', { class: 'krl-dot', cx: X(s.intensity), cy: Y(s.flops), r: 2.5 }));
     points.forEach((p, i) => {
       const color = `var(--kv-cat-${(i % 7) + 1})`;
-      nodes.push(svg('circle', { class: 'krl-median', cx: X(p.intensity), cy: Y(p.flops), r: 6, fill: color, 'data-batch': p.batch, 'data-x': X(p.intensity).toFixed(1), 'data-y': Y(p.flops).toFixed(1) },
+      nodes.push(svg('circle', { class: 'krl-point', cx: X(p.intensity), cy: Y(p.flops), r: 6, fill: color, 'data-batch': p.batch, 'data-x': X(p.intensity).toFixed(1), 'data-y': Y(p.flops).toFixed(1) },
         svg('title', {}, `${p.batch} at once: ${p.intensity.toFixed(2)} FLOP/byte, ${fmtFlops(p.flops)}`)),
       svg('text', { x: X(p.intensity), y: Y(p.flops) + 18, 'text-anchor': 'middle' }, `${p.batch}`));
     });

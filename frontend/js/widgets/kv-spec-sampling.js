@@ -174,7 +174,7 @@ class KvSpecSampling extends KvWidget {
       });
       const ack = await this.client.command('submit', {
         prompt: PROMPT, params: { temperature: 0.8, seed: Date.now() % 100000, max_tokens: 48, ignore_eos: true },
-        watch: { layers: [], sampling: true } });
+        watch: { layers: [], sampling: false } });   // watched: its spec events carry p and q
       this.mine.add(ack.request_id);
       await finished;
       this.show('live', true);
