@@ -334,7 +334,34 @@ def speculation(d: Driver) -> None:
 # run before the recording starts: a first request's one-off costs are not the lesson's figures
 WARM_UP = {"throughput": lambda d: run_sweep(d, [1, 4], 8)}
 # recordings kept to the events their widget reads (the sweep's steps would be megabytes)
-KEEP_ONLY = {"throughput": {"recording", "hello", "request.added", "request.finished"}}
+KEEP_ONLY = {"throughput": {"recording", "hello", "request.added", "request.finished"},
+             "roofline": {"recording", "hello", "step"},
+             "batch-invariance": {"recording", "hello", "request.added", "request.token", "request.finished"}}
+ROOFLINE_STEPS_PER_BATCH = 4
+
+
+def fastest_decode_steps(events: list[dict]) -> list[dict]:
+    """<kv-roofline> plots decode-only steps by batch size, each batch at its fastest step (a
+    shared machine only slows steps down): keep each swept size's fastest few (a step of 128
+    rows is 23 KB), none of the sizes a level passes through as it fills or drains."""
+    by_batch: dict[int, list[dict]] = {}
+    for e in events:
+        if (e["type"] == "step" and len(e["seqs"]) in ROOFLINE_BATCHES and e["cost"]
+                and all(q["reason"] == "decode" for q in e["seqs"])):
+            by_batch.setdefault(len(e["seqs"]), []).append(e)
+    fastest = {id(e) for steps in by_batch.values()
+               for e in sorted(steps, key=lambda e: -e["cost"]["achieved_flops_per_s"])[:ROOFLINE_STEPS_PER_BATCH]}
+    return [e for e in events if e["type"] != "step" or id(e) in fastest]
+
+
+def logprob_tokens(events: list[dict]) -> list[dict]:
+    """<kv-batch-invariance> reads the tokens of its two runs (they asked for logprobs); the
+    crowd's requests are counted from their arrivals and ends, their tokens are dropped."""
+    return [e for e in events if e["type"] != "request.token" or "logprob" in e]
+
+
+# after KEEP_ONLY, a recording's events thinned to what its widget reads
+THIN = {"roofline": fastest_decode_steps, "batch-invariance": logprob_tokens}
 
 
 def spec_sampling(d: Driver) -> None:
@@ -353,12 +380,12 @@ def ring(d: Driver) -> None:
     d.finished(a, b)
 
 
-ROOFLINE_BATCHES = (1, 2, 4, 8, 16)
+ROOFLINE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)   # 128 passes the ridge (27 to 52 FLOP/byte as measured here)
 
 
 def roofline(d: Driver) -> None:
-    """Chapter 13's <kv-roofline>: the same short requests run 1, 2, 4, 8 and 16 at a time,
-    so each batch size has its own decode steps (FLOPs, bytes, time) to plot."""
+    """Chapter 13's <kv-roofline>: the same short requests run 1, 2, 4, ... 128 at a time, so
+    each batch size has its own decode steps (FLOPs, bytes, time) to plot."""
     for batch in ROOFLINE_BATCHES:   # one level each, as the widget's live button runs them
         run_sweep(d, [batch], 10)
         d.settle(0.3)
@@ -406,19 +433,40 @@ def hash_chain(d: Driver) -> None:
             d.settle(0.2)
 
 
+INVARIANCE_PROMPT = "Once upon a time"   # as frontend/js/widgets/kv-batch-invariance.js sends it
+INVARIANCE_PARAMS = {**GREEDY, "max_tokens": 24, "logprobs": 2}
+INVARIANCE_CROWD = 8   # the sweep level beside the second run: 16 requests, 8 in flight
+
+
+def batch_invariance(d: Driver) -> None:
+    """Chapter 20's <kv-batch-invariance>: one prompt drawn greedily alone, then again while a
+    one-level sweep keeps other requests in flight beside it (each run under its own cache
+    salt, so neither reuses the other's cached blocks), both with their tokens' logprobs."""
+    alone = d.submit(prompt=INVARIANCE_PROMPT, params=INVARIANCE_PARAMS, cache_salt="alone")
+    d.finished(alone)
+    d.settle(0.3)
+    before = sum(1 for e in d.seen if e["type"] == "request.finished")
+    ack = d.call("sweep", levels=[INVARIANCE_CROWD], max_tokens=32)
+    crowd = d.submit(prompt=INVARIANCE_PROMPT, params=INVARIANCE_PARAMS, cache_salt="crowd")
+    d.finished(crowd)
+    d.until(lambda e: sum(1 for x in d.seen if x["type"] == "request.finished") >= before + 1 + ack["requests"][0], timeout=300)
+
+
 # scenarios that need the server started with more options
 NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
 SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM, "ring": ["--tensor-parallel-size", "2"],
                   # prompt lookup on a pool of 11 blocks: drafts verified, and a request preempted
                   "catch-up": [*NGRAM, "--num-kv-blocks", "11", "--max-model-len", "176"],
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
-                  "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
+                  "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"],
+                  # 128 requests of two blocks each in flight
+                  "roofline": ["--num-kv-blocks", "512", "--max-num-seqs", "128"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
              "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
              "spec-sampling": spec_sampling, "ring": ring, "catch-up": catch_up,
-             "roofline": roofline}
+             "roofline": roofline, "batch-invariance": batch_invariance}
 
 
 def free_port() -> int:
@@ -444,9 +492,11 @@ def main() -> int:
     return 0
 
 
-def keep_only(path: Path, types: set[str]) -> None:
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join(line for line in lines if json.loads(line)["type"] in types))
+def keep_only(path: Path, types: set[str], thin=lambda events: events) -> None:
+    lines = path.read_text().splitlines()
+    events = [json.loads(line) for line in lines[1:]]
+    kept = {id(e) for e in thin([e for e in events if e["type"] in types])}
+    path.write_text("".join(line + "\n" for line, e in zip(lines, [None, *events]) if e is None or id(e) in kept))
 
 
 def record(names: list[str], server_options: list[str], out: str) -> None:
@@ -480,7 +530,7 @@ def record(names: list[str], server_options: list[str], out: str) -> None:
             d.settle(0.5)   # the last memory/kv events
             stop = d.call("record_stop")
             if name in KEEP_ONLY:
-                keep_only(Path(stop["path"]), KEEP_ONLY[name])
+                keep_only(Path(stop["path"]), KEEP_ONLY[name], THIN.get(name, lambda events: events))
             size = Path(stop["path"]).stat().st_size
             print(f"{name}: {stop['events']} events, {size / 1024:.0f} KiB -> {stop['path']}")
             d.ws.close()

@@ -15,9 +15,10 @@ from server_harness import check_event
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "events.md"
 RECORDINGS = sorted((ROOT / "frontend" / "recordings").glob("*.jsonl"))
-# Read whole by one widget (kv-throughput: a sweep's request events), never replayed step by
+# Read whole by one widget (kv-throughput: a sweep's request events; kv-batch-invariance: two
+# runs' tokens and the requests beside them), never replayed step by
 # step as a page's recording; scripts/make_recordings.py keeps it to those events (KEEP_ONLY).
-WIDGET_DATA = {"throughput"}
+WIDGET_DATA = {"throughput", "batch-invariance"}
 
 
 def doc_examples() -> list[dict]:

@@ -1,8 +1,10 @@
 """<kv-roofline> (chapter 13): a log-log roofline of the engine's machine (its measured
 bandwidth and FLOP/s ceilings from `hello.device`) with the engine's decode steps on it,
 grouped by batch size. As the batch grows the point moves right (more FLOPs per byte: the
-requests share one read of the weights) and up. From the recording each point is the
-fastest of its steps; live, the learner's button runs that many of their own requests."""
+requests share one read of the weights) and up while it is memory-bound; the recording's
+largest batch passes the ridge, so the learner sees the turn to compute-bound. From the
+recording each point is the fastest of its steps; live, the learner's button runs that many
+of their own requests."""
 from __future__ import annotations
 
 import json
@@ -29,22 +31,29 @@ def recorded_points() -> dict:
     return {b: (statistics.median(x for x, _ in v), max(y for _, y in v)) for b, v in groups.items() if len(v) >= 3}
 
 
+def recorded_ridge() -> float:
+    """The ridge of the recorded machine: its peak FLOP/s over its peak bandwidth (`hello.device`)."""
+    hello = json.loads((REPO / "frontend" / "recordings" / "roofline.jsonl").read_text().splitlines()[1])
+    return hello["device"]["peak_flops"] / hello["device"]["peak_bandwidth_bytes_per_s"]
+
+
 def test_the_recorded_recordedmove_right_and_up(new_page, static_site, screenshot):
     recorded = recorded_points()
-    assert sorted(recorded) == [1, 2, 4, 8, 16]
+    assert sorted(recorded) == [1, 2, 4, 8, 16, 32, 64, 128]
+    ridge = recorded_ridge()
     for dark, width in ((False, 1280), (True, 768)):
         page = new_page(viewport={"width": width, "height": 1000}, color_scheme="dark" if dark else "light",
                         reduced_motion="reduce" if dark else "no-preference")
         page.goto(f"{static_site}/chapters/13-gpu-memory-hierarchy/")
         widget = page.locator("kv-roofline")
         handle = widget.element_handle()
-        page.wait_for_function("el => Number(el.dataset.recordedBatches) === 5 && el.dataset.intensity", arg=handle, timeout=15000)
+        page.wait_for_function("el => Number(el.dataset.recordedBatches) === 8 && el.dataset.intensity", arg=handle, timeout=15000)
         widget.scroll_into_view_if_needed()
         slider = widget.locator("input[type=range]")
         slider.focus()
         page.keyboard.press("Home")
         shown = []
-        for i in range(5):
+        for i in range(len(recorded)):
             if i:
                 page.keyboard.press("ArrowRight")
             page.wait_for_function("([el, b]) => Number(el.dataset.batch) === b", arg=[handle, sorted(recorded)[i]])
@@ -54,11 +63,14 @@ def test_the_recorded_recordedmove_right_and_up(new_page, static_site, screensho
             shown.append(s)
         intensities = [s["intensity"] for s in shown]
         assert intensities == sorted(intensities) and intensities[-1] > 10 * intensities[0]   # right
-        assert shown[-1]["flops"] > 2 * shown[0]["flops"]                                     # and up
+        assert max(s["flops"] for s in shown) > 2 * shown[0]["flops"]                         # and up
         xs = [x for _, x, _ in shown[-1]["points"]]
         ys = [y for _, _, y in shown[-1]["points"]]
-        assert xs == sorted(xs) and ys[-1] < ys[0]          # on screen too (SVG y grows downwards)
-        assert "memory-bound" in shown[-1]["lesson"] and "ridge" in shown[-1]["lesson"]
+        assert xs == sorted(xs) and min(ys) < ys[0]         # on screen too (SVG y grows downwards)
+        # the turn: the small batches left of the ridge, memory-bound; the largest right of it
+        for s in shown:
+            assert ("compute-bound" in s["lesson"]) == (s["intensity"] > ridge) and "ridge" in s["lesson"]
+        assert "memory-bound" in shown[0]["lesson"] and "compute-bound" in shown[-1]["lesson"]
         screenshot(widget, f"roofline-recorded-{'dark' if dark else 'light'}-{width}")
         assert widget.evaluate("el => el.scrollWidth - el.clientWidth") <= 1, f"the widget scrolls sideways at {width}px"
         assert page.evaluate(UNNAMED_CONTROLS) == []

@@ -72,7 +72,7 @@ class KvRoofline extends KvWidget {
     this.batch = 1;
     const uid = this.getAttribute('aria-labelledby');
     this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: batches of 1 to 16'), h('option', { value: 'live' }, 'Live: your requests'));
+      h('option', { value: 'recorded' }, 'Recorded: batches of 1 to 128'), h('option', { value: 'live' }, 'Live: your requests'));
     this.slider = h('input', { type: 'range', id: `${uid}-batch`, min: 0, max: 0, step: 1, value: 0, oninput: () => this.pick() });
     this.batchOut = h('output', { for: this.slider.id });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() }, 'Run them together');
