@@ -94,6 +94,34 @@ CHUNK, CHUNK_BUDGET = map(int, re.search(r"prefill_chunk_size=(\d+), max_num_bat
 PLAN_BUDGET = int(re.search(r"def step_plan\(.*?max_num_batched_tokens=(\d+)", RECORDINGS, re.S).group(1))
 
 
+def recorded(name: str) -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "frontend/recordings" / f"{name}.jsonl").read_text().splitlines()[1:]]
+
+
+def roofline_intensity(batch: int) -> float:
+    """Chapter 13's recording: the median FLOPs per byte of its decode steps of `batch` requests."""
+    xs = sorted(e["cost"]["flops"] / e["cost"]["bytes"] for e in recorded("roofline")
+                if e["type"] == "step" and len(e["seqs"]) == batch)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+ROOFLINE_DEVICE = recorded("roofline")[0]["device"]
+ROOFLINE_RIDGE = ROOFLINE_DEVICE["peak_flops"] / ROOFLINE_DEVICE["peak_bandwidth_bytes_per_s"]
+
+
+def invariance_runs() -> tuple[list[dict], list[dict]]:
+    """Chapter 20's recording: the tokens of its two runs (alone, then in a crowd)."""
+    runs: dict = {}
+    for e in recorded("batch-invariance"):
+        if e["type"] == "request.token" and "logprob" in e:
+            runs.setdefault(e["request_id"], []).append(e)
+    alone, crowd = sorted(runs.values(), key=lambda t: t[0]["ts"])
+    return alone, crowd
+
+
+INV_ALONE, INV_CROWD = invariance_runs()
+
+
 def step_ms(tokens: int) -> float:
     """Chapter 17's made-up cost model: a fixed 20 ms per step plus 0.1 ms per token in it."""
     return 20 + 0.1 * tokens
@@ -253,6 +281,11 @@ WORKED: list[Worked] = [
     W(14, "The recording was made with a budget of only {} tokens: three requests decode, so they are planned first and "
           "take 3 tokens, and a prompt of about a hundred tokens that arrives gets the {} left over",
       PLAN_BUDGET, PLAN_BUDGET - 3),
+    W(13, "to about {} for 32 and {} for 64, still left of this machine's ridge (about {} there); 128 requests, at about {} FLOPs per byte",
+      roofline_intensity(32), roofline_intensity(64), ROOFLINE_RIDGE, roofline_intensity(128)),
+    W(20, "yet {} of the {} positions came back with a different log-probability",
+      sum(a["logprob"] != c["logprob"] for a, c in zip(INV_ALONE, INV_CROWD)), len(INV_ALONE)),
+    W(20, "was about {} apart", min(a["top"][0]["logprob"] - a["top"][1]["logprob"] for a in INV_ALONE)),
     W(17, "the prompt is cut into chunks of {} under a budget of {} tokens a step", CHUNK, CHUNK_BUDGET),
     W(16, "Request 2 reuses {} tokens and prefills {}", 2 * 4, 10 + 5 - 2 * 4),
     W(16, "a {}-token prompt sent twice with blocks of {} reuses {} tokens", 32, 16, 16),
