@@ -43,8 +43,9 @@ def check_shown(shown: dict, alone: list[dict], crowd: list[dict]) -> None:
     for row, a, c in zip(shown["rows"], alone, crowd):
         assert (row["alone"], row["crowd"]) == (a["token_id"], c["token_id"])
         assert row["delta"] == c["logprob"] - a["logprob"]
-        assert row["cells"][2] == f"{a['logprob']:.7f}" and row["cells"][3] == f"{c['logprob']:.7f}"
+        assert row["cells"][1] == f"{a['logprob']:.7f}" and row["cells"][2] == f"{c['logprob']:.7f}"
     assert "".join(r["aloneText"] for r in shown["rows"]).strip()            # the text, not ids
+    assert all(("→" in r["aloneText"]) == (r["alone"] != r["crowd"]) for r in shown["rows"])   # a flip shows both
     most, flip = expected(alone, crowd)
     assert shown["maxDelta"] >= 0 and abs(shown["maxDelta"] - most) < 1e-12 and shown["flip"] == flip
     assert shown["max"] == "0 exactly" if most == 0 else abs(float(shown["max"]) - most) <= 0.005 * most

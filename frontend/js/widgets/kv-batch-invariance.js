@@ -28,10 +28,11 @@ kv-batch-invariance .kbi-chart text { font-size: 11px; }
 kv-batch-invariance .kbi-bar { fill: var(--kv-cat-1); }
 kv-batch-invariance .kbi-bar[data-after-flip] { fill: var(--kv-border); }
 kv-batch-invariance .kbi-flip { stroke: var(--kv-cat-4); stroke-width: 2; stroke-dasharray: 4 3; }
-kv-batch-invariance .kvw-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: .4rem 0; font-size: .88rem; }
+kv-batch-invariance .kvw-table { border-collapse: collapse; font-variant-numeric: tabular-nums; margin: .4rem 0; font-size: .82rem; }
 kv-batch-invariance .kvw-table caption { text-align: left; }
-kv-batch-invariance .kvw-table th, kv-batch-invariance .kvw-table td { padding: .1rem .7rem .1rem 0; text-align: right; border-bottom: 1px solid var(--kv-border); }
+kv-batch-invariance .kvw-table th, kv-batch-invariance .kvw-table td { padding: .1rem .5rem .1rem 0; text-align: right; border-bottom: 1px solid var(--kv-border); white-space: nowrap; }
 kv-batch-invariance .kvw-table td.kbi-token { font-family: var(--kv-font-mono); text-align: left; white-space: pre; }
+kv-batch-invariance .kvw-table th[scope=col] { white-space: normal; vertical-align: bottom; }
 kv-batch-invariance .kvw-table tr[data-flip] td { background: color-mix(in srgb, var(--kv-cat-4) 18%, transparent); }
 kv-batch-invariance .kbi-lesson { font-size: .95rem; margin: .3rem 0; }
 `;
@@ -272,14 +273,14 @@ class KvBatchInvariance extends KvWidget {
   }
 
   drawTable(c) {
-    const head = ['#', 'alone', 'in a crowd', 'logprob alone', 'logprob in a crowd', 'Δ', 'beside it'];
+    const head = ['#', 'token (alone → crowd where they differ)', 'logprob alone', 'logprob in a crowd', 'Δ = crowd − alone', 'requests beside it'];
     this.tableEl.replaceChildren(h('table', { class: 'kvw-table', 'data-positions': '' },
       h('caption', {}, 'Each position: both runs’ tokens and logprobs, their difference (crowd − alone) and the requests in flight beside the crowd’s'),
       h('thead', {}, h('tr', {}, head.map((t) => h('th', { scope: 'col' }, t)))),
       h('tbody', {}, c.rows.map((r) => h('tr', { 'data-index': r.index, 'data-flip': r.index === c.flip ? '' : null },
         h('th', { scope: 'row' }, String(r.index)),
-        h('td', { class: 'kbi-token', 'data-alone': r.alone.token_id }, show(r.alone.text)),
-        h('td', { class: 'kbi-token', 'data-crowd': r.crowd.token_id }, show(r.crowd.text)),
+        h('td', { class: 'kbi-token', 'data-alone': r.alone.token_id, 'data-crowd': r.crowd.token_id },
+          r.alone.token_id === r.crowd.token_id ? show(r.alone.text) : `${show(r.alone.text)} → ${show(r.crowd.text)}`),
         h('td', {}, fmtLogprob(r.alone.logprob)), h('td', {}, fmtLogprob(r.crowd.logprob)),
         h('td', { 'data-delta': r.delta }, r.afterFlip ? `${fmtDelta(r.delta)} (other text)` : fmtDelta(r.delta)),
         h('td', {}, String(r.beside)))))));
