@@ -241,8 +241,8 @@ class KvRoofline extends KvWidget {
       ? ' The point sits above the roof: this small model’s weights fit in the processor’s caches, which are faster than the memory the roof was measured on.' : '';
     this.lessonEl.textContent = `${chosen.batch} request${chosen.batch === 1 ? '' : 's'} per step (the fastest of ${chosen.steps.length} steps): `
       + `${chosen.intensity.toFixed(2)} FLOPs per byte, ${fmtFlops(chosen.flops)}, ${bound}. Each request adds about `
-      + `${perRequest.toFixed(2)} FLOP per byte, because all of them share one read of the weights; the ridge at ${ridge.toFixed(1)} would take `
-      + `about ${formatInt(Math.ceil(ridge / perRequest))} requests in one step.${above}`;
+      + `${perRequest.toFixed(2)} FLOP per byte, because all of them share one read of the weights; the ridge at ${ridge.toFixed(1)} `
+      + `${chosen.intensity < ridge ? 'would take' : 'was passed at'} about ${formatInt(Math.ceil(ridge / perRequest))} requests in one step.${above}`;
   }
 
   drawChart(points, chosen, bw, peak, ridge) {
