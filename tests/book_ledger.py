@@ -344,6 +344,7 @@ WORKED: list[Worked] = [
     W(18, "works out at r = {} percent, not 50", 100 * sum(0.5**i for i in range(1, 5)) / 4),
     W(19, "a 70-billion-[[parameter]] model needs {} GB", 70 * 2),
     W(19, "exactly its list once with {} GPUs, {} times with {}, {} times with {}", 2, 2 * 3 / 4, 4, 2 * 7 / 8, 8),
+    W(19, "which creeps from {}× at two GPUs towards {}×", 2 * (2 - 1) / 2, 2),
     W(19, "a [[forward pass]] does {} all-reduces ({} counting the embedding)", 2 * Q["num_hidden_layers"], 2 * Q["num_hidden_layers"] + 1),
     W(19, "with 32 GPUs, each holds {} of the 256 experts", 256 / 32),
     W(19, "each of the {} collectives in a step", 2 * MINI["num_hidden_layers"] + 2),
