@@ -1,7 +1,7 @@
 """Who watches which request, and the events built for watched requests only: attention
-weights (caught by the hooks in `kvscope.instrumentation.capture`) and the sampler's view
-of each draw. Viewers say which layers and heads they want; the hooks capture the union,
-and each event carries the union of heads (the server slices per viewer)."""
+weights (caught by the side pass in `kvscope.instrumentation.capture`) and the sampler's
+view of each draw. Viewers say which layers and heads they want; the side pass captures
+the union, and each event carries the union of heads (the server slices per viewer)."""
 from __future__ import annotations
 
 import threading
@@ -116,16 +116,16 @@ def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
-def attention_event(seq: Sequence, step: int, layer: int, probs: torch.Tensor, positions: list[int],
-                    heads: list[int], num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
-    """probs: [num_heads, rows, context] for one layer of one watched sequence;
-    `recomputed`: rows the prefix cache spared the engine, rebuilt by a side pass."""
-    group = probs.shape[0] // num_kv_heads
-    ctx = probs.shape[2]
+def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], context_len: int, weights, mean,
+                    heads: list[int], num_heads: int, num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """weights: [len(heads), rows, context_len] and mean (over every head): [rows, context_len],
+    arrays (float16, possibly still on their way to the host: encode.py reads them off the
+    engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
+    group = num_heads // num_kv_heads
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
-            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": probs.shape[0],
-            "query_positions": positions, "context_len": ctx, "token_ids": seq.token_ids[:ctx],
-            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0)), "recomputed": recomputed}
+            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": num_heads,
+            "query_positions": positions, "context_len": context_len, "token_ids": seq.token_ids[:context_len],
+            "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
 def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, texts: dict[int, str]) -> list[dict]:
