@@ -114,6 +114,18 @@ def attention_weights(q: torch.Tensor, keys: torch.Tensor, positions: list[int],
     return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
+def last_row_weights(q: torch.Tensor, keys: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Many sequences' newest row at once (decode steps). q: [N, H, D]; keys: [N, C, KVH, D],
+    each padded past its own length `lens` → weights [N, H, C] in float32 (0 past each length)."""
+    n, num_heads, d = q.shape
+    num_kv_heads = keys.shape[2]
+    grouped = q.float().view(n, num_kv_heads, num_heads // num_kv_heads, d)   # query heads sharing a KV head
+    by_head = keys.float().transpose(1, 2).contiguous()                         # [N, KVH, C, D]
+    scores = torch.matmul(grouped, by_head.transpose(-1, -2)).reshape(n, num_heads, -1) * scale
+    valid = torch.arange(keys.shape[1], device=q.device)[None, :] < lens[:, None]
+    return scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
+
+
 class HostCopy:
     """A tensor on its way to the host. On a GPU the copy goes into pinned memory on a side
     stream, so the engine's next step is not held up; reading it (np.asarray, as the
@@ -153,6 +165,7 @@ class SideCapture:
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
     _blocks: dict[int, torch.Tensor] = field(default_factory=dict)   # seq -> blocks holding its context
+    _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # decode rows' padded tables
 
     def install(self, layers) -> "SideCapture":
         for i, layer in enumerate(layers):
@@ -185,20 +198,46 @@ class SideCapture:
         self._keep(layer, "up", up)
 
     def _on_attention(self, module: PagedAttention, inputs, _output) -> None:
-        q = inputs[0]
-        keys_cache = module.readable_caches()[0]
-        for w in self.watched:
-            if not w.wants(module.layer_idx):
-                continue
-            blocks = self._blocks.get(w.seq.seq_id)
-            if blocks is None:
-                blocks = self._blocks[w.seq.seq_id] = torch.tensor(
-                    w.view.block_table[:cdiv(w.end, self.block_size)], dtype=torch.long, device=q.device)
-            probs = attention_weights(q[w.rows], gather_context(keys_cache, blocks, w.end), w.positions, module.scale)
-            kept = probs if w.heads is None or len(w.heads) == probs.shape[0] else probs[w.heads]
-            for rows, positions, context, recomputed in w.parts():
-                self.attention[(w.seq.seq_id, module.layer_idx, recomputed)] = (
-                    positions, HostCopy(kept[:, rows, :context].half()), HostCopy(probs[:, rows, :context].mean(0).half()))
+        q, layer = inputs[0], module.layer_idx
+        keys = module.readable_caches()[0]
+        watching = [w for w in self.watched if w.wants(layer)]
+        decodes = [w for w in watching if w.end - w.first == 1]
+        if decodes:   # one batched product for every sequence's single row
+            tables, lens = self._decode_tables(decodes, q.device)
+            probs = last_row_weights(q[[w.row_start for w in decodes]], gather_context(keys, tables), lens,
+                                     module.scale)
+            halves, means = probs.half(), probs.mean(1).half()   # one conversion for all of them
+            for i, w in enumerate(decodes):
+                self._keep_weights(w, layer, halves[i, :, None, :w.end], means[i, None, :w.end])
+        for w in watching:
+            if w.end - w.first > 1:
+                blocks = self._blocks_of(w, q.device)
+                probs = attention_weights(q[w.rows], gather_context(keys, blocks, w.end), w.positions, module.scale)
+                self._keep_weights(w, layer, probs.half(), probs.mean(0).half())
+
+    def _keep_weights(self, w: WatchedRows, layer: int, probs: torch.Tensor, mean: torch.Tensor) -> None:
+        """probs: [H, rows, context], mean over every head: [rows, context], float16 → the asked
+        heads and the mean, each part (recomputed rows, the step's) on its way to the host."""
+        kept = probs if w.heads is None or len(w.heads) == probs.shape[0] else probs[w.heads]
+        for rows, positions, context, recomputed in w.parts():
+            self.attention[(w.seq.seq_id, layer, recomputed)] = (
+                positions, HostCopy(kept[:, rows, :context]), HostCopy(mean[rows, :context]))
+
+    def _blocks_of(self, w: WatchedRows, device) -> torch.Tensor:
+        if w.seq.seq_id not in self._blocks:
+            self._blocks[w.seq.seq_id] = torch.tensor(w.view.block_table[:cdiv(w.end, self.block_size)],
+                                                      dtype=torch.long, device=device)
+        return self._blocks[w.seq.seq_id]
+
+    def _decode_tables(self, decodes: list[WatchedRows], device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode rows' block tables, padded to the widest (block 0: read, then masked), and their context lengths."""
+        key = tuple(w.seq.seq_id for w in decodes)
+        if key not in self._tables:
+            width = max(cdiv(w.end, self.block_size) for w in decodes)
+            rows = [w.view.block_table[:cdiv(w.end, self.block_size)] for w in decodes]
+            self._tables[key] = (torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device),
+                                 torch.tensor([w.end for w in decodes], device=device))
+        return self._tables[key]
 
 
 @torch.inference_mode()

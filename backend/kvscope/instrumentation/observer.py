@@ -20,7 +20,8 @@ from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import SideCapture, WatchedRows, WatchWanted, side_pass, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
+from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, sampling_event,
+                                           token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -65,6 +66,7 @@ class Instrumentation(EngineObserver):
         self._watched: list[WatchedRows] = []      # this step's watched rows, for the side pass after it
         self._side_buffers: StepBuffers | None = None   # the side pass's own input arrays, made on first use
         self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
+        self._token_text = token_texts(engine.tokenizer)
         self.watch_next = 0                         # benchmarks: watch the next N requests added
         self._pending: list[dict] = []              # this step's events so far
         self._last_memory = float("-inf")
@@ -219,7 +221,7 @@ class Instrumentation(EngineObserver):
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
-            events += [sampling_event(r.seq, step, row, drawn[r.seq.seq_id][0], self.engine.tokenizer, ts,
+            events += [sampling_event(r.seq, step, row, drawn[r.seq.seq_id][0], self._token_text, ts,
                                       with_distribution=watches[r.seq.seq_id].internals)
                        for r, row in zip(sampled, logits)]
         for r in watched:
