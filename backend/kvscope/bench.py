@@ -37,6 +37,9 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
                          "(watch also runs off and listen, alternated, and prints all three)")
     tp.add_argument("--watchers", type=int, default=1,
                     help="with --instrument watch: requests watched, each by a viewer of its own")
+    tp.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="kvscope's runs timed by the wall clock, or by this process's CPU time (steadier on a "
+                         "shared machine; set OMP_NUM_THREADS=1 so idle threads' spinning is not counted)")
     tp.set_defaults(run=run_throughput)
     lat = sub.add_parser("latency", help="batch-1 time to first token and time per output token")
     _common(lat)
@@ -162,7 +165,7 @@ def _start_ceilings(engine):
     return ceilings
 
 
-def run_kvscope(engine, prompts, outputs) -> dict:
+def run_kvscope(engine, prompts, outputs, clock=time.perf_counter) -> dict:
     bm = engine.block_manager
     bm.reset_prefix_cache()   # each run computes its prompts, as transformers does
     hits_before = bm.num_prefix_hits
@@ -170,36 +173,37 @@ def run_kvscope(engine, prompts, outputs) -> dict:
             for p, o in zip(prompts, outputs)]
     peak_used, steps = 0, 0
     _sync(engine.device)
-    start = time.perf_counter()
+    start = clock()
     while engine.has_unfinished():
         engine.step()
         steps += 1
         peak_used = max(peak_used, bm.num_used_blocks)
     _sync(engine.device)
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     generated = sum(s.num_output_tokens for s in seqs)
     return {"elapsed": elapsed, "generated": generated, "steps": steps, "peak_used_blocks": peak_used,
             "preemptions": sum(s.num_preemptions for s in seqs), "prefix_hits": bm.num_prefix_hits - hits_before,
             "failed": sum(s.finish_reason == "error" for s in seqs)}
 
 
-def _instrumented(engine, prompts, outputs, mode: str, watchers: int) -> dict:
+def _instrumented(engine, prompts, outputs, mode: str, watchers: int, clock: str = "wall") -> dict:
     """One run with instrumentation `mode` attached for it (kvscope.instrumentation.bench)."""
     from kvscope.instrumentation import attach_for_bench
     instr = attach_for_bench(engine, mode, watchers)
     try:
-        return run_kvscope(engine, prompts, outputs)
+        return run_kvscope(engine, prompts, outputs, time.process_time if clock == "cpu" else time.perf_counter)
     finally:
         if instr is not None:
             instr.detach()
 
 
-def _instrument_line(by_mode: dict[str, list[dict]], watchers: int) -> str:
+def _instrument_line(by_mode: dict[str, list[dict]], watchers: int, clock: str) -> str:
     rates = {m: _median(r)["generated"] / _median(r)["elapsed"] for m, r in by_mode.items()}
     off = rates["off"]
     parts = [f"{'watch-' + str(watchers) if m == 'watch' else m} {r:,.0f} tok/s ({100 * r / off:.0f}%)"
              for m, r in rates.items()]
-    return f"instrumentation (same run, alternated, medians of {len(by_mode['off'])}): " + ", ".join(parts)
+    return (f"instrumentation (same run, alternated, medians of {len(by_mode['off'])}, {clock} clock): "
+            + ", ".join(parts))
 
 
 def hf_model_like(engine):
@@ -319,7 +323,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
         by_mode, vllm_runs, hf_runs = {m: [] for m in modes}, [], {size: [] for size in args.hf_batch_size}
         for _ in range(max(1, args.repeats)):   # alternated, so every engine sees the same machine load
             for mode in modes:
-                by_mode[mode].append(_instrumented(engine, prompts, outputs, mode, args.watchers))
+                by_mode[mode].append(_instrumented(engine, prompts, outputs, mode, args.watchers, args.clock))
             if peer is not None:
                 vllm_runs.append(peer.throughput(prompts, outputs))
             if model is not None:
@@ -328,12 +332,15 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     finally:
         if peer is not None:
             peer.close()
+    if args.clock == "cpu" and (peer is not None or model is not None):
+        print("note: only kvscope's runs are timed by CPU time; transformers and vLLM by the wall clock")
     ours_runs = by_mode[args.instrument]
     ours = _median(ours_runs)
     ours_rate = ours["generated"] / ours["elapsed"]
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
+    runs += ", cpu clock" if args.clock == "cpu" else ""
     if len(modes) > 1:
-        print(_instrument_line(by_mode, args.watchers))
+        print(_instrument_line(by_mode, args.watchers, args.clock))
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
           f"{ours['prefix_hits']} prefix-cache blocks reused, "
