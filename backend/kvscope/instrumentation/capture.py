@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from kvscope.engine.block_manager import cdiv
@@ -151,6 +152,20 @@ class HostCopy:
             self.done.synchronize()
         return self.host.numpy() if dtype is None else self.host.numpy().astype(dtype)
 
+    def __getitem__(self, key) -> "HostView":
+        return HostView(self, key)
+
+
+@dataclass
+class HostView:
+    """Part of a HostCopy (one sequence's rows of a batched copy), cut when it is read."""
+    copy: HostCopy
+    key: tuple
+
+    def __array__(self, dtype=None, copy=None):
+        part = np.asarray(self.copy)[self.key]
+        return part if dtype is None else part.astype(dtype)
+
 
 @dataclass
 class SideCapture:
@@ -159,7 +174,7 @@ class SideCapture:
     block_size: int
     # (seq, layer, recomputed) -> (positions, weights [heads, rows, context], mean over every
     # head [rows, context]), in float16
-    attention: dict[tuple[int, int, bool], tuple[list[int], HostCopy, HostCopy]] = field(default_factory=dict)
+    attention: dict[tuple[int, int, bool], tuple[list[int], HostView, HostView]] = field(default_factory=dict)
     # internals, float32 on the CPU, [rows, ...] each: (seq, layer, what) -> tensor, where
     # what is "input", "attention" (the sublayer's output), "mlp", "output", "gate", "up"
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
@@ -206,22 +221,21 @@ class SideCapture:
             tables, lens = self._decode_tables(decodes, q.device)
             probs = last_row_weights(q[[w.row_start for w in decodes]], gather_context(keys, tables), lens,
                                      module.scale)
-            halves, means = probs.half(), probs.mean(1).half()   # one conversion for all of them
+            # one conversion and one copy to the host for all of them; each event reads its part
+            halves, means = HostCopy(probs.half()), HostCopy(probs.mean(1).half())
             for i, w in enumerate(decodes):
-                self._keep_weights(w, layer, halves[i, :, None, :w.end], means[i, None, :w.end])
+                heads = slice(None) if w.heads is None else w.heads
+                self.attention[(w.seq.seq_id, layer, False)] = (
+                    [w.first], halves[i, heads, None, :w.end], means[i, None, :w.end])
         for w in watching:
             if w.end - w.first > 1:
                 blocks = self._blocks_of(w, q.device)
                 probs = attention_weights(q[w.rows], gather_context(keys, blocks, w.end), w.positions, module.scale)
-                self._keep_weights(w, layer, probs.half(), probs.mean(0).half())
-
-    def _keep_weights(self, w: WatchedRows, layer: int, probs: torch.Tensor, mean: torch.Tensor) -> None:
-        """probs: [H, rows, context], mean over every head: [rows, context], float16 → the asked
-        heads and the mean, each part (recomputed rows, the step's) on its way to the host."""
-        kept = probs if w.heads is None or len(w.heads) == probs.shape[0] else probs[w.heads]
-        for rows, positions, context, recomputed in w.parts():
-            self.attention[(w.seq.seq_id, layer, recomputed)] = (
-                positions, HostCopy(kept[:, rows, :context]), HostCopy(mean[rows, :context]))
+                kept = HostCopy((probs if w.heads is None else probs[w.heads]).half())
+                mean = HostCopy(probs.mean(0).half())
+                for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
+                    self.attention[(w.seq.seq_id, layer, recomputed)] = (
+                        positions, kept[:, rows, :context], mean[rows, :context])
 
     def _blocks_of(self, w: WatchedRows, device) -> torch.Tensor:
         if w.seq.seq_id not in self._blocks:
