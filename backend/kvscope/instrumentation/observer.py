@@ -1,8 +1,8 @@
 """Turns the engine's publication points into schema events and hands them, a batch at a
 time, to a sink (the server's fan-out, a recorder, a benchmark counter).
 
-Runs on the engine thread. A step's events (its tokens and finishes, then `step`, `kv`,
-`attention`, `sampling`, `memory`) go to the sink in one call at the end of the step;
+Runs on the engine thread. A step's events (its tokens, a watched request's `sampling` and
+`attention`, the finishes, then `step`, `kv`, `memory`) go to the sink in one call at the end of the step;
 events between steps (a request added, aborted, a reset) go at once."""
 from __future__ import annotations
 
@@ -149,8 +149,14 @@ class Instrumentation(EngineObserver):
 
     def on_step(self, record: StepRecord) -> None:
         out, ts = record.scheduled, self.clock()
-        # the step's tokens, then its finishes (heard during the step), then the step itself
-        events = [self._token_event(d, out.step) for d in record.tokens] + self._pending
+        # the step's tokens, what a watcher sees of how they were computed and drawn (before the
+        # finishes: a widget may stop listening at its request's end), the step's finishes
+        # (heard during the step), then the step itself
+        events = [self._token_event(d, out.step) for d in record.tokens]
+        if self._watched:
+            events += self._watched_events(record, self._watched, ts)
+            self._watched = []
+        events += self._pending
         self._pending = []
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
@@ -160,9 +166,6 @@ class Instrumentation(EngineObserver):
             events.append(delta)
         if record.result.spec:
             events += spec_events(record, self.engine, ts)
-        if self._watched:
-            events += self._watched_events(record, self._watched, ts)
-            self._watched = []
         for seq in record.finished:
             self._forget_watch(seq)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))

@@ -125,13 +125,20 @@ class Hub:
         return done[1] if done is not None and done[0] == e["ts"] else frame(e)
 
     def _shared_chunk(self, families, events, texts, by_family) -> list[Chunk]:
-        """The text events in one chunk, then each binary frame in a chunk of its own."""
-        idx = sorted(i for f in families for i in by_family.get(f, ()))
-        text = [i for i in idx if isinstance(texts[i], str)]
-        kinds = [events[i]["type"] for i in text]
-        chunks = [Chunk(",".join(texts[i] for i in text), len(text), False,
-                        kv=kinds.count("kv"), memory=kinds.count("memory"))] if text else []
-        return chunks + [Chunk(texts[i], 1, False) for i in idx if isinstance(texts[i], bytes)]
+        """The events in order: consecutive text events in one chunk, each binary frame alone."""
+        chunks, run = [], []
+        for i in sorted(i for f in families for i in by_family.get(f, ())) + [None]:
+            if run and (i is None or isinstance(texts[i], bytes)):
+                kinds = [events[j]["type"] for j in run]
+                chunks.append(Chunk(",".join(texts[j] for j in run), len(run), False,
+                                    kv=kinds.count("kv"), memory=kinds.count("memory")))
+                run = []
+            if i is not None:
+                if isinstance(texts[i], bytes):
+                    chunks.append(Chunk(texts[i], 1, False))
+                else:
+                    run.append(i)
+        return chunks
 
     def _offer_personal(self, v: Viewer, events, texts, by_family, mine) -> None:
         chosen: dict[int, bool] = {}

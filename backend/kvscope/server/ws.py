@@ -124,7 +124,10 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
                 continue
             if ws.application_state != WebSocketState.CONNECTED:
                 return
-            await (ws.send_bytes(frame) if isinstance(frame, bytes) else ws.send_text(frame))
+            if isinstance(frame, bytes):   # a watched request's arrays: a step's frames go back to back
+                await ws.send_bytes(frame)
+                continue
+            await ws.send_text(frame)
             if not essential:
                 await asyncio.sleep(interval)
     except (WebSocketDisconnect, RuntimeError, ConnectionError):
