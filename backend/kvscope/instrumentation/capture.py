@@ -224,14 +224,14 @@ class SideCapture:
             # one conversion and one copy to the host for all of them; each event reads its part
             halves, means = HostCopy(probs.half()), HostCopy(probs.mean(1).half())
             for i, w in enumerate(decodes):
-                heads = slice(None) if w.heads is None else w.heads
+                heads = slice(None) if w.heads is None or len(w.heads) == probs.shape[1] else w.heads
                 self.attention[(w.seq.seq_id, layer, False)] = (
                     [w.first], halves[i, heads, None, :w.end], means[i, None, :w.end])
         for w in watching:
             if w.end - w.first > 1:
                 blocks = self._blocks_of(w, q.device)
                 probs = attention_weights(q[w.rows], gather_context(keys, blocks, w.end), w.positions, module.scale)
-                kept = HostCopy((probs if w.heads is None else probs[w.heads]).half())
+                kept = HostCopy((probs if w.heads is None or len(w.heads) == probs.shape[0] else probs[w.heads]).half())
                 mean = HostCopy(probs.mean(0).half())
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     self.attention[(w.seq.seq_id, layer, recomputed)] = (
