@@ -40,7 +40,9 @@ class Driver:
         self.call("subscribe", families=["request"])   # to see injected requests finish
 
     def _next(self, timeout: float) -> list[dict]:
-        frame = json.loads(self.ws.recv(timeout=timeout))
+        from kvscope.instrumentation.encode import decode
+        raw = self.ws.recv(timeout=timeout)
+        frame = decode(raw) if isinstance(raw, bytes) else json.loads(raw)   # bytes: an event with arrays
         events = frame if isinstance(frame, list) else [frame]
         self.seen += events
         return events

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 
 from jsonschema import Draft202012Validator
 
+from kvscope.instrumentation.encode import decode
 from kvscope.instrumentation.schema import EVENTS, event_schema_key, full_schema
 
 TOKEN = "test-instructor-token"
@@ -38,8 +40,15 @@ def check_event(event: dict) -> dict:
 
 
 def frame_events(frame: str | bytes) -> list[dict]:
+    """The events of one frame, checked against the schema. A binary frame (an event with
+    arrays) is checked as sent (its header) and as decoded (its arrays as lists)."""
+    if isinstance(frame, bytes):
+        n = struct.unpack_from("<I", frame)[0]
+        check_event(json.loads(frame[4:4 + n]))
+        event = decode(frame)
+        return [check_event({k: v.tolist() if hasattr(v, "tolist") else v for k, v in event.items()})]
     parsed = json.loads(frame)
-    return parsed if isinstance(parsed, list) else [parsed]
+    return [check_event(e) for e in (parsed if isinstance(parsed, list) else [parsed])]
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -126,7 +135,7 @@ class Client:
     def next_event(self, timeout: float = 10.0) -> dict:
         while not self._backlog:
             frame = self.ws.recv(timeout=timeout)
-            self._backlog.extend(check_event(e) for e in frame_events(frame))
+            self._backlog.extend(frame_events(frame))
         event = self._backlog.pop(0)
         self.seen.append(event)
         return event

@@ -1,8 +1,11 @@
 """The instrumentation on the engine itself (no server): events are valid, the `kv`
 snapshot + deltas reproduce the block manager exactly, attention weights equal
-transformers' own, the sampling view is consistent, the cost model adds up, and nothing
-is built when nobody listens."""
+transformers' own (after the trip through a binary frame), watching one request leaves the
+others on the compiled path with the same tokens, the sampling view is consistent, the
+cost model adds up, and nothing is built when nobody listens."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import torch
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation import Instrumentation, WatchSpec, attach_for_bench
 from kvscope.instrumentation.cost import attention_pairs, step_cost
+from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.instrumentation.tokens import tokens_event
 from kvscope.sampling_params import SamplingParams
 from server_harness import check_event, model_path
@@ -28,6 +32,16 @@ def make_engine(**kw) -> LLMEngine:
 @pytest.fixture(scope="module")
 def engine():
     return make_engine()
+
+
+F16_ATOL = 1e-3   # float16 keeps 11 significant bits: weights up to 1 are within 5e-4 of float32
+
+
+def wire(e: dict) -> dict:
+    """An attention event as a viewer gets it: its recorded form checked against the schema,
+    its binary frame decoded (float32 arrays)."""
+    check_event(json.loads(json_text(e)))
+    return decode(binary_frame(e))
 
 
 def apply_kv(mirror: dict, e: dict) -> None:
@@ -127,7 +141,6 @@ def test_kv_tracker_attached_mid_run_follows_forks_and_drafts():
 
 
 def test_attention_weights_match_transformers(engine):
-    from transformers import AutoModelForCausalLM
     events = []
     instr = Instrumentation(engine, events.extend)
     seq = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
@@ -135,18 +148,58 @@ def test_attention_weights_match_transformers(engine):
     while engine.has_unfinished():
         engine.step()
     instr.detach()
-    att = [check_event(e) for e in events if e["type"] == "attention"]
+    att = [wire(e) for e in events if e["type"] == "attention"]
     cfg = engine.model_config
     assert len(att) == 4 * cfg.num_layers                       # prefill + 3 decode steps, every layer
+    check_against_transformers(att, seq)
+
+
+def check_against_transformers(att: list[dict], seq) -> None:
+    from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
     for a in att:
-        ours = torch.tensor(a["weights"])                        # [heads, rows, ctx]
-        want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
-        assert torch.allclose(ours, want, atol=2e-4), (a["layer"], a["query_positions"][0])
-        assert torch.allclose(torch.tensor(a["mean"]), want.mean(0), atol=2e-4)
+        ours = torch.from_numpy(a["weights"])                    # [heads, rows, ctx]
+        want = ref[a["layer"]][0][a["heads"]][:, a["query_positions"], :a["context_len"]]
+        assert torch.allclose(ours, want, atol=F16_ATOL), (a["layer"], a["query_positions"][0])
+        assert torch.allclose(torch.from_numpy(a["mean"]), ref[a["layer"]][0].mean(0)[a["query_positions"], :a["context_len"]],
+                              atol=F16_ATOL)
         assert a["token_ids"] == seq.token_ids[:a["context_len"]]
+
+
+def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
+    """One request watched (layers 1 and 3, heads 0 and 5): every decode step still runs the
+    compiled graph, every request draws the same tokens as unwatched, and the watched one's
+    attention equals transformers' for just those layers and heads."""
+    engine = make_engine(enforce_eager=False, max_num_seqs=8)
+    compiled_runs = []
+    run = engine.runner.compiled.run
+    engine.runner.compiled.run = lambda inputs: compiled_runs.append(len(inputs.input_ids)) or run(inputs)
+
+    def generate(watch: bool) -> tuple[list[list[int]], list[dict]]:
+        events = []
+        instr = Instrumentation(engine, events.extend)
+        seqs = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)) for p in PROMPTS]
+        if watch:
+            instr.watch(seqs[1].request_id, "test", WatchSpec(layers=frozenset({1, 3}), heads=frozenset({0, 5})),
+                        seqs[1])
+        while engine.has_unfinished():
+            engine.step()
+        instr.detach()
+        engine.block_manager.reset_prefix_cache()
+        return [s.output_token_ids for s in seqs], events, seqs
+
+    plain, _, _ = generate(watch=False)
+    unwatched_runs, compiled_runs[:] = list(compiled_runs), []
+    watched, events, seqs = generate(watch=True)
+    assert watched == plain
+    assert compiled_runs == unwatched_runs and len(compiled_runs) == 5   # 5 decode steps, all 3 rows each
+    att = [wire(e) for e in events if e["type"] == "attention"]
+    assert {a["layer"] for a in att} == {1, 3} and all(a["heads"] == [0, 5] for a in att)
+    assert len(att) == 2 * 6                                   # the prompt and 5 decode steps
+    assert len([e for e in events if e["type"] == "sampling"]) == 6
+    check_against_transformers(att, seqs[1])
 
 
 def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
@@ -163,7 +216,7 @@ def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
         engine.step()
     instr.detach()
     assert seq.num_cached_tokens >= 8 and first.num_prompt_tokens == seq.num_prompt_tokens
-    att = [check_event(e) for e in events if e["type"] == "attention"]
+    att = [wire(e) for e in events if e["type"] == "attention"]
     hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
     with torch.no_grad():   # transformers has no prefix cache: the uncached reference
         ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
@@ -173,7 +226,7 @@ def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
         for a in (a for a in att if a["layer"] == layer):
             assert a["recomputed"] == (a["query_positions"][-1] < seq.num_cached_tokens)
             want = ref[layer][0][:, a["query_positions"], :a["context_len"]]
-            assert torch.allclose(torch.tensor(a["weights"]), want, atol=2e-4)
+            assert torch.allclose(torch.from_numpy(a["weights"]), want, atol=F16_ATOL)
 
 
 def test_sampling_event_follows_each_filter(engine):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from kvscope.instrumentation.schema import SCHEMA_VERSION
 from server_harness import TOKEN, Client, check_event
 
 GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
@@ -52,7 +53,7 @@ def test_connect_sends_hello_session_engine(server, learner):
     for block, fields in HELLO_FIELDS.items():
         assert set(hello[block]) == fields
     cfg = server.engine.model_config
-    assert hello["schema_version"] == 1
+    assert hello["schema_version"] == SCHEMA_VERSION == 2
     assert hello["model"]["num_layers"] == cfg.num_layers and hello["model"]["vocab_size"] == cfg.vocab_size
     assert hello["model"]["kv_bytes_per_token"] == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
     assert hello["engine"]["num_blocks"] == server.num_blocks

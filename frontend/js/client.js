@@ -18,6 +18,7 @@
 // reject with code 'replay'. It keeps trying the live server in the background and
 // switches back when one answers.
 
+import { decodeBinaryFrame, expandTensors } from './lib/frames.js';
 import { loadedRecordingUrl } from './lib/recordings.js';
 import { ReplaySocket, familyOf } from './lib/replay-socket.js';
 
@@ -221,6 +222,7 @@ export class EventClient extends EventTarget {
       this._liveFailed();
       return;
     }
+    socket.binaryType = 'arraybuffer';   // binary frames: events with arrays (lib/frames.js)
     this._socket = socket;
     let opened = false;
     const connectTimer = setTimeout(() => { if (!opened) socket.close(); }, CONNECT_TIMEOUT_MS);
@@ -373,15 +375,20 @@ export class EventClient extends EventTarget {
   // -- dispatch --------------------------------------------------------------------------
 
   _receive(data) {
+    if (data instanceof ArrayBuffer) {   // one event with arrays, decoded once for every widget
+      this._handleEvent(decodeBinaryFrame(data));
+      return;
+    }
     let parsed;
     try {
       parsed = JSON.parse(data);
     } catch {
-      return;   // not ours to interpret; the protocol is JSON only
+      return;   // not ours to interpret
     }
-    // The server may batch several events into one frame as a JSON array.
-    if (Array.isArray(parsed)) for (const event of parsed) this._handleEvent(event);
-    else this._handleEvent(parsed);
+    // The server may batch several events into one frame as a JSON array. A recorded event
+    // with arrays carries them in base64 (`payload`): expanded here, as a binary frame is.
+    if (Array.isArray(parsed)) for (const event of parsed) this._handleEvent(expandTensors(event));
+    else this._handleEvent(expandTensors(parsed));
   }
 
   _handleEvent(event) {

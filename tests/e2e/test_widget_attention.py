@@ -93,3 +93,39 @@ def test_second_run_of_a_cached_prompt_has_every_prompt_row(new_page, live_serve
     assert "from the prefix cache" in widget.inner_text()
     screenshot(widget, "widget-attention-cached-dark-768")
     assert_clean(page)
+
+
+def test_binary_frames_decode_in_the_browser_as_python_encodes_them(page, live_server, assert_clean):
+    """An attention event through both wire forms (a binary frame, and a recording's base64
+    line) decoded by frontend/js/lib/frames.js: the same shape and values as sent, to
+    float16's precision; and the client hands a binary frame to its listeners decoded."""
+    import numpy as np
+
+    from kvscope.instrumentation.encode import binary_frame, json_text
+    rng = np.random.default_rng(0)
+    weights = rng.random((2, 3, 5)).astype(np.float32)
+    weights /= weights.sum(-1, keepdims=True)
+    event = {"type": "attention", "ts": 1.0, "request_id": "r1", "step": 3, "layer": 2, "heads": [1, 6],
+             "kv_heads": [0, 1], "num_heads": 8, "query_positions": [2, 3, 4], "context_len": 5,
+             "token_ids": [5, 6, 7, 8, 9], "recomputed": False, "weights": weights, "mean": weights.mean(0)}
+    page.goto(live_server + "/chapters/04-attention")
+    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
+    decoded = page.evaluate("""async ([frame, line]) => {
+        const { decodeBinaryFrame, expandTensors } = await import('/static/js/lib/frames.js');
+        const client = window.kvscope.client;
+        const heard = new Promise((resolve) => { const off = client.on('attention', (e) => { off(); resolve(e); }); });
+        const buffer = new Uint8Array(frame).buffer;
+        client._receive(buffer);
+        const fromClient = await heard;
+        const plain = (e) => ({ ...e, weights: e.weights.map((h) => h.map((r) => Array.from(r))),
+                                mean: e.mean.map((r) => Array.from(r)) });
+        return [plain(decodeBinaryFrame(buffer)), plain(expandTensors(JSON.parse(line))), plain(fromClient)];
+    }""", [list(binary_frame(event)), json_text(event)])
+    for got in decoded:
+        assert "tensors" not in got and "payload" not in got
+        assert {k: got[k] for k in ("request_id", "layer", "heads", "query_positions", "context_len")} == \
+            {k: event[k] for k in ("request_id", "layer", "heads", "query_positions", "context_len")}
+        assert np.allclose(np.array(got["weights"]), weights, atol=5e-4)
+        assert np.allclose(np.array(got["mean"]), weights.mean(0), atol=5e-4)
+    assert decoded[0] == decoded[1] == decoded[2]   # one decoder, whichever way the bytes came
+    assert_clean(page)

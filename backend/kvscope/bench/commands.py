@@ -33,7 +33,13 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
                     help="transformers' static batch size; several: each is run and the fastest compared")
     tp.add_argument("--repeats", type=int, default=1, help="alternate the two engines N times; report medians")
     tp.add_argument("--instrument", choices=["off", "listen", "watch"], default="off",
-                    help="attach instrumentation: none, a listener, or a listener watching one request")
+                    help="attach instrumentation: none, a listener, or a listener watching --watchers requests "
+                         "(watch also runs off and listen, alternated, and prints all three)")
+    tp.add_argument("--watchers", type=int, default=1,
+                    help="with --instrument watch: requests watched, each by a viewer of its own")
+    tp.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                    help="kvscope's runs timed by the wall clock, or by this process's CPU time (steadier on a "
+                         "shared machine; set OMP_NUM_THREADS=1 so idle threads' spinning is not counted)")
     tp.set_defaults(run=run_throughput)
     lat = sub.add_parser("latency", help="batch-1 time to first token and time per output token")
     _common(lat)
@@ -160,28 +166,45 @@ def _start_ceilings(engine):
     return ceilings
 
 
-def run_kvscope(engine, prompts, outputs, watcher=None) -> dict:
-    """`watcher`: an Instrumentation that watches the first request of this run."""
+def run_kvscope(engine, prompts, outputs, clock=time.perf_counter) -> dict:
     bm = engine.block_manager
-    if watcher is not None:
-        watcher.watch_first = True
     bm.reset_prefix_cache()   # each run computes its prompts, as transformers does
     hits_before = bm.num_prefix_hits
     seqs = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True))
             for p, o in zip(prompts, outputs)]
     peak_used, steps = 0, 0
     _sync(engine.device)
-    start = time.perf_counter()
+    start = clock()
     while engine.has_unfinished():
         engine.step()
         steps += 1
         peak_used = max(peak_used, bm.num_used_blocks)
     _sync(engine.device)
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
     generated = sum(s.num_output_tokens for s in seqs)
     return {"elapsed": elapsed, "generated": generated, "steps": steps, "peak_used_blocks": peak_used,
             "preemptions": sum(s.num_preemptions for s in seqs), "prefix_hits": bm.num_prefix_hits - hits_before,
             "failed": sum(s.finish_reason == "error" for s in seqs)}
+
+
+def _instrumented(engine, prompts, outputs, mode: str, watchers: int, clock: str = "wall") -> dict:
+    """One run with instrumentation `mode` attached for it (kvscope.instrumentation.bench)."""
+    from kvscope.instrumentation import attach_for_bench
+    instr = attach_for_bench(engine, mode, watchers)
+    try:
+        return run_kvscope(engine, prompts, outputs, time.process_time if clock == "cpu" else time.perf_counter)
+    finally:
+        if instr is not None:
+            instr.detach()
+
+
+def _instrument_line(by_mode: dict[str, list[dict]], watchers: int, clock: str) -> str:
+    rates = {m: _median(r)["generated"] / _median(r)["elapsed"] for m, r in by_mode.items()}
+    off = rates["off"]
+    parts = [f"{'watch-' + str(watchers) if m == 'watch' else m} {r:,.0f} tok/s ({100 * r / off:.0f}%)"
+             for m, r in rates.items()]
+    return (f"instrumentation (same run, alternated, medians of {len(by_mode['off'])}, {clock} clock): "
+            + ", ".join(parts))
 
 
 def hf_model_like(engine):
@@ -281,19 +304,16 @@ def _throughput_one(args, model_arg: str | None) -> dict:
           f"parameters), {_plan_phrase(engine.plan)}, {cpu_ceilings.threads_phrase()}")
     print(_settings_line(engine))
     ceilings = _start_ceilings(engine)
-    instr = None
-    if args.instrument != "off":
-        from kvscope.instrumentation import attach_for_bench
-        instr = attach_for_bench(engine, args.instrument)
-    watcher = instr if args.instrument == "watch" else None
+    # --instrument watch runs all three, alternated, so their figures share the machine's load
+    modes = ("off", "listen", "watch") if args.instrument == "watch" else (args.instrument,)
     peer = vllm_peer.start(engine, max_len, args) if against_vllm else None
     try:
         # warm-up. A GPU's first pass over the workload is slower by a factor of three or more
         # (Triton compiling each kernel variant, the caching allocator growing): it runs whole
         if engine.device.type == "cuda":
-            run_kvscope(engine, prompts, outputs)
+            _instrumented(engine, prompts, outputs, args.instrument, args.watchers)
         else:
-            run_kvscope(engine, prompts[:4], [4] * 4)
+            _instrumented(engine, prompts[:4], [4] * 4, args.instrument, args.watchers)
         if peer is not None:
             # vLLM's engine core is still settling when it says ready: a first timed kvscope
             # run beside it once measured 0.09x of what the next two measured
@@ -301,9 +321,10 @@ def _throughput_one(args, model_arg: str | None) -> dict:
         model = None if args.no_hf else hf_model_like(engine)
         if model is not None:
             run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
-        ours_runs, vllm_runs, hf_runs = [], [], {size: [] for size in args.hf_batch_size}
+        by_mode, vllm_runs, hf_runs = {m: [] for m in modes}, [], {size: [] for size in args.hf_batch_size}
         for _ in range(max(1, args.repeats)):   # alternated, so every engine sees the same machine load
-            ours_runs.append(run_kvscope(engine, prompts, outputs, watcher))
+            for mode in modes:
+                by_mode[mode].append(_instrumented(engine, prompts, outputs, mode, args.watchers, args.clock))
             if peer is not None:
                 vllm_runs.append(peer.throughput(prompts, outputs))
             if model is not None:
@@ -312,9 +333,15 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     finally:
         if peer is not None:
             peer.close()
+    if args.clock == "cpu" and (peer is not None or model is not None):
+        print("note: only kvscope's runs are timed by CPU time; transformers and vLLM by the wall clock")
+    ours_runs = by_mode[args.instrument]
     ours = _median(ours_runs)
     ours_rate = ours["generated"] / ours["elapsed"]
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
+    runs += ", cpu clock" if args.clock == "cpu" else ""
+    if len(modes) > 1:
+        print(_instrument_line(by_mode, args.watchers, args.clock))
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
           f"{ours['prefix_hits']} prefix-cache blocks reused, "

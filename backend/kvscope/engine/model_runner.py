@@ -42,6 +42,7 @@ class StepResult:
     logprobs: dict[int, list[dict]] = field(default_factory=dict)   # seq_id -> per token {logprob, top}
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
+    logits: torch.Tensor | None = None   # the step's scored rows, as the model gave them (observers read a watched row)
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,7 @@ class ModelRunner:
             return result
         if logits is None:
             logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
+        result.logits = logits
         drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
         plain, plain_rows = (seqs, None) if not drafts else self._split_drafts(seqs, drafts, logits, result)
         if plain:
@@ -348,7 +350,7 @@ class ModelRunner:
             raw = logits
             if any(s.grammar is not None for s in plain):
                 # logprobs stay those of the model's own distribution, as in vLLM
-                logits = logits.clone() if any(s.params.logprobs is not None for s in plain) else logits
+                logits = logits.clone()   # the model's own rows stay: logprobs and observers read them
                 apply_masks(logits, [s.grammar for s in plain])
             self._collect(result, plain, raw, self.sampler(logits, batch))
         return result

@@ -1,9 +1,23 @@
-"""Events to JSON text, compact. orjson (when installed) is several times faster than the
-standard library, which matters when every step's events are serialised for hundreds of
-viewers; the output is the same JSON either way."""
+"""Events to what goes on the wire (docs/events.md, "Binary frames").
+
+Most events are JSON text, compact. orjson (when installed) is several times faster than
+the standard library, which matters when every step's events are serialised for hundreds
+of viewers; the output is the same JSON either way.
+
+Events that carry arrays (TENSOR_FIELDS: a watched request's attention weights) travel
+as one binary WebSocket frame each: a little-endian uint32 N, N bytes of a JSON header
+(the event without its arrays, plus `tensors`: each array's name, dtype and shape;
+padded with spaces so the payload starts 8-byte aligned), then the arrays' bytes, little-
+endian float16, one after the other. A recording (JSON lines) keeps the same header with
+the payload in base64 (`payload`). Reading an array waits for its copy to the host, so
+encoding belongs off the engine thread."""
 from __future__ import annotations
 
+import base64
 import json
+import struct
+
+import numpy as np
 
 try:
     import orjson
@@ -13,3 +27,62 @@ try:
 except ImportError:   # pragma: no cover - the standard library is the fallback
     def dumps(event: dict) -> str:
         return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+TENSOR_FIELDS = {"attention": ("weights", "mean")}   # event type -> its array fields, in payload order
+WIRE_DTYPE = np.dtype("<f2")
+ALIGN = 8
+
+
+def has_tensors(event: dict) -> bool:
+    """True for an event whose arrays are still arrays (not a version-1 event's lists)."""
+    names = TENSOR_FIELDS.get(event.get("type"))
+    return names is not None and hasattr(event.get(names[0]), "__array__")
+
+
+def split(event: dict) -> tuple[dict, bytes]:
+    """(the JSON header, the payload) of an event with arrays."""
+    names = TENSOR_FIELDS[event["type"]]
+    arrays = [np.ascontiguousarray(np.asarray(event[name]), dtype=WIRE_DTYPE) for name in names]
+    header = {k: v for k, v in event.items() if k not in names}
+    header["tensors"] = [{"name": name, "dtype": "float16", "shape": list(a.shape)} for name, a in zip(names, arrays)]
+    return header, b"".join(a.tobytes() for a in arrays)
+
+
+def binary_frame(event: dict) -> bytes:
+    header, payload = split(event)
+    text = dumps(header).encode()
+    text += b" " * (-(4 + len(text)) % ALIGN)
+    return struct.pack("<I", len(text)) + text + payload
+
+
+def json_text(event: dict) -> str:
+    """An event as one line of JSON: arrays as base64 (recordings, and anything text-only)."""
+    if not has_tensors(event):
+        return dumps(event)
+    header, payload = split(event)
+    header["payload"] = base64.b64encode(payload).decode("ascii")
+    return dumps(header)
+
+
+def frame(event: dict) -> str | bytes:
+    """What a WebSocket sends for this event: bytes for a binary frame, else text."""
+    return binary_frame(event) if has_tensors(event) else dumps(event)
+
+
+def decode(data: str | bytes) -> dict:
+    """One event from a binary frame or a JSON text (with or without a base64 payload),
+    its arrays as float32 numpy arrays. The Python twin of frontend/js/lib/frames.js."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        n = struct.unpack_from("<I", data)[0]
+        event, payload = json.loads(bytes(data[4:4 + n])), bytes(data[4 + n:])
+    else:
+        event = json.loads(data)
+        payload = base64.b64decode(event.pop("payload")) if "payload" in event else None
+    if payload is None or "tensors" not in event:
+        return event
+    offset = 0
+    for t in event.pop("tensors"):
+        count = int(np.prod(t["shape"]))
+        event[t["name"]] = np.frombuffer(payload, WIRE_DTYPE, count, offset).astype(np.float32).reshape(t["shape"])
+        offset += count * WIRE_DTYPE.itemsize
+    return event

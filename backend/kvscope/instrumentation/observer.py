@@ -1,8 +1,8 @@
 """Turns the engine's publication points into schema events and hands them, a batch at a
 time, to a sink (the server's fan-out, a recorder, a benchmark counter).
 
-Runs on the engine thread. A step's events (its tokens and finishes, then `step`, `kv`,
-`attention`, `sampling`, `memory`) go to the sink in one call at the end of the step;
+Runs on the engine thread. A step's events (its tokens, a watched request's `sampling` and
+`attention`, the finishes, then `step`, `kv`, `memory`) go to the sink in one call at the end of the step;
 events between steps (a request added, aborted, a reset) go at once."""
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
+from kvscope.engine.step_inputs import StepBuffers
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.capture import StepCapture, recompute_rows, watched_rows
+from kvscope.instrumentation.capture import SideCapture, WatchedRows, WatchWanted, side_pass, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import Watch, WatchRegistry, WatchSpec, attention_event, sampling_event
+from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, sampling_event,
+                                           token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -61,10 +63,11 @@ class Instrumentation(EngineObserver):
         # prune: it forgets a request once it has delivered the request's last event
         self.watches = watches if watches is not None else WatchRegistry()
         self._prune_watches = watches is None
-        self._capture: StepCapture | None = None    # this step's hooks, while a watched request runs
-        self._recomputed: list[StepCapture] = []    # this step's side passes over prefix-cached rows
+        self._watched: list[WatchedRows] = []      # this step's watched rows, for the side pass after it
+        self._side_buffers: StepBuffers | None = None   # the side pass's own input arrays, made on first use
         self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
-        self.watch_first = False                    # benchmarks: watch the next request added
+        self._token_text = token_texts(engine.tokenizer)
+        self.watch_next = 0                         # benchmarks: watch the next N requests added
         self._pending: list[dict] = []              # this step's events so far
         self._last_memory = float("-inf")
         self._last_work = (0, 0)
@@ -86,10 +89,10 @@ class Instrumentation(EngineObserver):
                        "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
                        "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
                        "logprobs": p.logprobs},
-            "watched": label.watched or self.watch_first, "held": label.held}])
-        if self.watch_first and not seq.is_finished:
-            self.watch_first = False
-            self.watch(seq.request_id, "bench", WatchSpec(), seq)
+            "watched": label.watched or self.watch_next > 0, "held": label.held}])
+        if self.watch_next > 0 and not seq.is_finished:   # each by a viewer of its own
+            self.watch_next -= 1
+            self.watch(seq.request_id, f"bench-{seq.request_id}", WatchSpec(), seq)
 
     def on_request_finished(self, seq: Sequence) -> None:
         event = self._finished_event(seq)
@@ -121,19 +124,15 @@ class Instrumentation(EngineObserver):
 
     # -- inside a step -----------------------------------------------------------------
     def on_scheduled(self, scheduled) -> bool:
+        """Note where the watched sequences sit in this step; the side pass runs after it.
+        Never asks for an eager step: the other rows keep their fast path."""
         if not self.watches:
             return False
-        watches = self.watches.by_seq_id()
-        rows = watched_rows(scheduled, {seq_id: (w.layers(), w.internals) for seq_id, w in watches.items()})
-        for r in rows:   # rows the prefix cache spared: rebuilt first, so every prompt row shows
-            w = watches[r.seq.seq_id]
-            if r.positions[0] > w.covered:
-                self._recomputed.append(recompute_rows(self.engine.model, self.engine.runner, r.seq,
-                                                       w.covered, r.positions[0], r.layers, r.internals))
-            w.covered = max(w.covered, r.positions[-1] + 1)
-        if rows:
-            self._capture = StepCapture(self.engine.model, rows, self.engine.plan.block_size).install()
-        return bool(rows)   # the hooks need an eager forward: a graph replay would run past them
+        num_heads = self.facts.num_heads
+        wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
+                  for seq_id, w in self.watches.by_seq_id().items()}
+        self._watched = watched_rows(scheduled, wanted)
+        return False
 
     def _token_event(self, d: TokenDelta, step: int) -> dict:
         seq = d.seq
@@ -150,8 +149,14 @@ class Instrumentation(EngineObserver):
 
     def on_step(self, record: StepRecord) -> None:
         out, ts = record.scheduled, self.clock()
-        # the step's tokens, then its finishes (heard during the step), then the step itself
-        events = [self._token_event(d, out.step) for d in record.tokens] + self._pending
+        # the step's tokens, what a watcher sees of how they were computed and drawn (before the
+        # finishes: a widget may stop listening at its request's end), the step's finishes
+        # (heard during the step), then the step itself
+        events = [self._token_event(d, out.step) for d in record.tokens]
+        if self._watched:
+            events += self._watched_events(record, self._watched, ts)
+            self._watched = []
+        events += self._pending
         self._pending = []
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
@@ -161,10 +166,6 @@ class Instrumentation(EngineObserver):
             events.append(delta)
         if record.result.spec:
             events += spec_events(record, self.engine, ts, set(self.watches.by_seq_id()) if self.watches else set())
-        if self._capture is not None:
-            self._capture.remove()
-            events += self._watched_events(record, self._capture, ts)
-            self._capture, self._recomputed = None, []
         for seq in record.finished:
             self._forget_watch(seq)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
@@ -214,38 +215,44 @@ class Instrumentation(EngineObserver):
     def drop_viewer(self, viewer: str) -> None:
         self.watches.drop_viewer(viewer)
 
-    def _watched_events(self, record: StepRecord, capture: StepCapture, ts: float) -> list[dict]:
-        entries = {e.seq.seq_id: e for e in record.scheduled.entries}
+    def _watched_events(self, record: StepRecord, watched: list[WatchedRows], ts: float) -> list[dict]:
+        """Sampling from the step's own logits rows, then the side pass for attention and internals."""
         watches: dict[int, Watch] = self.watches.by_seq_id()
-        step = record.scheduled.step
+        step, drawn = record.scheduled.step, record.result.tokens
+        sampled = [r for r in watched if r.sample_row is not None and r.seq.seq_id in drawn
+                   and (w := watches.get(r.seq.seq_id)) is not None and w.sampling]
         events = []
-        for side in self._recomputed:
-            events += self._attention_events(side, watches, step, ts, recomputed=True)
-            events += self._internals_events(side, step, ts)
-        events += self._attention_events(capture, watches, step, ts, recomputed=False)
-        events += self._internals_events(capture, step, ts)
-        for seq_id, logits in capture.logits.items():
-            e, w = entries.get(seq_id), watches.get(seq_id)
-            if e is None or w is None or not w.sampling:
-                continue
-            if e.samples and seq_id in record.result.tokens:
-                events.append(sampling_event(e.seq, step, logits, record.result.tokens[seq_id][0],
-                                             self.engine.tokenizer, ts, with_distribution=w.internals))
-        return events
+        if sampled and record.result.logits is not None:   # one copy to the host for every watched row
+            logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
+            events += [sampling_event(r.seq, step, row, drawn[r.seq.seq_id][0], self._token_text, ts,
+                                      with_distribution=watches[r.seq.seq_id].internals)
+                       for r, row in zip(sampled, logits)]
+        for r in watched:
+            if (w := watches.get(r.seq.seq_id)) is not None:
+                w.covered = max(w.covered, r.end)
+        passing = [r for r in watched if r.internals or r.layers is None or r.layers]
+        if not passing or self.tensor_parallel:   # a side pass would need every rank: sampling only there
+            return events
+        if self._side_buffers is None:
+            self._side_buffers = StepBuffers(self.engine.device)
+        capture = side_pass(self.engine.model, self.engine.runner, passing, self._side_buffers)
+        return events + self._attention_events(capture, watches, step, ts) + self._internals_events(capture, step, ts)
 
-    def _attention_events(self, capture: StepCapture, watches: dict[int, Watch], step: int, ts: float,
-                          recomputed: bool) -> list[dict]:
+    def _attention_events(self, capture: SideCapture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:
         rows = {r.seq.seq_id: r for r in capture.watched}
+        num_heads, num_kv_heads = self.facts.num_heads, self.facts.num_kv_heads
         events = []
-        for (seq_id, layer), probs in sorted(capture.attention.items()):
-            r, w = rows[seq_id], watches.get(seq_id)
-            if w is None:
+        for (seq_id, layer, recomputed), (positions, weights, mean) in sorted(
+                capture.attention.items(), key=lambda item: (item[0][0], not item[0][2], item[0][1])):
+            r = rows[seq_id]
+            if seq_id not in watches:
                 continue
-            events.append(attention_event(r.seq, step, layer, probs, r.positions, w.heads(probs.shape[0]),
-                                          self.facts.num_kv_heads, ts, recomputed))
+            heads = r.heads if r.heads is not None else list(range(num_heads))
+            events.append(attention_event(r.seq, step, layer, positions, positions[-1] + 1 if recomputed else r.end,
+                                          weights, mean, heads, num_heads, num_kv_heads, ts, recomputed))
         return events
 
-    def _internals_events(self, capture: StepCapture, step: int, ts: float) -> list[dict]:
+    def _internals_events(self, capture: SideCapture, step: int, ts: float) -> list[dict]:
         events = []
         model, tokenizer = self.engine.model, self.engine.tokenizer
         for r in capture.watched:

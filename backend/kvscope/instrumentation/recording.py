@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvscope.instrumentation.encode import dumps
-from kvscope.instrumentation.schema import SCHEMA_VERSION
+from kvscope.instrumentation.encode import json_text
+from kvscope.instrumentation.schema import READABLE_VERSIONS, SCHEMA_VERSION
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -43,7 +43,7 @@ class Recorder:
             self.events += count
 
     def write(self, event: dict) -> None:
-        self.write_text(dumps(event))
+        self.write_text(json_text(event))
 
     def close(self) -> None:
         with self._lock:
@@ -58,8 +58,9 @@ def read_recording(path: Path) -> tuple[dict, list[dict]]:
     head = json.loads(lines[0])
     if head.get("format") != "kvscope-recording":
         raise ValueError(f"{path} is not a kvscope recording (no header line)")
-    if head.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema version {head.get('schema_version')}, this is {SCHEMA_VERSION}")
+    if head.get("schema_version") not in READABLE_VERSIONS:
+        raise ValueError(f"{path} has schema version {head.get('schema_version')}; this reads "
+                         f"{', '.join(map(str, READABLE_VERSIONS))}")
     return head, [json.loads(ln) for ln in lines[1:]]
 
 

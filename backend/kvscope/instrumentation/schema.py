@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
-SCHEMA_VERSION = 1
+# 2: a watched request's attention travels as a binary frame, its weights in float16
+# (docs/events.md, "Binary frames"); version-1 events (weights as lists) still validate,
+# so recordings made before it replay.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = [1, 2]
 
 # -- tiny builders ---------------------------------------------------------------------
 INT = {"type": "integer"}
@@ -65,7 +69,7 @@ BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attache
                "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)},
               # serve --attach: hello keys the attached server does not report (stand-ins kept the shape)
               {"unreported": arr(STR, uniqueItems=True)})
-HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
+HELLO = event("hello", {"schema_version": {"enum": READABLE_VERSIONS}, "server": STR,
                         "started_at": STR, "backend": BACKEND, "model": MODEL, "device": DEVICE,
                         "engine": ENGINE, "h100": H100})
 
@@ -155,11 +159,18 @@ KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"},
                {"ref": REF})
 
 PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
+# Version 2 sends the weights as arrays after the header (`tensors` says their names, dtypes
+# and shapes; a recording adds the bytes in base64 as `payload`); version 1 sent lists.
+TENSOR = obj({"name": {"enum": ["weights", "mean"]}, "dtype": {"const": "float16"}, "shape": arr(NAT)})
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
-    "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT,
-    "token_ids": arr(NAT), "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))},
-    {"recomputed": BOOL})
+    "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT, "token_ids": arr(NAT)},
+    {"recomputed": BOOL, "tensors": arr(TENSOR, minItems=2, maxItems=2),
+     "payload": {"type": "string", "contentEncoding": "base64"},
+     "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+ATTENTION["oneOf"] = [{"required": ["tensors"], "not": {"anyOf": [{"required": ["weights"]}, {"required": ["mean"]}]}},
+                      {"required": ["weights", "mean"], "not": {"anyOf": [{"required": ["tensors"]},
+                                                                         {"required": ["payload"]}]}}]
 CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,
@@ -239,7 +250,7 @@ ACK = {"type": "object", "properties": {"type": {"const": "ack"}, "ts": NNUM, "r
        "required": ["type", "ts", "cmd"], "additionalProperties": True}
 ERROR = event("error", {"code": STR, "message": STR}, {"cmd": NULL_STR, "request_id": STR})
 RECORDING_HEADER = obj({"type": {"const": "recording"}, "format": {"const": "kvscope-recording"},
-                        "schema_version": {"const": SCHEMA_VERSION}, "name": STR, "created": STR,
+                        "schema_version": {"enum": READABLE_VERSIONS}, "name": STR, "created": STR,
                         "description": STR, "model": STR})
 
 EVENTS = {

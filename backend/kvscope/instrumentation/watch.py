@@ -1,10 +1,12 @@
 """Who watches which request, and the events built for watched requests only: attention
-weights (caught by the hooks in `kvscope.instrumentation.capture`) and the sampler's view
-of each draw. Viewers say which layers and heads they want; the hooks capture the union,
-and each event carries the union of heads (the server slices per viewer)."""
+weights (caught by the side pass in `kvscope.instrumentation.capture`) and the sampler's
+view of each draw. Viewers say which layers and heads they want; the side pass captures
+the union, and each event carries the union of heads (the server slices per viewer)."""
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -116,30 +118,32 @@ def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
-def attention_event(seq: Sequence, step: int, layer: int, probs: torch.Tensor, positions: list[int],
-                    heads: list[int], num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
-    """probs: [num_heads, rows, context] for one layer of one watched sequence;
-    `recomputed`: rows the prefix cache spared the engine, rebuilt by a side pass."""
-    group = probs.shape[0] // num_kv_heads
-    ctx = probs.shape[2]
+def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], context_len: int, weights, mean,
+                    heads: list[int], num_heads: int, num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """weights: [len(heads), rows, context_len] and mean (over every head): [rows, context_len],
+    arrays (float16, possibly still on their way to the host: encode.py reads them off the
+    engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
+    group = num_heads // num_kv_heads
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
-            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": probs.shape[0],
-            "query_positions": positions, "context_len": ctx, "token_ids": seq.token_ids[:ctx],
-            "weights": rounded(probs[heads]), "mean": rounded(probs.mean(dim=0)), "recomputed": recomputed}
+            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": num_heads,
+            "query_positions": positions, "context_len": context_len, "token_ids": seq.token_ids[:context_len],
+            "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
-def _candidates(order: list[int], logits: torch.Tensor, probs: torch.Tensor, texts: dict[int, str]) -> list[dict]:
-    out = []
-    for i in order:
-        logit = float(logits[i])
-        out.append({"id": i, "text": texts[i], "logit": None if logit == float("-inf") else round(logit, 4),
-                    "prob": round(float(probs[i]), 6)})
-    return out
+def _stage(name: str, applied: bool, logits: torch.Tensor, order: list[int], texts: dict[int, str]) -> dict:
+    """One stage of the sampler as the widget shows it: how many tokens it keeps, and the
+    candidates' logits and probabilities (read in one gather each)."""
+    probs = logits.softmax(dim=0)
+    values, chances = logits[order].tolist(), probs[order].tolist()
+    return {"name": name, "applied": applied, "kept": int(torch.isfinite(logits).sum()),
+            "candidates": [{"id": i, "text": texts[i], "logit": None if v == float("-inf") else round(v, 4),
+                            "prob": round(c, 6)} for i, v, c in zip(order, values, chances)]}, probs
 
 
-def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, tokenizer, ts: float,
-                   with_distribution: bool = False) -> dict:
-    """logits: the model's [vocab] row for this sequence; `with_distribution` adds the
+def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, text_of: Callable[[int], str],
+                   ts: float, with_distribution: bool = False) -> dict:
+    """logits: the model's [vocab] row for this sequence; `text_of`: a token id's text
+    (token_texts: cached, as every step shows the likeliest few again); `with_distribution` adds the
     logits themselves (watches that ask for internals). A request under structured outputs
     is shown as the sampler saw it: the grammar's forbidden tokens at -inf (`allowed_tokens`
     counts the rest), while `logprob` stays the model's own, as on request.token."""
@@ -156,28 +160,30 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
         if on and not p.greedy:
             cur = fn(cur, arg)
         stages.append((name, on and not p.greedy, cur))
-    order = [i for i in row[0].topk(min(TOP_CANDIDATES, row.shape[1])).indices.tolist()
-             if row[0, i] > float("-inf")]
+    top = row[0].topk(min(TOP_CANDIDATES, row.shape[1]))
+    order = [i for i, v in zip(top.indices.tolist(), top.values.tolist()) if v > float("-inf")]
     if chosen not in order:
         order.append(chosen)
-    texts = {i: _text(tokenizer, i) for i in order}
-    out_stages = []
+    texts = {i: text_of(i) for i in order}
+    out_stages, previous, final = [], None, None
     for name, applied, lg in stages:
-        probs = lg[0].softmax(dim=0)
-        out_stages.append({"name": name, "applied": applied, "kept": int(torch.isfinite(lg[0]).sum()),
-                           "candidates": _candidates(order, lg[0], probs, texts)})
-    final = stages[-1][2][0].softmax(dim=0)
-    sorted_probs, sorted_ids = final.sort(descending=True)
-    rank = int((sorted_ids == chosen).nonzero()[0, 0])
-    low = float(sorted_probs[:rank].sum())
+        if lg is previous:   # a stage that changed nothing (greedy: all of them) shows what the last one did
+            out_stages.append({**out_stages[-1], "name": name, "applied": applied})
+            continue
+        stage, final = _stage(name, applied, lg[0], order, texts)
+        out_stages.append(stage)
+        previous = lg
+    p_chosen = final[chosen]
+    above = final > p_chosen   # the draw's place in the sorted distribution: the mass of the likelier tokens
+    rank, low = int(above.sum()), float(final[above].sum())
     draw = {"method": "greedy" if p.greedy else "sample", "rank": rank,
-            "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(sorted_probs[rank]), 1.0), 6)}
+            "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(p_chosen), 1.0), 6)}
     logprob = float(model_row.log_softmax(dim=0)[chosen])
     event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
             "index": seq.num_output_tokens - 1,
             "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
             "stages": out_stages, "draw": draw,
-            "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(final[chosen]), 6),
+            "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(p_chosen), 6),
                        "logprob": round(logprob, 6)}}
     if allowed is not None:
         event["allowed_tokens"] = int(allowed.sum())
@@ -199,7 +205,9 @@ def raw_distribution(logits: torch.Tensor) -> dict:
     return {"complete": top.indices.numel() == num_finite, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
-def _text(tokenizer, token_id: int) -> str:
-    if tokenizer is None:
-        return f"<{token_id}>"
-    return tokenizer.decode([token_id])
+def token_texts(tokenizer) -> Callable[[int], str]:
+    """A token id's text, each decoded once."""
+    @functools.lru_cache(maxsize=1 << 16)
+    def text_of(token_id: int) -> str:
+        return f"<{token_id}>" if tokenizer is None else tokenizer.decode([token_id])
+    return text_of

@@ -124,6 +124,9 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
                 continue
             if ws.application_state != WebSocketState.CONNECTED:
                 return
+            if isinstance(frame, bytes):   # a watched request's arrays: a step's frames go back to back
+                await ws.send_bytes(frame)
+                continue
             await ws.send_text(frame)
             if not essential:
                 await asyncio.sleep(interval)

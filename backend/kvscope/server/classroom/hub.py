@@ -1,10 +1,13 @@
 """The fan-out: engine events in (from the engine thread, a batch per step), frames out to
 every viewer, SSE follower (followers.py), the recording tap (recording_tap.py) and the metrics.
 
-Each event is serialised once. Viewers whose subscriptions carry no filters and who have
-no request of their own in the batch share one pre-joined chunk per distinct set of
-families, so the work per step grows with the number of *kinds* of viewer, not with the
-number of viewers × events. The state a late joiner needs is mirrored in stream_state.py."""
+Each event is serialised once: JSON text, or a binary frame for an event with arrays (a
+watched request's attention, encoded here on the event loop: reading its arrays waits
+for their copy to the host, never the engine thread). Viewers whose subscriptions carry
+no filters and who have no request of their own in the batch share one pre-joined chunk
+per distinct set of families, so the work per step grows with the number of *kinds* of
+viewer, not with the number of viewers × events. The state a late joiner needs is
+mirrored in stream_state.py."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +15,9 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-from kvscope.instrumentation.encode import dumps
+import numpy as np
+
+from kvscope.instrumentation.encode import dumps, frame, json_text
 from kvscope.instrumentation.recording import Recorder
 from kvscope.instrumentation.watch import WatchRegistry
 from kvscope.server.classroom.followers import Followers
@@ -21,7 +26,7 @@ from kvscope.server.classroom.stream_state import StreamState
 from kvscope.server.classroom.viewer import Chunk, Viewer
 
 
-HEAVY_FAMILIES = ("attention", "internals")
+HEAVY_FAMILIES = ("internals",)   # large JSON: serialised on the engine thread, not the event loop
 
 
 def family(event_type: str) -> str:
@@ -53,7 +58,7 @@ class Hub:
         if self.loop is None:     # before the server runs (start-up snapshot): apply directly
             self.dispatch(events)
             return
-        # a watched request's attention can be megabytes of JSON: serialise it here, on the
+        # a watched request's internals can be megabytes of JSON: serialise them here, on the
         # engine thread, so the event loop (and /healthz, and every viewer) never waits on it
         heavy = {id(e): (e.get("ts"), dumps(e)) for e in events if family(e["type"]) in HEAVY_FAMILIES}
         with self._lock:
@@ -75,7 +80,7 @@ class Hub:
             return
         for e in events:
             self._stamp(e)
-        texts = [self._text_of(e) for e in events]
+        texts = [self._frame_of(e) for e in events]   # str, or bytes for a binary frame
         by_family: dict[str, list[int]] = defaultdict(list)
         personal: dict[str, list[tuple[int, bool]]] = defaultdict(list)
         finished = []
@@ -98,9 +103,9 @@ class Hub:
                 for vid in self.watches.viewers(rid):
                     personal[vid].append((i, False))
         if self.recorder is not None:
-            for t in texts:
-                self.recorder.write_text(t)
-        shared: dict[tuple, Chunk | None] = {}
+            for e, t in zip(events, texts):
+                self.recorder.write_text(json_text(e) if isinstance(t, bytes) else t)
+        shared: dict[tuple, list[Chunk]] = {}
         for v in list(self.viewers.values()):
             mine = personal.get(v.id)
             if mine or v.filtered:
@@ -108,24 +113,32 @@ class Hub:
             elif v.signature:
                 if v.signature not in shared:
                     shared[v.signature] = self._shared_chunk(v.signature, events, texts, by_family)
-                if shared[v.signature] is not None:
-                    self._offer(v, shared[v.signature])
+                for chunk in shared[v.signature]:
+                    self._offer(v, chunk)
         for rid in finished:
             self._forget(rid)
 
-    def _text_of(self, e: dict) -> str:
-        """Its JSON: the engine thread's, unless stamping moved its `ts` since."""
+    def _frame_of(self, e: dict) -> str | bytes:
+        """Its frame: the engine thread's JSON, unless stamping moved its `ts` since."""
         with self._lock:
             done = self._serialised.pop(id(e), None)
-        return done[1] if done is not None and done[0] == e["ts"] else dumps(e)
+        return done[1] if done is not None and done[0] == e["ts"] else frame(e)
 
-    def _shared_chunk(self, families, events, texts, by_family) -> Chunk | None:
-        idx = sorted(i for f in families for i in by_family.get(f, ()))
-        if not idx:
-            return None
-        kinds = [events[i]["type"] for i in idx]
-        return Chunk(",".join(texts[i] for i in idx), len(idx), False,
-                     kv=kinds.count("kv"), memory=kinds.count("memory"))
+    def _shared_chunk(self, families, events, texts, by_family) -> list[Chunk]:
+        """The events in order: consecutive text events in one chunk, each binary frame alone."""
+        chunks, run = [], []
+        for i in sorted(i for f in families for i in by_family.get(f, ())) + [None]:
+            if run and (i is None or isinstance(texts[i], bytes)):
+                kinds = [events[j]["type"] for j in run]
+                chunks.append(Chunk(",".join(texts[j] for j in run), len(run), False,
+                                    kv=kinds.count("kv"), memory=kinds.count("memory")))
+                run = []
+            if i is not None:
+                if isinstance(texts[i], bytes):
+                    chunks.append(Chunk(texts[i], 1, False))
+                else:
+                    run.append(i)
+        return chunks
 
     def _offer_personal(self, v: Viewer, events, texts, by_family, mine) -> None:
         chosen: dict[int, bool] = {}
@@ -150,15 +163,16 @@ class Hub:
                 text = self._heads_for(v, e, text)
             self._offer(v, Chunk(text, 1, chosen[i], kv=e["type"] == "kv", memory=e["type"] == "memory"))
 
-    def _heads_for(self, v: Viewer, e: dict, text: str) -> str:
+    def _heads_for(self, v: Viewer, e: dict, text: str | bytes) -> str | bytes:
         """An attention event cut to the heads this viewer asked for."""
         spec, flt = self.watches.spec(e["request_id"], v.id), v.families.get("attention")
         wanted = spec.heads if spec is not None else (flt.heads if flt is not None else None)
         if wanted is None or set(e["heads"]) <= wanted:
             return text
         keep = [k for k, h in enumerate(e["heads"]) if h in wanted]
-        return dumps({**e, "heads": [e["heads"][k] for k in keep], "kv_heads": [e["kv_heads"][k] for k in keep],
-                      "weights": [e["weights"][k] for k in keep]})
+        weights = np.asarray(e["weights"])[keep] if isinstance(text, bytes) else [e["weights"][k] for k in keep]
+        return frame({**e, "heads": [e["heads"][k] for k in keep], "kv_heads": [e["kv_heads"][k] for k in keep],
+                      "weights": weights})
 
     def _offer(self, v: Viewer, chunk: Chunk) -> None:
         dropped = v.offer(chunk)

@@ -50,17 +50,23 @@ class Filter:
 
 @dataclass
 class Chunk:
-    """Serialised events, comma-joined; `kv`/`memory` count the coalescible ones inside."""
-    text: str
+    """Serialised events: JSON texts comma-joined, or one binary frame (bytes, sent as a
+    frame of its own); `kv`/`memory` count the coalescible ones inside."""
+    text: str | bytes
     count: int
     essential: bool
     kv: int = 0
     memory: int = 0
-    size: int = -1          # UTF-8 bytes of text
+    size: int = -1          # bytes on the wire
 
     def __post_init__(self):
         if self.size < 0:
-            self.size = len(self.text) if self.text.isascii() else len(self.text.encode("utf-8", "surrogatepass"))
+            ascii_or_binary = isinstance(self.text, bytes) or self.text.isascii()
+            self.size = len(self.text) if ascii_or_binary else len(self.text.encode("utf-8", "surrogatepass"))
+
+    @property
+    def binary(self) -> bool:
+        return isinstance(self.text, bytes)
 
 
 class Viewer:
@@ -156,10 +162,11 @@ class Viewer:
     def pending_events(self) -> int:
         return self.display_count + self.essential_count
 
-    def take_frame(self, snapshots) -> tuple[str | None, bool]:
+    def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
         """What is queued as one frame (an object, or an array of objects) of about
-        max_frame_out_bytes at most, and whether it held essential events; the rest waits
-        for the next frame. `snapshots(kind)` gives a fresh `kv`/`memory` text."""
+        max_frame_out_bytes at most, or one binary frame, and whether it held essential
+        events; the rest waits for the next frame. `snapshots(kind)` gives a fresh
+        `kv`/`memory` text."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:
@@ -169,6 +176,8 @@ class Viewer:
                     count += 1
         self.need_kv = self.need_memory = False
         while self.pending and (not texts or size + self.pending[0].size <= self.config.max_frame_out_bytes):
+            if self.pending[0].binary and texts:
+                break   # a binary frame goes alone, after the texts queued before it
             c = self.pending.popleft()
             texts.append(c.text)
             count += c.count
@@ -179,11 +188,15 @@ class Viewer:
                 self.essential_count -= c.count
             else:
                 self.display_count -= c.count
+            if c.binary:
+                break
         if self.pending:
             self.wake.set()   # more to send
         if not texts:
             return None, False
-        return (texts[0] if count == 1 else "[" + ",".join(texts) + "]"), essential
+        if isinstance(texts[0], bytes) or count == 1:
+            return texts[0], essential
+        return "[" + ",".join(texts) + "]", essential
 
     def summary(self) -> dict:
         return {"client_id": self.id, "role": self.role, "peer": self.peer,
