@@ -204,7 +204,8 @@ class LLMEngine:
     @functools.cached_property
     def structured_outputs(self) -> StructuredOutputManager:
         """Grammar compiler for structured outputs, made on first use (xgrammar is optional)."""
-        return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()))
+        return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()),
+                                       self.config.structured_outputs_config.disable_any_whitespace)
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)

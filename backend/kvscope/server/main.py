@@ -27,7 +27,8 @@ def engine_from_args(args):
         kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend, num_threads=args.threads,
         enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
-        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))
+        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
+        structured_outputs_config=args.structured_outputs_config))
 
 
 def server_config_from_args(args) -> ServerConfig:
