@@ -91,7 +91,7 @@ def test_the_probe_runs_its_own_modules_beside_a_compiled_engine():
     probe must never rebind them: it runs modules of its own (sharing only the weights), and
     the engine's tokens after a probe equal those of a fresh run."""
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    with LLM(None, enforce_eager=False, num_kv_blocks=64, enable_prefix_caching=False) as llm:
+    with LLM(None, cpu_compile=True, num_kv_blocks=64, enable_prefix_caching=False) as llm:
         assert llm.engine.plan.decode.startswith("compiled")
         fresh = llm.generate([PROMPT], greedy)[0].outputs[0].token_ids
         layers = [m for m in llm.engine.model.modules() if isinstance(m, PagedAttention)]

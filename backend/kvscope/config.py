@@ -42,10 +42,11 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
     attention_backend: str = "auto"   # auto | torch | cpu_paged | triton | flash_attn
-    # decode graphs, the one switch: True runs every step eagerly; False captures decode steps
-    # everywhere (CUDA graphs on a GPU, torch.compile on a CPU: seconds at start-up); None
-    # (default) captures them on a GPU only
-    enforce_eager: bool | None = None
+    # decode graphs (engine/graphs.py): a GPU captures CUDA graphs unless enforce_eager (vLLM's
+    # switch); a CPU compiles its decode step with torch.compile only when cpu_compile asks
+    # (seconds at start-up, so by default a notebook's first token is instant), never under enforce_eager
+    enforce_eager: bool = False
+    cpu_compile: bool = False
     num_threads: int | None = None    # CPU intra-op threads
     speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)

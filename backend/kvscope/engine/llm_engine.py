@@ -14,8 +14,8 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import (ExecutionPlan, StepResult, kv_cache_blocks, load_model_and_runner,
-                                         resolve_device, run_isolating)
+from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key

@@ -13,7 +13,7 @@ KEEP_ALIVE_S = 75          # idle keep-alive connections: see the uvicorn call b
 
 def engine_from_args(args):
     from kvscope.config import EngineConfig
-    from kvscope.engine.model_runner import resolve_device
+    from kvscope.engine.plan import resolve_device
     from kvscope.engine.llm_engine import LLMEngine
     blocks = args.num_kv_blocks
     if blocks is None and args.kv_cache_mib is None and resolve_device(args.device).type == "cpu":
@@ -26,7 +26,7 @@ def engine_from_args(args):
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
         kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend, num_threads=args.threads,
-        enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
+        enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
         structured_outputs_config=args.structured_outputs_config))
 
@@ -69,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
         return serve_attached(args)
     import uvicorn
 
-    from kvscope.engine.model_runner import resolve_device
+    from kvscope.engine.plan import resolve_device
     if args.cpu_compile and resolve_device(args.device).type == "cpu":
         print("kvscope: compiling the decode step for this CPU (10-35 s the first time for a small model, "
               "over 2 minutes for a 28-layer 0.6B one; inductor's cache makes later starts faster; "
