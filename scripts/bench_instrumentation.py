@@ -23,7 +23,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     opts = ap.parse_args()
     torch.set_num_threads(1)
-    from kvscope import bench
+    from kvscope.bench import commands as bench
     from kvscope.default_model import default_model_path
     from kvscope.engine import LLMEngine
     from kvscope.instrumentation import attach_for_bench

@@ -17,7 +17,7 @@ import time
 import torch
 
 from kvscope import LLM, SamplingParams
-from kvscope.bench_shapes import checkpoint
+from kvscope.bench.shapes import checkpoint
 from kvscope.default_model import default_model_path
 from kvscope.instrumentation.kv_quant_probe import compare_greedy
 from kvscope.sampling_params import StructuredOutputsParams

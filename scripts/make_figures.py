@@ -353,8 +353,52 @@ def speculative_verify() -> Svg:
     return fig
 
 
+# -- chapter 21 ----------------------------------------------------------------------------
+
+def serving_processes() -> Svg:
+    fig = Svg("serving-processes", 700, 312, "vLLM's processes beside kvscope's",
+              "Left, vLLM: an API server process (HTTP, tokenizing, detokenizing) sends requests to an EngineCore "
+              "process over ZeroMQ sockets and gets outputs back the same way; EngineCore holds the scheduler and "
+              "the KV cache manager and sends each step's plan to one worker process per GPU through a "
+              "shared-memory message queue and gets results back through another (with one GPU, the worker runs "
+              "inside EngineCore); the workers all-reduce over NCCL. Right, kvscope: one server process whose event loop serves HTTP and WebSocket "
+              "and hands requests to an engine thread in the same process; the engine thread holds the scheduler, "
+              "the block manager and rank 0's model, and broadcasts each step's plan to one spawned process per "
+              "further tensor-parallel rank with torch.distributed, one way only; the ranks all-reduce over gloo on "
+              "a CPU or NCCL on GPUs, and only rank 0 samples.")
+    columns = [
+        (0, "vLLM (vllm serve)",
+         [("API server process", "HTTP, tokenize, detokenize"),
+          ("EngineCore process", "scheduler, KV cache manager"),
+          ("worker process per GPU", "model runner, its slice")],
+         [("ZeroMQ sockets", True), ("shared-memory queues", True)], "workers all-reduce over NCCL"),
+        (350, "kvscope (kvscope serve)",
+         [("server process: event loop", "HTTP, WebSocket, OpenAI API"),
+          ("engine thread, same process", "scheduler, block manager, rank 0"),
+          ("TP worker process per rank", "spawned for ranks 1 and up")],
+         [("calls between threads", True), ("torch.distributed broadcast", False)],
+         "all-reduce over gloo or NCCL; rank 0 samples"),
+    ]
+    w = 300
+    for x, head, boxes, links, bottom in columns:
+        fig.text(x, 16, head, "kvf-text kvf-bold")
+        for i, (name, what) in enumerate(boxes):
+            y = 28 + i * 96
+            fig.rect(x, y, w, 46, "kvf-box")
+            fig.text(x + 10, y + 19, name, "kvf-text kvf-bold")
+            fig.text(x + 10, y + 37, what, "kvf-text kvf-soft")
+            if i < len(links):
+                label, both_ways = links[i]
+                fig.arrow(x + 40, y + 48, x + 40, y + 94)
+                if both_ways:
+                    fig.arrow(x + 24, y + 94, x + 24, y + 48)
+                fig.text(x + 54, y + 75, label, "kvf-text")
+        fig.text(x, 300, bottom, "kvf-text kvf-soft")
+    return fig
+
+
 FIGURES = [autoregressive_loop, bpe_merges, attention_weights, gqa_groups, swiglu, chunked_prefill_timeline,
-           block_table, prefix_hash_chain, speculative_verify]
+           block_table, prefix_hash_chain, speculative_verify, serving_processes]
 
 
 def main() -> None:

@@ -56,7 +56,8 @@ class LiveServer:
         import uvicorn
 
         from kvscope.server.cli_args import add_serve_arguments
-        from kvscope.server.main import WS_MAX_FRAME, build_app
+        from kvscope.server.app import WS_MAX_FRAME
+        from kvscope.server.main import build_app
         parser = argparse.ArgumentParser()
         add_serve_arguments(parser)
         self.port = free_port()

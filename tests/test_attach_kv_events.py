@@ -72,6 +72,40 @@ def test_a_request_finds_its_blocks_by_token_ids_and_counts_vllms_hits(batches):
     assert [b["hits"] for b in pool.blocks[:3]] == [1, 1, 0] and all(b["ref"] == 0 for b in pool.blocks)
 
 
+def test_a_block_published_again_is_another_clients_hit_and_a_kvscope_requests_is_not_counted_twice(batches):
+    """kv_cache_report_mode "full": vLLM publishes BlockStored again for the prefix blocks a
+    request reused. Another client's reuse is drawn from that alone; a kvscope request's
+    hits come from its cached_tokens, once."""
+    pool = AttachedPool(64, BLOCK)
+    pool.apply(batches[0])
+    first = batches[0].events[0]
+    pool.delta(0.0)
+    pool.apply(batches[0])                            # another client's request reused all 3 blocks
+    delta = pool.delta(1.0)
+    check_event(delta)
+    assert [e["op"] for e in delta["events"]] == ["hit"] * 3 and delta["prefix_hits"] == 3
+    assert len(pool.place) == len(first.block_hashes)   # no block was placed twice
+    pool.track("r1", list(first.token_ids) + [5, 6])
+    pool.apply(batches[0])                            # ... and now kvscope's own r1 reused them
+    assert pool.prefix_hits == 3
+    assert pool.hit("r1", 96) == 3 and pool.prefix_hits == 6
+    assert [b["hits"] for b in pool.blocks[:3]] == [2, 2, 2]
+
+
+def test_the_attached_server_asks_vllm_to_report_reused_blocks_where_it_can():
+    from kvscope.sampling_params import SamplingParams
+    from kvscope.server.attach.probe import VllmServer, version_tuple
+    from kvscope.server.attach.service import AttachService
+    from kvscope.server.config import ServerConfig
+    assert version_tuple("0.32.0rc1+cpu") == (0, 32, 0) and version_tuple("dev") == (0,)
+    for version, xargs in (("0.32.0", {"kv_cache_report_mode": "full"}), ("0.10.1", None)):
+        server = VllmServer(url="http://127.0.0.1:8000", version=version, model="m", max_model_len=1024,
+                            block_size=32, num_blocks=64, enable_prefix_caching=True, kv_cache_bytes=0, kv_events=None)
+        service = AttachService(server, ServerConfig())
+        assert service.completion_params(SamplingParams(max_tokens=4)).get("vllm_xargs") == xargs
+        assert service.engine_state("step")["vllm"]["kv_cache_report_mode"] == ("full" if xargs else "incremental")
+
+
 def test_a_different_prefix_with_the_same_block_tokens_is_not_a_match(batches):
     pool = AttachedPool(64, BLOCK)
     pool.apply(batches[0])
@@ -108,7 +142,7 @@ def test_the_attached_service_takes_every_argument_the_engine_service_does():
     import inspect
 
     from kvscope.server.attach.service import AttachService
-    from kvscope.server.service import EngineService
+    from kvscope.server.service.engine_service import EngineService
     engine = list(inspect.signature(EngineService.submit).parameters)
     attached = inspect.signature(AttachService.submit).parameters
     named = [n for n, p in attached.items() if p.kind is not p.VAR_POSITIONAL]
@@ -127,8 +161,54 @@ def test_the_attached_hello_and_engine_events_follow_the_schema():
                             kv_events=source)
         service = AttachService(server, ServerConfig())
         hello = check_event(service.hello)
+        unreported = hello["backend"].pop("unreported")
         assert hello["backend"] == {"engine": "vllm", "version": "0.32.0", "attached_url": "http://127.0.0.1:8000",
                                     "capabilities": ["requests", "kv", "sandbox"]}
+        # no /server_info (vLLM's development mode): its caps are stand-ins the pages must not state
+        assert {"engine.max_num_seqs", "engine.max_num_batched_tokens", "device.peak_flops"} <= set(unreported)
+        assert "model.num_layers" not in unreported   # read from the checkpoint on this machine
         assert (hello["engine"]["block_size"], hello["engine"]["num_blocks"], hello["model"]["num_layers"]) == (32, 64, 4)
         state = check_event(service.engine_state("connect"))
         assert ("--kv-events-config" in state["vllm"]["kv_events"]) == (source is None)
+
+
+def test_every_command_the_attached_server_takes_finds_what_it_calls_on_the_service():
+    """commands.py calls `s.service.X` for either service; attached, a command that is not
+    refused must find every X it reaches (the attached ch20 once failed on a missing
+    `spawn`). Read from commands.py's source: each handler and the helpers it calls."""
+    import ast
+    import inspect
+
+    from kvscope.server.api import commands
+    from kvscope.server.attach.probe import VllmServer
+    from kvscope.server.attach.service import NEEDS_ENGINE, AttachService
+    from kvscope.server.config import ServerConfig
+    from kvscope.server.errors import CommandError
+    tree = ast.parse(inspect.getsource(commands))
+    functions = {f.name: f for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def reached(name: str, seen: set[str]) -> set[str]:
+        if name in seen or name not in functions:
+            return set()
+        seen.add(name)
+        used = set()
+        for node in ast.walk(functions[name]):
+            if isinstance(node, ast.Attribute) and (
+                    (isinstance(node.value, ast.Attribute) and node.value.attr == "service")
+                    or (isinstance(node.value, ast.Name) and node.value.id == "service")):
+                used.add(node.attr)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                used |= reached(node.func.id, seen)
+        return used
+
+    server = VllmServer(url="http://127.0.0.1:8000", version="0.32.0", model="m", max_model_len=1024,
+                        block_size=32, num_blocks=64, enable_prefix_caching=True, kv_cache_bytes=0, kv_events=None)
+    service = AttachService(server, ServerConfig())
+    # (a property that refuses with a sentence counts: it is there, and says why)
+    missing = {kind: sorted(n for n in reached(handler.__name__, set())
+                            if not hasattr(type(service), n) and n not in vars(service))
+               for kind, handler in commands.HANDLERS.items() if kind not in NEEDS_ENGINE}
+    missing = {k: v for k, v in missing.items() if v}
+    assert not missing, missing
+    with pytest.raises(CommandError, match="needs kvscope's own engine"):
+        service.engine.config   # noqa: B018 (the refusal is the point)

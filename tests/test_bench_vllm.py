@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from kvscope.bench_vllm import cpu_list
+from kvscope.bench.vllm_peer import cpu_list
 from vllm_env import require_vllm
 
 

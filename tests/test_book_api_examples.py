@@ -9,7 +9,7 @@ import re
 
 import httpx
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 CHAPTER = next(c for c in Site().chapter_list() if c.number == 21).body
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", CHAPTER, re.S | re.M)
@@ -30,7 +30,7 @@ def test_python_example_prints_what_the_book_shows():
     code = next(code for lang, code in BLOCKS if lang == "python" and "LLM(" in code)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "chapter 21", "exec"), {})
+        exec(compile(code, "chapter 21", "exec"), {"__name__": "__main__"})   # as `python script.py` runs it
     assert printed.getvalue().strip() == block_after("text", "LLM(").strip()
 
 
@@ -57,3 +57,17 @@ def test_streamed_example_matches_the_engine(server):
     for got, want in zip(lines[:-1], shown[:-1]):
         assert got.startswith("data: ") and want.startswith("data: ")
         assert stable(json.loads(got[6:])) == stable(json.loads(want[6:]))
+
+
+def test_batch_invariance_script_prints_what_chapter_20_says():
+    """Chapter 20's script: the same greedy text alone and in a crowd, log-probabilities that
+    differ at most in the last digits (kvscope's kernels are not batch-invariant)."""
+    chapter = next(c for c in Site().chapter_list() if c.number == 20).body
+    code = next(code for lang, code in re.findall(r"^```(\w*)\n(.*?)^```", chapter, re.S | re.M)
+                if lang == "python" and "crowd" in code)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "chapter 20", "exec"), {})
+    same_text, difference = printed.getvalue().split()
+    assert same_text == "True" and 0 <= float(difference) < 1e-4
+    assert "printed `True`, then a difference in the sixth decimal place" in chapter

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("markdown_it")
 
-from kvscope.server.rendering import Site, frontend_dir  # noqa: E402
+from kvscope.server.pages import Site, frontend_dir  # noqa: E402
 
 SITE = Site()
 CHAPTERS = SITE.chapter_list()

@@ -5,6 +5,7 @@ greedy."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,13 +13,13 @@ import torch
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
 from kvscope.layers import attention, kernels
-from kvscope.layers.attention import AttentionMetadata, DecodeGroup, PrefillSpan, TiledSpans
+from kvscope.layers.attention import DecodeGroup, PrefillSpan, Route, TiledSpans
 from kvscope.engine.block_manager import cdiv
 
 
 def random_decode_step(block_size: int, context_lens: list[int], seed: int, heads=8, kv_heads=2,
                        head_dim=16, dtype=torch.float32):
-    """A shuffled paged cache and one query per sequence, with the reference's metadata (one
+    """A shuffled paged cache and one query per sequence, with the reference's rows (one
     padded group) and the kernel's (block tables + lengths) side by side."""
     g = torch.Generator().manual_seed(seed)
     widths = [cdiv(n, block_size) for n in context_lens]
@@ -34,15 +35,25 @@ def random_decode_step(block_size: int, context_lens: list[int], seed: int, head
     tables = torch.tensor(tables, dtype=torch.int32)
     lens = torch.tensor(context_lens, dtype=torch.int32)
     mask = (torch.arange(width * block_size)[None, :] < lens[:, None]).view(len(lens), 1, 1, -1)
-    md = AttentionMetadata(slot_mapping=torch.empty(0, dtype=torch.long), block_tables=tables,
-                           context_lens=lens,
-                           decode_groups=[DecodeGroup(slice(0, len(lens)), tables, mask)])
+    md = Rows(tables, lens, [DecodeGroup(slice(0, len(lens)), tables, mask)])
     q = torch.randn(len(context_lens), heads, head_dim, generator=g).to(dtype)
     return q, k_cache, v_cache, md
 
 
+@dataclass
+class Rows:
+    """The same decode rows for the kernel (block tables, lengths) and the reference (groups)."""
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    groups: list[DecodeGroup]
+
+
+def reference(q, k_cache, v_cache, md, scale):
+    return attention.decode_attention(q, k_cache, v_cache, md.groups, scale)
+
+
 def kernel(q, k_cache, v_cache, md, scale):
-    return kernels.cpu_decode_attention(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)
+    return kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, scale)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -60,7 +71,7 @@ def test_equals_reference_on_ragged_contexts(block_size):
     lens = [n for n in ragged(block_size) if n > 0]
     q, k_cache, v_cache, md = random_decode_step(block_size, lens, seed=block_size)
     scale = 16 ** -0.5
-    expected = attention.decode_attention(q, k_cache, v_cache, md, scale)
+    expected = reference(q, k_cache, v_cache, md, scale)
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -74,13 +85,13 @@ def test_equals_reference_for_every_head_layout(heads, kv_heads, head_dim, lens)
     q, k_cache, v_cache, md = random_decode_step(16, lens, seed=heads * head_dim,
                                                  heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     scale = head_dim ** -0.5
-    expected = attention.decode_attention(q, k_cache, v_cache, md, scale)
+    expected = reference(q, k_cache, v_cache, md, scale)
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, scale), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_bfloat16_within_rounding_of_a_float32_reference():
     q, k_cache, v_cache, md = random_decode_step(16, [5, 77, 260], seed=9, head_dim=64, dtype=torch.bfloat16)
-    expected = attention.decode_attention(q.float(), k_cache.float(), v_cache.float(), md, 0.125)
+    expected = reference(q.float(), k_cache.float(), v_cache.float(), md, 0.125)
     got = kernel(q, k_cache, v_cache, md, 0.125)
     assert got.dtype == torch.bfloat16
     # the kernel accumulates in float32 and rounds once: within one bf16 step of the exact result
@@ -102,7 +113,7 @@ def test_threads_give_the_same_result(threads):
     q, k_cache, v_cache, md = random_decode_step(8, [1, 9, 33, 64, 130], seed=4)
     with torch_threads(threads):
         got = kernel(q, k_cache, v_cache, md, 0.25)
-    torch.testing.assert_close(got, attention.decode_attention(q, k_cache, v_cache, md, 0.25),
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, md, 0.25),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -117,14 +128,13 @@ def test_ignores_cache_contents_past_each_context():
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
 
 
-def attend_step(specs, block_size, backend, seed=3):
+def attend_step(specs, block_size, route, seed=3):
     """One layer's attention over a scheduled step of (start, tokens) entries, with random
     caches and queries: the rows and the metadata the engine would use."""
     from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
     from kvscope.engine.sequence import Sequence
     from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-    from kvscope.layers.attention import PagedAttention
-    from kvscope.layers.attention import step_metadata
+    from kvscope.layers.attention import PagedAttention, step_metadata
     g = torch.Generator().manual_seed(seed)
     num_blocks = sum(cdiv(start + n, block_size) for start, n in specs) + 4
     free = torch.randperm(num_blocks, generator=g).tolist()
@@ -138,10 +148,9 @@ def attend_step(specs, block_size, backend, seed=3):
     layer = PagedAttention(8, 2, 16, 0)
     layer.k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
     layer.v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
-    layer.backend = backend
     q, k, v = (torch.randn(rows, heads, 16, generator=g) for heads in (8, 2, 2))
-    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), backend)
-    with step_metadata(inputs.metadata):
+    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), route)
+    with step_metadata(layer, inputs.metadata):
         return layer(q, k, v), inputs.metadata
 
 
@@ -153,21 +162,20 @@ MIXED = [(0, 5), (37, 5), (0, 150), (40, 33), (20, 1), (63, 1), (5, 1)]
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 48])
 def test_a_mixed_step_read_in_place_equals_the_gathering_reference(block_size):
-    got, md = attend_step(MIXED, block_size, "cpu_paged")
-    expected, _ = attend_step(MIXED, block_size, "torch")
-    assert md.prefills == [], "no span should gather"
-    assert md.tiled.q_lens.tolist() == [150, 33] and md.tiled.starts.tolist() == [0, 40]
-    assert md.tiled.q_starts.tolist() == [10, 160]
-    assert isinstance(md.in_place.rows, torch.Tensor) and len(md.in_place.rows) == 5 + 5 + 3
+    got, md = attend_step(MIXED, block_size, Route.CPU_KERNELS)
+    expected, _ = attend_step(MIXED, block_size, Route.REFERENCE)
+    assert md.spans.q_lens.tolist() == [150, 33] and md.spans.starts.tolist() == [0, 40]
+    assert md.spans.q_starts.tolist() == [10, 160]
+    assert isinstance(md.decode.rows, torch.Tensor) and len(md.decode.rows) == 5 + 5 + 3
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
 def test_short_spans_and_decodes_take_one_call_over_every_row():
     specs = [(0, 7), (37, 5), (3, 1), (70, 1)]
-    got, md = attend_step(specs, 4, "cpu_paged")
-    expected, _ = attend_step(specs, 4, "torch")
-    assert md.prefills == [] and md.tiled is None and md.in_place.rows == slice(None)
-    assert md.in_place.context_lens.tolist() == [*range(1, 8), *range(38, 43), 4, 71]
+    got, md = attend_step(specs, 4, Route.CPU_KERNELS)
+    expected, _ = attend_step(specs, 4, Route.REFERENCE)
+    assert md.spans is None and md.decode.rows == slice(None)
+    assert md.decode.context_lens.tolist() == [*range(1, 8), *range(38, 43), 4, 71]
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 
 
@@ -362,3 +370,29 @@ def test_the_build_is_cached_per_machine(monkeypatch, tmp_path):
     assert len(built) == 1
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))   # a cached build needs no compiler
     native_build.load(kernels.SOURCE)
+
+
+def test_layouts_the_kernels_would_misread_are_refused_even_under_python_O():
+    """The C kernels trust raw pointers: wrong dtypes, shapes or strides raise ValueError
+    (real checks, which python -O keeps; asserts it would drop)."""
+    import subprocess
+    import sys
+    code = """
+import torch
+from kvscope.layers import kernels
+q, cache = torch.randn(2, 4, 16), torch.randn(6, 4, 2, 16)
+tables, lens = torch.zeros(2, 3, dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+bad = [(q, cache, cache, tables.long(), lens), (q, cache, cache, tables, lens.long()),
+       (q, cache.transpose(1, 2), cache, tables, lens), (q, cache, cache.double(), tables, lens),
+       (q, cache, cache, tables[:1], lens), (torch.randn(2, 4, 8), cache, cache, tables, lens)]
+for i, args in enumerate(bad):
+    try:
+        kernels.cpu_decode(*args, 0.25)
+    except ValueError:
+        continue
+    raise SystemExit(f"case {i} was not refused")
+kernels.cpu_decode(q, cache, cache, tables, lens, 0.25)
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-2000:]

@@ -15,7 +15,7 @@ import torch
 
 from hf_models import VOCAB, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.server.async_engine import AsyncEngine
+from kvscope.server.service.async_engine import AsyncEngine
 from kvscope.engine.llm_engine import LLMEngine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

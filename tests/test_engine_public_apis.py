@@ -1,14 +1,14 @@
 """The engine is read next to the chapters: it uses PyTorch's public interface only. No
 private modules, no loading torch's own libraries by hand, no process-wide allocator
-tuning, no rebinding of torch's attributes (monkeypatching). And its modules import one
-another without circles, so a reader can take them in order."""
+tuning, no rebinding of torch's attributes (monkeypatching). And docs/engine.md gives its
+modules' import floors, so a reader can take them in order."""
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import kvscope
+from test_import_graph import import_graph as package_graph
 
 ROOT = Path(kvscope.__file__).parent
 FOLDERS = ("engine", "layers", "models")
@@ -49,52 +49,16 @@ def test_the_check_sees_what_it_forbids(tmp_path):
     assert not any(re.search(p, "if torch.compiler.is_compiling() == False:") for p in FORBIDDEN.values())
 
 
-def core_imports(path: Path) -> set[str]:
-    """The kvscope engine, layers and models modules `path` imports, at any depth in the
-    file, except under `if TYPE_CHECKING:` (annotations only, never run)."""
-    found = set()
-
-    def visit(node):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            return
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvscope"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)   # from kvscope.layers import kernels
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
-    return found
-
-
 def import_graph() -> dict[str, list[str]]:
-    """Core module (engine/..., layers/..., models/...) -> the core modules it imports."""
-    modules = {"/".join(p.relative_to(ROOT).with_suffix("").parts): p
-               for p in engine_sources() if p.name != "__init__.py"}
-    dotted = {"kvscope." + m.replace("/", "."): m for m in modules}
-    return {m: sorted(dotted[d] for d in core_imports(p) if d in dotted) for m, p in modules.items()}
+    """Core module (engine/..., layers/..., models/...) -> the core modules it imports, from
+    the package's graph (scripts/import_graph.py; tests/test_import_graph.py checks that no
+    module anywhere in kvscope closes a circle)."""
+    graph = package_graph.import_graph()
+    core = {m for m in graph if m.count(".") == 2 and m.split(".")[1] in ("engine", "layers", "models")}
 
-
-def test_the_core_has_no_import_circles():
-    graph = import_graph()
-    assert graph["engine/model_runner"], "the import graph should see the runner's imports"
-    done, path = set(), []
-
-    def walk(m):
-        if m in path:
-            raise AssertionError("import circle: " + " -> ".join(path[path.index(m):] + [m]))
-        if m in done:
-            return
-        path.append(m)
-        for dep in graph[m]:
-            walk(dep)
-        path.pop()
-        done.add(m)
-
-    for m in graph:
-        walk(m)
+    def name(m):
+        return m.removeprefix("kvscope.").replace(".", "/")
+    return {name(m): sorted(name(d) for d in graph[m] if d in core) for m in core}
 
 
 def test_docs_engine_md_names_every_core_file_and_its_import_floor():

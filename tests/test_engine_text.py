@@ -30,7 +30,7 @@ def test_stop_string_cuts_the_text_where_it_begins(llm):
 
 
 def test_streamed_deltas_add_up_to_the_text_even_with_emoji(llm):
-    from kvscope.server.async_engine import AsyncEngine
+    from kvscope.server.service.async_engine import AsyncEngine
     from kvscope.engine.llm_engine import LLMEngine
     engine = AsyncEngine(LLMEngine(device="cpu"))
     try:

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("jinja2")
 
 from kvscope.cli import main  # noqa: E402
-from kvscope.server.rendering import Site, frontend_dir  # noqa: E402
-from kvscope.server.rendering.static_modules import import_map, rewrite_specifiers  # noqa: E402
+from kvscope.server.pages import Site, frontend_dir  # noqa: E402
+from kvscope.server.pages.static_modules import import_map, rewrite_specifiers  # noqa: E402
 
 LINK = re.compile(r'(?:href|src)="([^"]+)"')
 # a citation: a link the reader follows to a source, never something the page loads

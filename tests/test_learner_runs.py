@@ -1,6 +1,5 @@
 """What a learner's page can ask the server for, against a real server and the embedded model:
-a measured throughput run that the server drives (one submit's allowance, never the submit
-limit), a prompt cut into chunks for that request alone, held requests released together,
+a throughput sweep that the server drives (one submit's allowance, one request in flight), a prompt cut into chunks for that request alone, held requests released together,
 and slow motion that survives pause and resume."""
 from __future__ import annotations
 
@@ -15,34 +14,49 @@ def finished(client: Client, n: int, timeout: float = 60) -> list[dict]:
     return client.events_of("request.finished")
 
 
-def test_a_measured_run_keeps_its_requests_in_flight_and_costs_one_submit(server):
+def in_flight_at_most(spans: list[tuple[float, float]]) -> int:
+    return max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)
+
+
+def test_a_sweep_runs_its_levels_in_turn_and_counts_once(server):
     learner = Client(server.ws)
     try:
-        ack = learner.ok("measure", concurrency=3, total=9, max_tokens=6)
-        assert (ack["concurrency"], ack["total"]) == (3, 9)
-        done = finished(learner, 9)
-        assert all(e["num_output_tokens"] == 6 for e in done)
+        ack = learner.ok("sweep", levels=[1, 3], max_tokens=6)
+        assert (ack["levels"], ack["requests"]) == ([1, 3], [4, 6])
+        # while it runs, the sweep is one of the learner's 4 in flight and one submit: three more may go
+        extra = [learner.ok("submit", prompt="Tom looked out", params={"max_tokens": 1})["request_id"]
+                 for _ in range(3)]
+        assert learner.call("sweep", levels=[1], max_tokens=4)["code"] == "too_many_requests"   # one at a time
+        done = [e for e in finished(learner, 13) if e["request_id"] not in extra]
+        assert len(done) == 10 and all(e["num_output_tokens"] == 6 for e in done)
         added = {e["request_id"]: e["ts"] for e in learner.events_of("request.added")}
-        assert len(added) == 9
-        # at most 3 in flight at once, and 3 at once at some time
-        spans = [(added[e["request_id"]], e["ts"]) for e in done]
-        in_flight = [sum(1 for a, b in spans if a <= t < b) for t, _ in spans]
-        assert max(in_flight) == 3
-        # nine requests, yet the learner's per-minute submit allowance (burst 5) is nearly whole
-        for _ in range(4):
-            learner.ok("submit", prompt="Tom looked out", params={"max_tokens": 1})
+        spans = sorted((added[e["request_id"]], e["ts"]) for e in done)
+        first, second = spans[:4], spans[4:]
+        assert in_flight_at_most(first) == 1 and in_flight_at_most(second) == 3
+        assert min(a for a, _ in second) >= max(b for _, b in first) + 0.4   # the pause between levels
+        # 10 sweep requests and 3 submits, yet the per-minute allowance (burst 5) is not spent
+        learner.ok("submit", prompt="Tom looked out", params={"max_tokens": 1})
     finally:
         learner.close()
 
 
-def test_a_measured_run_keeps_the_learner_limits(server):
-    learner = Client(server.ws)
+def test_a_sweep_keeps_the_learner_limits(server):
+    learner, other = Client(server.ws), Client(server.ws)
     try:
-        assert learner.call("measure", concurrency=5, total=5, max_tokens=4)["code"] == "too_many_requests"
-        assert learner.call("measure", concurrency=2, total=40, max_tokens=4)["code"] == "invalid_field"
-        assert learner.call("measure", concurrency=3, total=2, max_tokens=4)["code"] == "invalid_field"
+        cap = learner.until(lambda e: e["type"] == "session", since=0)["limits"]["max_sweep_in_flight"]
+        assert cap == min(32, server.service.learner_share)
+        refused = learner.call("sweep", levels=[1, cap + 1], max_tokens=4)
+        assert refused["code"] == "too_many_requests" and "--learner-max-sweep-in-flight" in refused["message"]
+        assert learner.call("sweep", levels=[2, 2], max_tokens=4)["code"] == "invalid_field"
+        assert learner.call("sweep", levels=[1], max_tokens=10_000)["code"] == "invalid_field"
+        # a sweep holds its top level in the learners' share, and only one learner sweeps at a time
+        learner.ok("sweep", levels=[1, 2], max_tokens=24)
+        assert other.call("sweep", levels=[1], max_tokens=4)["code"] == "too_many_requests"
+        assert server.service.learner_requests() == 2   # the top level, reserved from the start
+        finished(learner, 8)
     finally:
         learner.close()
+        other.close()
 
 
 def test_a_requests_own_chunk_cap_cuts_only_its_prompt(server):

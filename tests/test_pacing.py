@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.server.pacing import Pacing
+from kvscope.server.service.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
 from server_harness import TOKEN, Client

@@ -10,9 +10,9 @@ pytest.importorskip("markdown_it")
 pytest.importorskip("jinja2")
 pytest.importorskip("frontmatter")
 
-from kvscope.server.rendering import (PARTS, ContentError, RenderError, Site, load_glossary,  # noqa: E402
+from kvscope.server.pages import (PARTS, ContentError, RenderError, Site, load_glossary,  # noqa: E402
                                       make_markdown, render_markdown)
-from kvscope.server.rendering.markdown import VALUE_KEYS, WIDGET_TAGS  # noqa: E402
+from kvscope.server.pages.markdown import VALUE_KEYS, WIDGET_TAGS  # noqa: E402
 
 SITE = Site()
 CHAPTERS = SITE.chapter_list()
@@ -113,7 +113,7 @@ def test_pages_route():
     fastapi = pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from kvscope.server.pages import mount_pages
+    from kvscope.server.pages.routes import mount_pages
     app = fastapi.FastAPI()
     mount_pages(app, SITE)
     client = TestClient(app)
@@ -137,7 +137,7 @@ def test_pages_route():
 def test_pages_module_imports_no_engine():
     import subprocess
     import sys
-    code = ("import sys, kvscope.server.pages; "
+    code = ("import sys, kvscope.server.pages.routes; "
             "heavy = [m for m in ('torch', 'kvscope.engine', 'transformers') if m in sys.modules]; "
             "print(heavy); sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -145,7 +145,7 @@ def test_pages_module_imports_no_engine():
 
 
 def test_static_export(tmp_path):
-    from kvscope.server.rendering import export_static_site
+    from kvscope.server.pages import export_static_site
     out = export_static_site(tmp_path / "site", SITE)
     assert (out / "index.html").exists()
     assert (out / "chapters" / "12-the-kv-cache" / "index.html").exists()

@@ -372,7 +372,7 @@ def test_a_learners_tabs_share_one_submit_allowance_and_others_have_their_own(se
 
 # -- defect 8 (the stall): a watch's attention JSON was built on the event loop --------------
 def test_attention_json_is_built_on_the_engine_thread(server, monkeypatch):
-    import kvscope.server.hub as hub_module
+    import kvscope.server.classroom.hub as hub_module
     threads: set[str] = set()
     real = hub_module.dumps
 

@@ -17,7 +17,8 @@ HELLO_FIELDS = {
     "device": {"type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops"},
     "engine": {"block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
                "max_model_len", "enable_prefix_caching", "attention_backend", "speculative",
-               "tensor_parallel_size", "rank_weight_bytes", "decode", "kv_cache", "kv_cache_dtype"},
+               "tensor_parallel_size", "rank_weight_bytes", "decode", "kv_cache", "kv_cache_dtype",
+               "prefill_attention", "decode_attention"},
 }
 
 

@@ -243,7 +243,7 @@ def test_spec_events_are_valid_and_add_up(models):
 
 
 def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
-    from kvscope.bench_spec import FREE_FORM
+    from kvscope.bench.spec import FREE_FORM
     from kvscope.default_model import DEFAULT_DRAFT_NAME, default_draft_path
     import os
     path = default_draft_path()
@@ -263,7 +263,7 @@ def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
 def test_stop_strings_cut_where_they_do_without_speculation():
     """Several tokens accepted at once: the stop string still ends the output at the same
     token and character as plain decoding (the embedded model drafting for itself)."""
-    from kvscope.bench_spec import FREE_FORM
+    from kvscope.bench.spec import FREE_FORM
     params = dict(temperature=0.0, max_tokens=40, ignore_eos=True)
     plain_llm = LLM(None, device="cpu", dtype="float32")
     full = plain_llm.generate([FREE_FORM], SamplingParams(**params))[0].outputs[0]

@@ -10,7 +10,7 @@ pytest.importorskip("markdown_it")
 pytest.importorskip("jinja2")
 pytest.importorskip("frontmatter")
 
-from kvscope.server.rendering import Site, make_markdown, render_markdown  # noqa: E402
+from kvscope.server.pages import Site, make_markdown, render_markdown  # noqa: E402
 
 SITE = Site()
 MARKER = re.compile(r'<aside class="kv-aside kv-text-only" aria-label="Text only: ([^"]+)">(.*?)</aside>', re.S)
@@ -18,11 +18,15 @@ MARKER = re.compile(r'<aside class="kv-aside kv-text-only" aria-label="Text only
 # (chapter, section id, a word of the topic the marker must name, a vLLM setting it points to)
 TEXT_ONLY = [
     (12, "when-the-formula-does-not-hold", "latent", "kv_lora_rank"),
+    (12, "hybrid-models-a-state-instead-of-a-cache", "hybrid", "--mamba-cache-dtype"),
     (14, "overlapping-the-cpus-work-with-the-gpus", "asynchronous", "--async-scheduling"),
+    (15, "one-long-sequence-many-programs-flash-decoding", "flash-decoding", "flash_attn_max_num_splits_for_cuda_graph"),
     (15, "layers-with-different-needs", "hybrid", "--disable-hybrid-kv-cache-manager"),
     (19, "mixture-of-experts-expert-parallelism", "expert", "--enable-expert-parallel"),
     (20, "separating-prefill-from-decode", "disaggregated", "--kv-transfer-config"),
+    (20, "the-same-prompt-alone-or-in-a-crowd-batch-invariance", "batch-invariant", "VLLM_BATCH_INVARIANT=1"),
     (21, "the-wider-landscape", "LoRA", "--enable-lora"),
+    (21, "one-process-or-several", "processes", "--api-server-count"),
 ]
 
 # (chapter, widget, words that name the topic the widget shows live)

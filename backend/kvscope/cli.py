@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export-site", help="write the whole book as static files (any static host, or file://)")
     export.add_argument("directory", help="folder to write the site into (created if missing)")
     bench = sub.add_parser("bench", help="benchmarks that print figures")
-    from kvscope.bench import add_bench_subcommands
+    from kvscope.bench.commands import add_bench_subcommands
     add_bench_subcommands(bench)
     return parser
 
@@ -86,7 +86,7 @@ def cmd_serve(args) -> int:
 def cmd_export_site(args) -> int:
     from pathlib import Path
 
-    from kvscope.server.rendering import export_static_site
+    from kvscope.server.pages import export_static_site
     out = export_static_site(Path(args.directory))
     print(f"kvscope: wrote the book to {out}; open {out / 'index.html'} or serve the folder with any static host")
     return 0

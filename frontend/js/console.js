@@ -1,6 +1,7 @@
 // The instructor console: drives the engine with the instructor WebSocket commands
 // (docs/events.md) through the shared event client.
 import { getClient } from './client.js';
+import { formatSeconds } from './lib/format.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_LOG = 200;
@@ -10,7 +11,10 @@ const PROJECTOR_WIDGETS = [['kv-batch-timeline', {}], ['kv-pages', { 'pool-only'
 // A burst the room can follow: at full speed the engine finishes it in a fraction of a second.
 const ROOM_BURST = { n: 6, max_tokens: 24, slow_motion_s: 0.25 };
 const recentSteps = [];   // [ts, tokens sampled] of the last few seconds' steps
-const lastBurst = { peakRunning: 0, tokens: 0, firstTs: null, lastTs: null };   // held after it ends
+// The projector's figures. Steps taken by hand while paused are no rate and no burst: the
+// figures stay those of the engine's last run, and say that it is paused.
+const projector = { paused: false, rate: null, handSteps: 0, slowMotion: 0 };
+const lastBurst = { peakRunning: 0, tokens: 0, startTs: null, lastTs: null };   // held after it ends
 
 function log(text, kind = 'info') {
   const item = document.createElement('li');
@@ -24,19 +28,31 @@ function numberOrNull(input) {
   return input.value === '' ? null : Number(input.value);
 }
 
+/** Attached to vLLM the caps are vLLM's own, set when it started (a cap of 0 is its
+ *  stand-in: vLLM reports them only through /server_info, in its development mode). */
+function attachedKnobs(k) {
+  const cap = (v) => (v ? String(v) : 'not reported');
+  return `vLLM's own: budget ${cap(k.max_num_batched_tokens)}, max seqs ${cap(k.max_num_seqs)} `
+    + '(set by vLLM at start-up; not steerable from here)';
+}
+
 function showEngine(e) {
   $('s-paused').textContent = e.paused ? 'paused' : 'running';
   $('s-step').textContent = String(e.step);
   $('s-queues').textContent = `${e.num_running} / ${e.num_waiting}`;
   const k = e.knobs;
-  $('s-knobs').textContent = `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
-    + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
+  $('s-knobs').textContent = e.vllm ? attachedKnobs(k)
+    : `budget ${k.max_num_batched_tokens}, max seqs ${k.max_num_seqs}, `
+      + `chunk ${k.prefill_chunk_size ?? 'none'}, chunked prefill ${k.enable_chunked_prefill ? 'on' : 'off'}`;
   $('s-viewers').textContent = String(e.num_viewers);
   $('s-slow').textContent = e.slow_motion_s ? `${e.slow_motion_s} s between steps` : 'off';
   showSlowMotion(e.slow_motion_s);
-  $('p-state').textContent = `${e.paused ? 'paused' : 'running'}${e.slow_motion_s ? `, ${e.slow_motion_s} s/step` : ''}`;
+  if (e.paused !== projector.paused) projector.handSteps = 0;
+  projector.paused = e.paused;
+  projector.slowMotion = e.slow_motion_s;
   $('p-running').textContent = String(e.num_running);
   $('p-waiting').textContent = String(e.num_waiting);
+  showProjectorFigures();
   $('s-recording').textContent = e.recording ? `${e.recording.name} (${e.recording.events} events)` : 'off';
   if (document.activeElement?.closest('#knobs') == null) {
     $('k-budget').value = k.max_num_batched_tokens;
@@ -56,22 +72,39 @@ function showSlowMotion(seconds) {
 }
 
 /** The projector's big figures: queue lengths, output tokens a second over the last few
- * seconds, and the last burst's figures, which stay up after the burst has ended. */
+ * seconds, and the last burst's figures, which stay up after the burst has ended. A burst
+ * lasts from its first step's start to its last step's end. */
 function showProjectorStep(e) {
-  const sampled = e.seqs.filter((s) => s.samples).length;
-  recentSteps.push([e.ts, sampled]);
-  while (recentSteps.length && recentSteps[0][0] < e.ts - THROUGHPUT_WINDOW_S) recentSteps.shift();
-  const tokens = recentSteps.reduce((a, [, n]) => a + n, 0);
   $('p-step').textContent = String(e.step);
   $('p-running').textContent = String(e.queues.running);
   $('p-waiting').textContent = String(e.queues.waiting);
-  $('p-throughput').textContent = (tokens / THROUGHPUT_WINDOW_S).toFixed(1);
-  if (lastBurst.lastTs === null || e.ts - lastBurst.lastTs > 1) Object.assign(lastBurst, { peakRunning: 0, tokens: 0, firstTs: e.ts });
+  if (projector.paused) {   // a step taken by hand
+    projector.handSteps += 1;
+    showProjectorFigures();
+    return;
+  }
+  const sampled = e.seqs.filter((s) => s.samples).length;
+  recentSteps.push([e.ts, sampled]);
+  while (recentSteps.length && recentSteps[0][0] < e.ts - THROUGHPUT_WINDOW_S) recentSteps.shift();
+  projector.rate = recentSteps.reduce((a, [, n]) => a + n, 0) / THROUGHPUT_WINDOW_S;
+  if (lastBurst.lastTs === null || e.ts - lastBurst.lastTs > 1) Object.assign(lastBurst, { peakRunning: 0, tokens: 0, startTs: e.ts - e.duration_s });
   lastBurst.lastTs = e.ts;
   lastBurst.tokens += sampled;
   lastBurst.peakRunning = Math.max(lastBurst.peakRunning, e.seqs.length);
-  const seconds = lastBurst.lastTs - lastBurst.firstTs;
-  $('p-burst').textContent = `${lastBurst.peakRunning} at once · ${lastBurst.tokens} tokens in ${seconds.toFixed(1)} s`;
+  showProjectorFigures();
+}
+
+function showProjectorFigures() {
+  const { paused, rate, handSteps, slowMotion } = projector;
+  const rateText = rate === null ? '–' : rate.toFixed(1);
+  $('p-throughput').textContent = paused ? `paused (last running: ${rateText})` : rateText;
+  $('p-throughput').dataset.rate = rate === null ? '' : String(rate);
+  $('p-state').textContent = (paused ? `paused${handSteps ? `, ${handSteps} step${handSteps === 1 ? '' : 's'} by hand` : ''}` : 'running')
+    + (slowMotion ? `, ${slowMotion} s/step` : '');
+  if (lastBurst.lastTs === null) return;
+  const seconds = lastBurst.lastTs - lastBurst.startTs;
+  $('p-burst').textContent = `${lastBurst.peakRunning} at once · ${lastBurst.tokens} tokens in ${formatSeconds(seconds)}`
+    + (paused ? ' (before the pause)' : '');
 }
 
 function toggleProjector() {

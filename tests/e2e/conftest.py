@@ -92,7 +92,7 @@ def start_server(workdir: Path, extra_env: dict | None = None, extra_args: tuple
                  compile_decode: bool = False) -> tuple[str, subprocess.Popen]:
     """`kvscope serve` on a free port with the embedded model; returns (url, process).
     Decode runs eagerly unless `compile_decode` (compiling costs 10-20 s per server)."""
-    for module in ("kvscope.server.main", "kvscope.server.pages", "fastapi", "uvicorn"):
+    for module in ("kvscope.server.main", "kvscope.server.pages.routes", "fastapi", "uvicorn"):
         if importlib.util.find_spec(module) is None:
             skip_or_fail(f"the live server cannot start: {module} is not importable yet")
     port = free_port()
@@ -291,7 +291,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="session")
 def recordings(tmp_path_factory, request) -> Path:
     """A folder of recordings: the committed ones, or one recorded now from live_server."""
-    from kvscope.server.rendering import Site
+    from kvscope.server.pages import Site
     committed = Site().recordings
     if list(committed.glob("*.jsonl")):
         return committed
@@ -303,7 +303,7 @@ def recordings(tmp_path_factory, request) -> Path:
 @pytest.fixture(scope="session")
 def static_site(chromium_path, tmp_path_factory, recordings):
     """The pages exported as files and served by http.server: no engine, no /ws."""
-    from kvscope.server.rendering import Site, export_static_site
+    from kvscope.server.pages import Site, export_static_site
     out = tmp_path_factory.mktemp("static-site")
     export_static_site(out, Site(recordings=recordings))
     handler = functools.partial(_QuietHandler, directory=str(out))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 CHAPTERS = Site().chapter_list()
 MEASURE = """() => {
@@ -37,7 +37,8 @@ def test_every_chapter_keeps_code_and_figures_in_the_column(new_page, static_sit
 
 
 @pytest.mark.parametrize("slug, figure", [("14-continuous-batching", "batching-static"),
-                                          ("17-chunked-prefill", "chunked-prefill-timeline")])
+                                          ("17-chunked-prefill", "chunked-prefill-timeline"),
+                                          ("21-recap-and-further-reading", "serving-processes")])
 @pytest.mark.parametrize("look", ["light", "dark", "narrow"])
 def test_figure_screenshots(new_page, static_site, screenshot, slug, figure, look):
     page = new_page(color_scheme="dark" if look == "dark" else "light",

@@ -72,3 +72,41 @@ def test_projector_view_shows_pool_timeline_queues_and_big_controls(page, live_s
     page.get_by_role("button", name="Back to the full console").click()
     assert page.locator("#inject").is_visible()
     assert_clean(page)
+
+
+def test_projector_says_paused_and_keeps_the_last_real_figures(page, live_server, instructor_token, instructor,
+                                                               screenshot, assert_clean):
+    """Paused, steps taken by hand are neither a rate nor a burst: the projector says paused and
+    how many steps were taken by hand, and keeps the figures of the engine's last run."""
+    wait_idle(live_server)
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    page.goto(f"{live_server}/console?token={instructor_token}")
+    page.wait_for_function("() => document.getElementById('role').textContent.includes('instructor')")
+    page.get_by_role("button", name="Show the projector view").click()
+    instructor({"type": "inject", "n": 3, "max_tokens": 12, "prompt_tokens": 20}, until="inject")
+    wait_idle(live_server)
+    burst = page.locator("#p-burst")
+    page.wait_for_function("() => document.getElementById('p-burst').textContent.includes('36 tokens')")
+    before = burst.inner_text()
+    assert before.startswith("3 at once · 36 tokens in ") and not before.endswith(" 0.0 s")
+    rate = float(page.locator("#p-throughput").get_attribute("data-rate"))
+    assert rate > 0
+
+    page.click("#pause")
+    page.wait_for_function("() => document.getElementById('p-state').textContent.startsWith('paused')")
+    instructor({"type": "inject", "n": 2, "max_tokens": 6, "prompt_tokens": 8}, until="inject")
+    for n in range(1, 4):
+        page.click("#step")
+        page.wait_for_function(f"() => document.getElementById('p-state').textContent.includes('{n} step')")
+    assert page.locator("#p-state").inner_text().startswith("paused, 3 steps by hand")
+    assert page.locator("#p-throughput").inner_text() == f"paused (last running: {rate:.1f})"
+    assert burst.inner_text() == f"{before} (before the pause)"      # the hand steps are no burst
+    page.locator("#projector").scroll_into_view_if_needed()
+    screenshot(page, "console-projector-paused")
+
+    page.click("#resume")
+    page.wait_for_function("() => document.getElementById('p-state').textContent.startsWith('running')")
+    wait_idle(live_server)
+    page.wait_for_function("() => !document.getElementById('p-burst').textContent.includes('pause')")
+    assert float(page.locator("#p-throughput").inner_text()) >= 0
+    assert_clean(page)

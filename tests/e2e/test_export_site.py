@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from kvscope.server.rendering import Site, export_static_site
+from kvscope.server.pages import Site, export_static_site
 
 WIDGET_CHAPTERS = ["15-paged-attention", "12-the-kv-cache"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 SITE = Site()
 CHAPTERS = SITE.chapter_list()

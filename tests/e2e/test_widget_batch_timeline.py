@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from widget_checks import check_exports, wait_idle
 
+MIN_CELL_PX = 18
+
 COLLECT = """() => {
     window.seen = { steps: [], tokens: [], finished: [] };
     const c = window.kvscope.client;
@@ -28,6 +30,32 @@ def static_steps(requests: list[dict], batch_size: int) -> int:
         total += steps
         clock = start + steps
     return total
+
+
+def cell_widths(widget) -> list[float]:
+    return widget.evaluate("el => [...el.querySelectorAll('.kbt-grid rect[data-kind]')].map(r => r.getBoundingClientRect().width)")
+
+
+def check_readable_and_keyboard(page, widget) -> None:
+    """Cells at least MIN_CELL_PX wide on screen; the grid shows the newest steps, and the
+    keyboard reaches the oldest kept one and comes back."""
+    widths = cell_widths(widget)
+    assert widths and min(widths) >= MIN_CELL_PX, min(widths or [0])
+    assert widget.locator(".kbt-grid").bounding_box()["width"] <= widget.bounding_box()["width"]   # no squeeze, no overflow
+    data = widget.evaluate("el => el.exportData()")
+    kept = [s["step"] for s in data["steps"]]
+    shown = sorted({int(s) for s in widget.evaluate("el => [...el.querySelectorAll('.kbt-grid rect[data-step]')].map(r => r.dataset.step)")})
+    assert shown[-1] == kept[-1]                                               # the newest step is in view
+    grid = widget.locator(".kbt-grid")
+    grid.focus()
+    page.keyboard.press("Home")
+    page.wait_for_function("([el, s]) => el.dataset.firstShown === String(s)", arg=[widget.element_handle(), kept[0]])
+    assert widget.locator(".kbt-detail").inner_text().startswith(f"step {kept[0]} ·")
+    if len(kept) > len(shown):
+        assert widget.get_by_role("button", name="Follow the newest").is_enabled()
+    page.keyboard.press("End")
+    assert "following the newest" in widget.locator("[data-range]").inner_text()
+    assert widget.locator(".kbt-detail").inner_text().startswith(f"step {kept[-1]} ·")
 
 
 def test_timeline_columns_and_cells_match_the_events(page, live_server, screenshot, assert_clean):
@@ -69,8 +97,12 @@ def test_timeline_columns_and_cells_match_the_events(page, live_server, screensh
     assert first_done["rid"] in {r["rid"] for r in comparison["requests"]}
     shown = widget.locator("[data-figure=static]").text_content()
     assert shown.startswith(f"{comparison['static']['steps']} steps")
-    widget.scroll_into_view_if_needed()
-    screenshot(widget, "batch-timeline-live")
+    for width in (1280, 768):
+        page.set_viewport_size({"width": width, "height": 1000})
+        page.wait_for_timeout(300)   # the grid redraws for its new width
+        check_readable_and_keyboard(page, widget)
+        widget.scroll_into_view_if_needed()
+        screenshot(widget, f"batch-timeline-live-{width}")
     check_exports(widget, "image/svg+xml")
     assert_clean(page)
 
@@ -92,5 +124,6 @@ def test_timeline_replays_the_recording_dark_and_narrow(new_page, static_site, s
     assert len({r["arrival_step"] for r in data["requests"]}) >= 3                          # joined mid-flight
     box = widget.bounding_box()
     assert box["width"] <= 768
+    check_readable_and_keyboard(page, widget)
     widget.scroll_into_view_if_needed()
     screenshot(widget, "batch-timeline-replay-dark-768")

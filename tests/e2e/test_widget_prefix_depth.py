@@ -5,6 +5,7 @@ nothing, under one salt it does. The cached counts on screen are the engine's ow
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 from test_accessibility import UNNAMED_CONTROLS
@@ -33,6 +34,22 @@ def press(panel, name_part: str, rows: int) -> list[dict]:
     return rows_of(panel)
 
 
+def check_share_buttons(panel, bs: int) -> None:
+    """Each button's name is the words it shows (no aria-label saying others), and the words
+    are true of the engine's block size: the chapter asks for the one sharing "more than two blocks"."""
+    short = panel.locator("button", has_text="less than a block")
+    long = panel.locator("button", has_text="more than")
+    for button in (short, long, panel.locator("button", has_text="Send the pair")):
+        text = button.inner_text()
+        assert button.get_attribute("aria-label") is None, text
+        assert panel.get_by_role("button", name=text, exact=True).count() == 1, text
+        assert "block" in panel.locator(f"#{button.get_attribute('aria-describedby')}").inner_text()
+    n, size = map(int, re.fullmatch(r"Share (\d+) tokens \(less than a block of (\d+)\)", short.inner_text()).groups())
+    assert size == bs and n < bs
+    n, k, size = map(int, re.fullmatch(r"Share (\d+) tokens \(more than (\d+) blocks of (\d+)\)", long.inner_text()).groups())
+    assert size == bs and k == 2 and n > k * bs
+
+
 def open_chapter(new_page, url: str, **options):
     page = new_page(**options)
     page.goto(url + CHAPTER)
@@ -47,6 +64,8 @@ def test_zero_hit_its_fix_and_salts(new_page, live_server, screenshot, assert_cl
     page, panel = open_chapter(new_page, live_server, viewport={"width": 1280, "height": 800})
     bs = page.evaluate("window.kvscope.client.hello.engine.block_size")
     assert panel.locator("[data-block-size]").inner_text().count(f"hold {bs} tokens") == 1
+    check_share_buttons(panel, bs)
+    assert page.get_by_text("more than two blocks").count() == 1   # the chapter's step 6 names that button
 
     # the 0 % hit: a shared beginning shorter than a block
     short = press(panel, "less than a block", 2)
@@ -117,6 +136,7 @@ def test_recording_replays_the_same_lessons(new_page, static_site, screenshot):
     salted = [r for r in rows if r["common"] == int(r["prompt"])]               # the same prompt again
     assert [r["cached"] > 0 for r in salted] == [False, True]                   # tenant B, then A again
     assert panel.locator("button", has_text="less than a block").is_disabled()
+    check_share_buttons(panel, bs)
     panel.scroll_into_view_if_needed()
     screenshot(panel, "prefix-depth-replay-1280")
 

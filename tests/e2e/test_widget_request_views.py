@@ -75,12 +75,12 @@ def test_pipeline_lights_every_stage_with_measured_times(page, live_server, scre
 
 def test_request_views_replay_dark_and_narrow(new_page, static_site, screenshot):
     """No backend, 768 px, dark: the timeline and the pipeline follow the recording's first
-    request; the throughput chart plots the runs the project recorded."""
+    request; the throughput chart plots the sweep the project recorded."""
     page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
     for path, tag, ready in (
             ("/chapters/11-prefill-and-decode/", "kv-request-timeline", "el => Number(el.dataset.steps || 0) >= 2"),
             ("/chapters/01-what-is-an-llm/", "kv-pipeline", "el => el.dataset.state === 'finished'"),
-            ("/chapters/20-throughput-vs-latency/", "kv-throughput", "el => el.exportData().recorded.length === 3")):
+            ("/chapters/20-throughput-vs-latency/", "kv-throughput", "el => el.exportData().recorded.length === 6")):
         page.goto(f"{static_site}{path}")
         page.wait_for_function("() => kvscope.client.mode === 'replay'", timeout=15000)
         widget = page.locator(tag)
@@ -89,5 +89,5 @@ def test_request_views_replay_dark_and_narrow(new_page, static_site, screenshot)
         widget.scroll_into_view_if_needed()
         screenshot(widget, f"{tag[3:]}-replay-dark-768")
     recorded = page.locator("kv-throughput").evaluate("el => el.exportData().recorded")
-    assert [p["concurrency"] for p in recorded] == [1, 2, 4] and all(p["requests"] == 6 for p in recorded)
-    assert page.locator("kv-throughput [data-series=itl_p50]").count() == 3      # plotted, from the recording
+    assert [(p["concurrency"], p["requests"]) for p in recorded] == [(1, 4), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64)]
+    assert page.locator("kv-throughput [data-series=itl_p50]").count() == 6      # plotted, from the recording

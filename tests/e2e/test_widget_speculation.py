@@ -64,4 +64,43 @@ def test_replay_follows_the_recording(new_page, static_site, screenshot):
     data = widget.evaluate("el => el.exportData()")
     name = page.evaluate("() => document.body.dataset.recording")
     assert name == "speculation"
+    # the request drawn is the one the controls name
+    assert widget.get_by_label("Prompt", exact=True).input_value() == "repetitive"
+    assert widget.locator("[data-shown]").get_attribute("data-shown") == "repetitive greedy"
     screenshot(widget, "widget-speculation-replay")
+
+
+def test_on_a_default_server_the_replayed_frame_matches_the_controls(page, live_server, screenshot, assert_clean):
+    """A server without speculation: the widget plays the recording (a story told twice, greedy,
+    then a fresh sentence, sampled) and, when it ends, still draws the request its controls name;
+    choosing the other prompt draws the other recorded request, with its own decoding."""
+    page.goto(live_server + "/chapters/18-speculative-decoding")
+    widget = page.locator("kv-speculation").first
+    page.wait_for_function("el => el.dataset.fallback === 'speculation' && el.dataset.replayEnded === 'true'",
+                           arg=widget.element_handle(), timeout=60000)
+    widget.scroll_into_view_if_needed()
+    preset, sampling = widget.get_by_label("Prompt", exact=True), widget.get_by_label("Decoding", exact=True)
+    prompt_box = widget.get_by_label("Prompt text")
+
+    def drawn() -> dict:
+        return widget.evaluate("el => el.exportData()")
+
+    assert preset.input_value() == "repetitive" and sampling.input_value() == "greedy"
+    assert prompt_box.input_value().startswith("Once upon a time") and prompt_box.input_value().count("Once upon a time") == 2
+    story = drawn()
+    assert story["num_passes"] >= 3 and story["acceptance_rate"] > 0.3   # a retold story: most drafts kept
+    assert widget.locator("[data-shown]").get_attribute("data-shown") == "repetitive greedy"
+    assert "a story told twice" in widget.locator("[data-shown]").inner_text()
+    screenshot(widget, "speculation-fallback-repetitive")
+    preset.select_option("free-form")
+    assert prompt_box.input_value() == "The old lighthouse keeper looked at the sea and"
+    assert sampling.input_value() == "sampled" and sampling.is_disabled()
+    fresh = drawn()
+    assert fresh["request_id"] != story["request_id"] and fresh["num_passes"] >= 1
+    assert fresh["acceptance_rate"] < story["acceptance_rate"]
+    assert widget.locator("[data-shown]").get_attribute("data-shown") == "free-form sampled"
+    assert widget.locator("[data-figure=acceptance_rate]").inner_text() == f"{round(100 * fresh['acceptance_rate'])} %"
+    screenshot(widget, "speculation-fallback-free-form")
+    preset.select_option("repetitive")
+    assert drawn()["request_id"] == story["request_id"] and sampling.input_value() == "greedy"
+    assert_clean(page)

@@ -152,7 +152,7 @@ def _receive():
 @torch.inference_mode()
 def replay(runner, plan: StepPlan) -> None:
     runner.copy_blocks(plan.block_copies)
-    with step_metadata(plan.metadata):
+    with step_metadata(runner.model, plan.metadata):
         hidden = runner.model(plan.input_ids, plan.positions)
     if plan.sample_rows:
         runner.model.compute_logits(hidden[plan.sample_rows])

@@ -26,7 +26,7 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import AttentionMetadata, step_metadata
+from kvscope.layers.attention import AttentionMetadata, PagedRows, pick_routes, step_metadata
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -45,8 +45,9 @@ class DecodeLogits(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(self.model(input_ids, positions)).float()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        with step_metadata(self.model, metadata):   # inside the graph: its tensors are the graph's inputs
+            return self.model.compute_logits(self.model(input_ids, positions)).float()
 
 
 def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, str]:
@@ -58,13 +59,16 @@ def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, s
         return None, None, "eager"
     reason = capture_unavailable(runner) if on_gpu else compile_unavailable(runner)
     if reason is None and on_gpu:
+        runner.routes = pick_routes(runner.attention_backend, "cuda graphs", runner.dtype, runner.block_size)
         return DecodeGraphs(runner, max_batch=min(config.max_num_seqs, 512)), None, "cuda graphs"
     if reason is None:
         try:
+            runner.routes = pick_routes(runner.attention_backend, "compiled", runner.dtype, runner.block_size)
             compiled = CompiledDecode(runner)
             return None, compiled, f"compiled (torch.compile, {compiled.compile_seconds:.0f} s at start-up)"
         except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
             reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
+            runner.routes = pick_routes(runner.attention_backend, None, runner.dtype, runner.block_size)
     log.warning("decode graphs: running eagerly: %s", reason)
     return None, None, f"eager: {reason}"
 
@@ -107,8 +111,7 @@ class CompiledDecode:
         return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        with step_metadata(inputs.metadata):
-            return self.forward(inputs.input_ids, inputs.positions)
+        return self.forward(inputs.input_ids, inputs.positions, inputs.metadata)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -125,7 +128,7 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
-            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.attention_backend, compiled=True))
+            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph))
         log.info("decode step compiled for this CPU")
 
 
@@ -155,9 +158,9 @@ class DecodeGraphs:
         pool = None
         model = self.runner.model
         for b in reversed(self.buckets):
-            md = AttentionMetadata(slot_mapping=self.slot_mapping[:b], block_tables=self.block_tables[:b],
-                                   context_lens=self.context_lens[:b])
-            with step_metadata(md):
+            md = AttentionMetadata(self.runner.routes.graph, self.slot_mapping[:b],
+                                   decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]))
+            with step_metadata(model, md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
@@ -174,7 +177,7 @@ class DecodeGraphs:
         self.slot_mapping[:b].fill_(self.runner.scratch_slot)
         self.slot_mapping[:n] = md.slot_mapping
         self.context_lens[:b].zero_()
-        self.context_lens[:n] = md.context_lens
-        self.block_tables[:n, :md.block_tables.shape[1]] = md.block_tables
+        self.context_lens[:n] = md.decode.context_lens
+        self.block_tables[:n, :md.decode.block_tables.shape[1]] = md.decode.block_tables
         self.graphs[b].replay()
         return self.hidden[:n]

@@ -149,7 +149,7 @@ class LLMEngine:
         self.runner.workers = self.workers
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
-            attention_backend=self.runner.attention_backend, decode=decode, kv_format=self.runner.kv_format,
+            attention_backend=self.runner.attention_backend, attention=self.runner.routes, decode=decode, kv_format=self.runner.kv_format,
             kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing,
             block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
@@ -291,6 +291,37 @@ class LLMEngine:
         """The block manager's events since the last call, (kind, block_id, detail): the
         one place they are drained, after a step or when a request ends between steps."""
         return self.block_manager.take_events()
+
+    # -- what the server and the explainer read between steps, instead of the engine's parts --
+    def live_sequences(self) -> list[Sequence]:
+        """Every request the engine holds: the running ones, then the waiting ones."""
+        return [*self.scheduler.running, *self.scheduler.waiting]
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    def block_hashes(self) -> list[bytes | None]:
+        """Each KV block's prefix-cache hash (None: not hashed), by block id."""
+        return [b.hash for b in self.block_manager.blocks]
+
+    @property
+    def num_prefix_hits(self) -> int:
+        """Blocks reused from the prefix cache since the start (or the last reset)."""
+        return self.block_manager.num_prefix_hits
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks whose contents made room for others, since the start (or the last reset)."""
+        return self.block_manager.num_evictions
 
     def add_observer(self, observer: EngineObserver) -> None:
         self.observers.append(observer)

@@ -13,11 +13,11 @@ from kvscope.engine.plan import pick_attention_backend
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers.attention import SCALE_DTYPE, PagedAttention, as_bytes, kv_cache_format, step_metadata
+from kvscope.layers.attention import (SCALE_DTYPE, PagedAttention, as_bytes, attention_context, kv_cache_format,
+                                      pick_routes, step_metadata)
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
-
 
 @dataclass
 class StepPlan:
@@ -45,13 +45,15 @@ class ModelRunner:
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
+        self.routes = pick_routes(self.attention_backend, None, dtype, self.block_size)   # until a graph is made
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        attention_context(model)   # bound now, before any graph traces the model
         self._allocate_kv_cache()
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
-        # decode steps run, and why when eagerly (the ExecutionPlan reports it)
+        # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
         self.graphs, self.compiled, self.decode = record_decode(self)
 
     # -- KV cache ----------------------------------------------------------------------
@@ -60,7 +62,7 @@ class ModelRunner:
         shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         fmt = self.kv_format
         for layer in self.attn_layers:
-            layer.kv_format, layer.backend = fmt, self.attention_backend
+            layer.kv_format = fmt
             layer.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             if fmt.per_token_head:   # one scale per token and KV head, beside the values
@@ -116,7 +118,8 @@ class ModelRunner:
         self.copy_blocks(out.block_copies)
         replay = not eager and self._replayable(out)
         compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
-        inputs = prepare_inputs(out, self.block_size, self.buffers, self.attention_backend, compiled)
+        route = self.routes.graph if compiled else self.routes.eager
+        inputs = prepare_inputs(out, self.block_size, self.buffers, route)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
@@ -127,7 +130,7 @@ class ModelRunner:
         elif compiled:
             logits = self.compiled.run(inputs)    # every row is sampled: the graph scores them all
         else:
-            with step_metadata(md):
+            with step_metadata(self.model, md):
                 hidden = self.model(ids, pos)
         if not seqs:
             return result

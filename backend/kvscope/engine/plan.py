@@ -11,8 +11,8 @@ import torch
 
 from kvscope.config import EngineConfig
 from kvscope.layers import kernels
-from kvscope.layers.attention import (HAS_FLASH_ATTN, AttentionMetadata, KVCacheFormat, PagedAttention, PrefillSpan,
-                                      kv_cache_format, step_metadata)
+from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, KVCacheFormat, PagedAttention, PrefillSpan, Routes,
+                                      flash_fits, kv_cache_format, span_metadata, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
 from kvscope.models.loader import ModelConfig
 
@@ -28,6 +28,7 @@ class ExecutionPlan:
     dtype: torch.dtype
     dtype_reason: str
     attention_backend: str
+    attention: Routes         # which kernels take the spans and the decode rows
     decode: str               # "eager", "compiled (...)" or "cuda graphs"; an eager fallback says why
     kv_format: KVCacheFormat  # its name is vLLM's kv_cache_dtype
     kv_cache_bytes: int       # every layer's K, V and scales, allocated once
@@ -44,7 +45,8 @@ class ExecutionPlan:
     def describe(self) -> str:
         ranks = f", {self.tensor_parallel_size} tensor-parallel ranks" if self.tensor_parallel_size > 1 else ""
         stored = f" stored as {self.kv_format.name}" if self.kv_format.quantized else ""
-        return (f"{self.device}{ranks}, {self.dtype_name} ({self.dtype_reason}); attention {self.attention_backend}, "
+        return (f"{self.device}{ranks}, {self.dtype_name} ({self.dtype_reason}); attention {self.attention_backend} "
+                f"({self.attention.describe()}), "
                 f"decode {self.decode}; KV cache {self.kv_cache_sizing}, {self.block_size} tokens a block{stored}, "
                 f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
@@ -140,9 +142,8 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
     ids = torch.zeros(n, dtype=torch.long, device=device)
     rope_len = model.model.rotary.cos_cache.shape[0]
     pos = torch.arange(n, device=device) % rope_len
-    md = AttentionMetadata(slot_mapping=torch.zeros(n, dtype=torch.long, device=device),
-                           prefills=[PrefillSpan(0, n, 0)], num_prefill_tokens=n)
-    with step_metadata(md):
+    md = span_metadata(torch.zeros(n, dtype=torch.long, device=device), PrefillSpan(0, n, 0))
+    with step_metadata(model, md):
         hidden = model(ids, pos)
     model.compute_logits(hidden[-min(n, config.max_num_seqs):])
     torch.cuda.synchronize(device)
@@ -163,7 +164,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
-        if HAS_FLASH_ATTN and block_size % 256 == 0:
+        if flash_fits(dtype, block_size):
             return "flash_attn"
         return "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
@@ -175,8 +176,9 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
                          "block_size that are powers of two")
     if requested == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("the triton backend runs on CUDA (or on CPU under TRITON_INTERPRET=1)")
-    if requested == "flash_attn" and not (HAS_FLASH_ATTN and device.type == "cuda" and block_size % 256 == 0):
-        raise ValueError("attention_backend='flash_attn' needs flash-attn, CUDA and a block_size multiple of 256")
+    if requested == "flash_attn" and not (device.type == "cuda" and flash_fits(dtype, block_size)):
+        raise ValueError(f"attention_backend='flash_attn' needs flash-attn, CUDA, float16 or bfloat16 and a "
+                         f"block_size multiple of {FLASH_PAGE_MULTIPLE}")
     return requested
 
 

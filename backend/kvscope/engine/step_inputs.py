@@ -14,7 +14,8 @@ import torch
 from kvscope.engine.block_manager import cdiv, slots
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.attention import AttentionMetadata, DecodeGroup, InPlaceRows, PrefillSpan, TiledSpans
+from kvscope.layers.attention import (AttentionMetadata, DecodeGroup, PagedRows, PrefillSpan, Route, TiledSpans,
+                                      VarlenSpans)
 from kvscope.layers.kernels import tiles_span
 
 MAX_DECODE_GROUPS = 4
@@ -72,39 +73,47 @@ def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
     return prefills + decodes
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, attention_backend: str,
-                   compiled: bool = False) -> StepInputs:
-    """Flatten a scheduled step for this attention backend, eager or `compiled` (a decode
-    step through the compiled graph). Only the reference backend pads decode rows into groups
-    (the kernels read each row's own context): one when compiled (a shape the graph shares
-    across batches), else up to MAX_DECODE_GROUPS. Eager CPU kernels get one row-kernel call
-    planned for the decode rows and short spans, one tile-kernel call for the other spans. A
-    compiled step's block table is at least two blocks wide: dynamo specialises sizes 0 and 1,
-    so a width of 1 would fail the guards of the graph (traced with a varying width) and
-    recompile it mid-serving."""
-    max_decode_groups = 0 if attention_backend != "torch" else 1 if compiled else MAX_DECODE_GROUPS
+COMPILED = (Route.REFERENCE_COMPILED, Route.CPU_COMPILED)
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, route: Route) -> StepInputs:
+    """Flatten a scheduled step, with the attention metadata `route` reads (the route is the
+    engine's, attention.pick_routes): its spans as SDPA spans, varlen offsets or CPU tiles, its
+    decode rows as block tables or (the reference) padded groups. A compiled step's block
+    table is at least two blocks wide: dynamo specialises sizes 0 and 1, so a width of 1 would
+    fail the guards of the graph (traced with a varying width) and recompile it mid-serving."""
     ordered = batch_order(out.entries)
     decodes = [e for e in ordered if e.kind == "decode"]
     prefills = ordered[:len(ordered) - len(decodes)]
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
     tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
-    md = AttentionMetadata(slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
+    md = AttentionMetadata(route, slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
     inputs = StepInputs(None, None, md)
-    span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
+    spans, span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
+    tables = lens = None
     if decodes:
-        _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
-                        num_prefill_tokens, max_decode_groups, 2 if compiled else 1)
-    if attention_backend == "cpu_paged" and not compiled:
-        _plan_cpu_kernels(md, span_tables, buffers)
+        tables, lens = _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
+                                       num_prefill_tokens, 2 if route in COMPILED else 1)
+    if route is Route.CPU_KERNELS:
+        _plan_cpu_kernels(md, spans, span_tables, tables, lens, buffers)
+    else:
+        if spans:
+            md.spans = (_varlen_spans(spans, span_tables, buffers) if route.flash_prefill
+                        else _sdpa_spans(spans, span_tables, buffers))
+        if decodes and route in (Route.REFERENCE, Route.REFERENCE_COMPILED):
+            groups = 1 if route in COMPILED else MAX_DECODE_GROUPS   # a compiled graph keeps one shape
+            md.decode = _decode_groups(tables, lens, block_size, buffers, groups)
+        elif decodes:
+            md.decode = PagedRows(slice(num_prefill_tokens, None), buffers.to_device(tables), buffers.to_device(lens))
     inputs.input_ids, inputs.positions, md.slot_mapping = map(buffers.to_device, tokens)
     return inputs
 
 
 def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: StepBuffers,
-                     tokens: np.ndarray, inputs: StepInputs) -> list[np.ndarray]:
-    """Fills the spans' rows; returns each span's blocks (those holding its context)."""
+                     tokens: np.ndarray, inputs: StepInputs) -> tuple[list[PrefillSpan], list[np.ndarray]]:
+    """Fills the spans' rows; returns the spans and each one's blocks (those holding its context)."""
     ids, positions, slot_mapping = tokens
-    row, span_tables = 0, []
+    row, spans, span_tables = 0, [], []
     for e in prefills:
         seq, n = e.seq, e.num_new_tokens
         end = e.start + n
@@ -114,56 +123,78 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
         table = np.asarray(seq.block_table, dtype=np.int64)
         slot_mapping[rows] = slots(table[positions[rows] // block_size], positions[rows], block_size)
         span_tables.append(table[:cdiv(end, block_size)])
-        blocks = buffers.to_device(span_tables[-1]) if e.start else None
-        inputs.metadata.prefills.append(PrefillSpan(row, n, e.start, blocks))
+        spans.append(PrefillSpan(row, n, e.start))
         row += n
         if e.samples:
             _add_samplers(inputs, e, row - 1)
-    return span_tables
+    return spans, span_tables
 
 
-def _plan_cpu_kernels(md: AttentionMetadata, span_tables: list[np.ndarray], buffers: StepBuffers) -> None:
-    """Split the spans between the CPU kernels (their rule, kernels.tiles_span): the
-    longer ones to the tile kernel, the rest with the decode rows to the row kernel, where a
-    span's query i is a row whose context ends at its own position. No span is left for SDPA."""
-    tiled = [tiles_span(s.q_len) for s in md.prefills]
+def _sdpa_spans(spans: list[PrefillSpan], span_tables: list[np.ndarray], buffers: StepBuffers) -> list[PrefillSpan]:
+    """A span over cached context reads it back through its blocks; a fresh one needs none."""
+    for span, table in zip(spans, span_tables):
+        if span.start:
+            span.context_blocks = buffers.to_device(table)
+    return spans
+
+
+def _varlen_spans(spans: list[PrefillSpan], span_tables: list[np.ndarray], buffers: StepBuffers) -> VarlenSpans:
+    q_lens = [s.q_len for s in spans]
+    k_lens = [s.start + s.q_len for s in spans]
+    return VarlenSpans(buffers.to_device(np.cumsum([0, *q_lens], dtype=np.int32)),
+                       buffers.to_device(np.cumsum([0, *k_lens], dtype=np.int32)),
+                       max(q_lens), max(k_lens), buffers.to_device(_padded_tables(span_tables)))
+
+
+def _padded_tables(tables: list[np.ndarray]) -> np.ndarray:
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for row, table in enumerate(tables):
+        out[row, :len(table)] = table
+    return out
+
+
+def _plan_cpu_kernels(md: AttentionMetadata, spans: list[PrefillSpan], span_tables: list[np.ndarray],
+                      tables: np.ndarray | None, lens: np.ndarray | None, buffers: StepBuffers) -> None:
+    """Split the spans between the CPU kernels (their rule, kernels.tiles_span): the longer
+    ones to the tile kernel, the rest with the decode rows to the row kernel, where a span's
+    query i is a row whose context ends at its own position."""
+    tiled = [tiles_span(s.q_len) for s in spans]
     if any(tiled):
-        md.tiled = _tiled_spans([(s, t) for s, t, ok in zip(md.prefills, span_tables, tiled) if ok])
-    short = [(s, t) for s, t, ok in zip(md.prefills, span_tables, tiled) if not ok]
-    md.prefills = []
+        md.spans = _tiled_spans([(s, t) for s, t, ok in zip(spans, span_tables, tiled) if ok])
+    short = [(s, t) for s, t, ok in zip(spans, span_tables, tiled) if not ok]
+    num_decodes = 0 if lens is None else len(lens)
     if not short:
-        if md.num_decodes:
-            md.in_place = InPlaceRows(slice(md.num_prefill_tokens, None), md.block_tables, md.context_lens)
+        if num_decodes:
+            md.decode = PagedRows(slice(md.num_prefill_tokens, None), torch.from_numpy(tables), torch.from_numpy(lens))
         return
-    width = max(md.block_tables.shape[1] if md.num_decodes else 0, *(len(t) for _, t in short))
-    tables = np.zeros((sum(s.q_len for s, _ in short) + md.num_decodes, width), dtype=np.int32)
-    lens = np.empty(len(tables), dtype=np.int32)
+    width = max(tables.shape[1] if num_decodes else 0, *(len(t) for _, t in short))
+    row_tables = np.zeros((sum(s.q_len for s, _ in short) + num_decodes, width), dtype=np.int32)
+    row_lens = np.empty(len(row_tables), dtype=np.int32)
     row = 0
     for span, table in short:
-        tables[row:row + span.q_len, :len(table)] = table
-        lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
+        row_tables[row:row + span.q_len, :len(table)] = table
+        row_lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
         row += span.q_len
-    if md.num_decodes:
-        tables[row:, :md.block_tables.shape[1]] = md.block_tables.numpy()
-        lens[row:] = md.context_lens.numpy()
-    rows = slice(None) if md.tiled is None else torch.from_numpy(np.concatenate(
+    if num_decodes:
+        row_tables[row:, :tables.shape[1]] = tables
+        row_lens[row:] = lens
+    rows = slice(None) if md.spans is None else torch.from_numpy(np.concatenate(
         [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in short]
-        + [buffers.arange(md.num_prefill_tokens + md.num_decodes)[md.num_prefill_tokens:]]))
-    md.in_place = InPlaceRows(rows, torch.from_numpy(tables), torch.from_numpy(lens))
+        + [buffers.arange(md.num_prefill_tokens + num_decodes)[md.num_prefill_tokens:]]))
+    md.decode = PagedRows(rows, torch.from_numpy(row_tables), torch.from_numpy(row_lens))
 
 
 def _tiled_spans(spans: list[tuple[PrefillSpan, np.ndarray]]) -> TiledSpans:
-    tables = np.zeros((len(spans), max(len(t) for _, t in spans)), dtype=np.int32)
-    for row, (_, table) in enumerate(spans):
-        tables[row, :len(table)] = table
+    tables = _padded_tables([t for _, t in spans])
     q_starts, q_lens, starts = (torch.tensor(column, dtype=torch.int32)
                                 for column in zip(*((s.q_start, s.q_len, s.start) for s, _ in spans)))
     return TiledSpans(torch.from_numpy(tables), q_starts, q_lens, starts)
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
-                    inputs: StepInputs, first_row: int, max_decode_groups: int, min_width: int) -> None:
-    """One token per sequence: a row of the padded block table, and its position's slot.
+                    inputs: StepInputs, first_row: int, min_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """One token per sequence: a row of the padded block table (returned, with the context
+    lengths, as host arrays valid until the next step), and its position's slot.
     Built as Python lists and handed to numpy in one assignment per array: right after a
     graph has run, each numpy call costs several µs (its code is out of the caches), more
     than a row's worth of list work (a 33-row step: 107 → 72 µs)."""
@@ -185,10 +216,7 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
     else:   # one row each, no drafts (a decode row has none), no forks: in two extends
         inputs.sample_rows += range(first_row, first_row + len(decodes))
         inputs.sample_seqs += [e.seq for e in decodes]
-    md = inputs.metadata
-    md.block_tables, md.context_lens = buffers.to_device(tables), buffers.to_device(lens)
-    if max_decode_groups:
-        md.decode_groups = _decode_groups(tables, lens, block_size, buffers, max_decode_groups)
+    return tables, lens
 
 
 def _decode_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, buffers: StepBuffers,

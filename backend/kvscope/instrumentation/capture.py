@@ -15,7 +15,7 @@ import torch
 from kvscope.engine.step_inputs import batch_order
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.layers.attention import AttentionMetadata, PagedAttention, PrefillSpan, gather_context, step_metadata
+from kvscope.layers.attention import PagedAttention, PrefillSpan, gather_context, span_metadata, step_metadata
 from kvscope.engine.block_manager import cdiv
 
 
@@ -133,15 +133,14 @@ def recompute_rows(model: torch.nn.Module, runner, seq: Sequence, start: int, en
     Its own K/V go to the runner's scratch slot: the shared cached blocks stay untouched."""
     n, bs, device = end - start, runner.block_size, runner.device
     blocks = torch.tensor(seq.block_table[:cdiv(end, bs)], dtype=torch.long, device=device)
-    md = AttentionMetadata(slot_mapping=torch.full((n,), runner.scratch_slot, dtype=torch.long, device=device),
-                           prefills=[PrefillSpan(0, n, start, blocks if start else None)],
-                           num_prefill_tokens=n)
+    md = span_metadata(torch.full((n,), runner.scratch_slot, dtype=torch.long, device=device),
+                       PrefillSpan(0, n, start, blocks if start else None))
     ids = torch.tensor(seq.token_ids[start:end], dtype=torch.long, device=device)
     positions = torch.arange(start, end, device=device)
     rows = WatchedRows(seq, 0, list(range(start, end)), None, layers, internals)
     capture = StepCapture(model, [rows], bs).install()
     try:
-        with step_metadata(md):
+        with step_metadata(model, md):
             model(ids, positions)
     finally:
         capture.remove()

@@ -130,6 +130,7 @@ def hello_event(engine, facts: ModelFacts, device: dict | None = None, ts: float
             "max_num_batched_tokens": knobs["max_num_batched_tokens"], "max_num_seqs": knobs["max_num_seqs"],
             "max_model_len": engine.max_model_len, "enable_prefix_caching": plan.enable_prefix_caching,
             "attention_backend": plan.attention_backend,
+            "prefill_attention": plan.attention.eager.prefill, "decode_attention": plan.attention.describe_decode(),
             "decode": plan.decode,
             "kv_cache": plan.kv_cache_sizing,   # the pool's size and the rule that chose it
             "kv_cache_dtype": plan.kv_format.name,

@@ -12,8 +12,8 @@ first decode step, the first read of the cache.
 
 Both runs use modules of their own (a copy of the model's module tree sharing its weights)
 with a cache of a few blocks, read by the PyTorch reference attention: the engine's
-modules, its pool and its requests are untouched, so a compiled decode, which reads the
-engine's modules without guards on them, never sees a rebound attribute. Call it between engine steps (on the engine thread).
+modules (their attributes never rebound, which a compiled decode's graph reads), its pool
+and its requests are untouched. Call it between engine steps (on the engine thread).
 scripts/bench_kv_cache_dtype.py compares whole engines with `compare_greedy` too."""
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvscope.layers.attention import (SCALE_DTYPE, AttentionMetadata, KVCacheFormat, PagedAttention, PrefillSpan,
-                                      kv_cache_format, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KVCacheFormat, PagedAttention, PrefillSpan, kv_cache_format,
+                                      span_metadata, step_metadata)
 from kvscope.models.loader import ModelConfig
 
 
@@ -75,8 +75,8 @@ def compare_greedy(ref_tokens: list[int], ref_logits: list[torch.Tensor], got_to
 
 def probe_model(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model`'s module tree that shares its weights (every parameter and buffer)
-    but has attention layers of its own, their caches empty until `bind_cache`. The engine's
-    modules are never rebound: a compiled decode reads them without guards on them."""
+    but has attention layers (and attention context) of its own, their caches empty until
+    `bind_cache`. The engine's modules, which its compiled decode reads, are never rebound."""
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     caches = [t for m in layers for t in (m.k_cache, m.v_cache, m.k_scales, m.v_scales) if t is not None]
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
@@ -113,9 +113,8 @@ def greedy_on_own_cache(model, prompt_ids: list[int], max_tokens: int, fmt: KVCa
     for _ in range(max_tokens):
         n = len(ids)
         span = PrefillSpan(0, n, start, blocks[:-(-(start + n) // block_size)] if start else None)
-        md = AttentionMetadata(slot_mapping=torch.arange(start, start + n, device=device),
-                               prefills=[span], num_prefill_tokens=n)
-        with step_metadata(md):
+        md = span_metadata(torch.arange(start, start + n, device=device), span)
+        with step_metadata(model, md):
             hidden = model(torch.tensor(ids, device=device), torch.arange(start, start + n, device=device))
         row = model.compute_logits(hidden[-1:]).float()[0]
         logits.append(row.cpu())

@@ -8,7 +8,6 @@ and token counts. It re-derives only the blocks a step touched, so its cost foll
 step's work, not the pool's size."""
 from __future__ import annotations
 
-from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
 
 def short_hash(h: bytes | None) -> str | None:
@@ -33,19 +32,19 @@ def block_dict(block_id: int, state: tuple) -> dict:
 
 
 class KVTracker:
-    def __init__(self, bm: BlockManager, running: list[Sequence] = ()):
-        """Starts from the pool as it is now, and the tables of the sequences holding blocks."""
-        self.block_size, self.num_blocks = bm.block_size, bm.num_blocks
-        self.hashes: list[bytes | None] = [b.hash for b in bm.blocks]
+    def __init__(self, engine):
+        """Starts from the engine's pool as it is now, and the tables of its live sequences."""
+        self.block_size, self.hashes = engine.plan.block_size, engine.block_hashes()
+        self.num_blocks = len(self.hashes)
         self.tables: dict[str, list[int]] = {}             # request id -> published table
         self.seqs: dict[str, Sequence] = {}
         self.owners: dict[int, dict[str, int]] = {}        # block -> {request id: index}
-        for seq in running:
+        for seq in engine.live_sequences():
             self._retable(seq, set())
         self.states: list[tuple] = [self._state(b) for b in range(self.num_blocks)]
         self.totals = {"num_free": sum(1 for s in self.states if s[0] == 0),
                        "num_cached": sum(1 for s in self.states if _is_cached(s)),
-                       "prefix_hits": bm.num_prefix_hits, "evictions": bm.num_evictions}
+                       "prefix_hits": engine.num_prefix_hits, "evictions": engine.num_evictions}
 
     def _state(self, b: int) -> tuple:
         owners = self.owners.get(b, {})   # every table holding a block is tracked: its ref count

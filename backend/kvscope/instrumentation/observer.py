@@ -55,7 +55,7 @@ class Instrumentation(EngineObserver):
         self.memory_interval = memory_interval
         self.facts = model_facts(engine)
         self.tensor_parallel = engine.plan.tensor_parallel_size > 1
-        self.kv = KVTracker(engine.block_manager, engine.scheduler.running)
+        self.kv = KVTracker(engine)
         self.labels: dict[str, RequestLabel] = {}   # request id -> label, set before submitting
         # request id -> who watches it. A registry shared with a fan-out is the fan-out's to
         # prune: it forgets a request once it has delivered the request's last event
@@ -112,7 +112,7 @@ class Instrumentation(EngineObserver):
                 "itl_s": [round(x, 6) for x in seq.inter_token_latencies]}
 
     def on_reset(self) -> None:
-        self.kv = KVTracker(self.engine.block_manager)   # reset: an empty pool
+        self.kv = KVTracker(self.engine)   # reset: an empty pool
         self.watches.clear()
         self.sink([self.kv_snapshot()])
 

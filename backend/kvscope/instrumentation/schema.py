@@ -53,6 +53,7 @@ ENGINE = obj({"block_size": NAT, "num_blocks": NAT, "kv_cache_bytes": NAT,
               "enable_prefix_caching": BOOL, "attention_backend": STR},
              {"speculative": {"oneOf": [{"type": "null"}, SPEC_CONFIG]}, "tensor_parallel_size": NAT,
               "rank_weight_bytes": NAT, "decode": STR, "kv_cache": STR,
+              "prefill_attention": STR, "decode_attention": STR,
               "kv_cache_dtype": {"enum": KV_DTYPES}})
 H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2_bytes": NAT,
             "num_sms": NAT, "smem_per_sm_bytes": NAT, "peak_flops_bf16": NNUM,
@@ -61,7 +62,9 @@ H100 = obj({"name": STR, "memory_bytes": NAT, "bandwidth_bytes_per_s": NNUM, "l2
 CAPABILITIES = ("requests", "tokenize", "kv", "steps", "step_rows", "memory", "attention", "sampling",
                 "internals", "sandbox", "kv_quant", "speculation", "tensor_parallel", "instructor")
 BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attached_url": NULL_STR,
-               "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)})
+               "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)},
+              # serve --attach: hello keys the attached server does not report (stand-ins kept the shape)
+              {"unreported": arr(STR, uniqueItems=True)})
 HELLO = event("hello", {"schema_version": {"const": SCHEMA_VERSION}, "server": STR,
                         "started_at": STR, "backend": BACKEND, "model": MODEL, "device": DEVICE,
                         "engine": ENGINE, "h100": H100})
@@ -76,7 +79,7 @@ LIMITS = obj({"max_prompt_tokens": NAT, "max_prompt_chars": NAT, "max_tokens": N
               "submits_per_minute": NNUM, "messages_per_second": NNUM, "max_frame_bytes": NAT,
               "max_active_requests": NAT, "max_watched_layers_x_heads": NAT},
              {"max_learner_requests": NAT, "hold_timeout_s": NNUM, "max_watched_prompt_tokens": NAT,
-              "max_watches": NAT})
+              "max_watches": NAT, "max_sweep_in_flight": NAT})
 SESSION = event("session", {"client_id": STR, "role": {"enum": ["learner", "instructor"]},
                             "subscriptions": {"type": "object", "additionalProperties": FILTER},
                             "limits": LIMITS}, {"replay": BOOL})
@@ -91,7 +94,8 @@ ENGINE_STATE = event("engine", {
     {"slow_motion_s": NNUM,
      # serve --attach: the vLLM server drawn, whether it answers, and its /metrics figures
      "vllm": obj({"url": STR, "version": STR, "model": STR, "connected": BOOL, "kv_events": STR,
-                  "metrics": {"type": "object"}})})
+                  "metrics": {"type": "object"}},
+                 {"retry_s": NNUM, "kv_cache_report_mode": {"enum": ["full", "incremental"]}})})
 
 TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
              "complete": BOOL})
@@ -302,9 +306,8 @@ COMMANDS = {
     "next": command("next", {"request_id": RID}),
     "release": command("release", {"request_id": RID}),
     "pace": command("pace", {"interval_s": INTERVAL}, {"request_id": RID, "request_ids": arr(RID, minItems=1, maxItems=16)}),
-    "measure": command("measure", {"concurrency": {"type": "integer", "minimum": 1, "maximum": 64},
-                                   "total": {"type": "integer", "minimum": 1, "maximum": 64},
-                                   "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
+    "sweep": command("sweep", {"levels": arr({"type": "integer", "minimum": 1, "maximum": 256}, minItems=1, maxItems=10),
+                               "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1024}}),
     "slow_motion": command("slow_motion", {"interval_s": INTERVAL}),
     "kv_quant": command("kv_quant", {"kv_cache_dtype": {"enum": [d for d in KV_DTYPES if d != "auto"]}}, {
         "prompt": {"type": "string", "minLength": 1}, "prompt_token_ids": arr(NAT, minItems=1),

@@ -1,14 +1,20 @@
 """Paged attention: the layer writes this step's K/V into the cache, then attends through the
-block tables with the selected backend. What a step's attention needs to know (slot mapping,
-spans, block tables) is set once per forward pass by the model runner (`with step_metadata(md):`);
-the layers read it there instead of taking extra arguments.
+block tables by the step's route. What a step's attention needs to know (the route, slot mapping,
+spans, block tables) is set once per forward pass on the model's own AttentionContext
+(`with step_metadata(model, md):`); its layers read it there instead of taking extra arguments,
+and two engines, each with its own model, never see each other's steps.
+
+Which route a step takes is decided once, from the engine's start-up plan (`pick_routes`): the
+backend and how decode steps run (eagerly, compiled, in CUDA graphs). step_inputs.py builds only
+the metadata that route reads; `PagedAttention.forward` dispatches on it.
 
 Below the layer, the readable reference backend in plain PyTorch (CPU or GPU) reads K and V back
 through each sequence's block table, the layout the kernels use, gathering whole blocks with
 index_select (an order of magnitude faster on CPU than gathering single slots)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
@@ -17,16 +23,74 @@ from torch import nn
 from kvscope.layers import kernels
 
 try:
-    from flash_attn import flash_attn_with_kvcache
+    from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
     HAS_FLASH_ATTN = True
 except ImportError:
     HAS_FLASH_ATTN = False
 
+# FlashAttention-2 reads a paged cache only in pages of a multiple of this many tokens
+FLASH_PAGE_MULTIPLE = 256
 
-# -- the step's attention metadata ------------------------------------------------------
+
+# -- a step's route: which kernel takes the spans (prompts, chunks), which the decode rows ----------
+class Route(Enum):
+    REFERENCE = ("sdpa", "torch, gathered in up to 4 padded groups")
+    REFERENCE_COMPILED = ("none: decode only", "torch, gathered in one padded group, compiled")
+    CPU_KERNELS = ("cpu_paged tile kernel, short spans with the rows", "cpu_paged row kernel")
+    CPU_COMPILED = ("none: decode only", "cpu_paged row kernel, an op in the compiled graph")
+    TRITON = ("sdpa", "triton")
+    FLASH_PREFILL_TRITON = ("flash_attn varlen", "triton")
+    FLASH_ATTN = ("flash_attn varlen", "flash_attn with_kvcache")
+
+    @property
+    def prefill(self) -> str:
+        return self.value[0]
+
+    @property
+    def decode(self) -> str:
+        return self.value[1]
+
+    @property
+    def flash_prefill(self) -> bool:
+        return self.prefill == "flash_attn varlen"
+
+
+@dataclass(frozen=True)
+class Routes:
+    """An engine's routes: for eager steps, and for the decode steps its graph runs (None: no graph)."""
+    eager: Route
+    graph: Route | None
+
+    def describe_decode(self) -> str:
+        return self.graph.decode if self.graph is not None else self.eager.decode
+
+    def describe(self) -> str:
+        return f"prefill: {self.eager.prefill}; decode: {self.describe_decode()}"
+
+
+def pick_routes(backend: str, graph: str | None, dtype: torch.dtype, block_size: int) -> Routes:
+    """The one place a step's route is decided. backend: the plan's attention backend; graph:
+    "compiled" (CPU), "cuda graphs" or None (decode runs eagerly)."""
+    if backend == "cpu_paged":
+        return Routes(Route.CPU_KERNELS, Route.CPU_COMPILED if graph == "compiled" else None)
+    if backend == "torch":
+        return Routes(Route.REFERENCE, Route.REFERENCE_COMPILED if graph == "compiled" else None)
+    if backend == "flash_attn":
+        route = Route.FLASH_ATTN
+    else:   # triton: FlashAttention's varlen kernel takes the spans where it can read the cache
+        route = Route.FLASH_PREFILL_TRITON if flash_fits(dtype, block_size) else Route.TRITON
+    return Routes(route, route if graph == "cuda graphs" else None)
+
+
+def flash_fits(dtype: torch.dtype, block_size: int) -> bool:
+    """FlashAttention-2 can run here: installed, half-precision caches, pages it can read."""
+    return HAS_FLASH_ATTN and dtype in (torch.float16, torch.bfloat16) and block_size % FLASH_PAGE_MULTIPLE == 0
+
+
+# -- the step's attention metadata: each route reads its own part ----------------------------
 @dataclass
 class PrefillSpan:
-    """A sequence computing several tokens this step (a whole prompt or a chunk of one)."""
+    """A sequence computing several tokens this step (a whole prompt or a chunk of one), for SDPA."""
     q_start: int            # first row of this span in the step's flattened tokens
     q_len: int
     start: int              # position of the first computed token (= tokens already cached)
@@ -34,25 +98,18 @@ class PrefillSpan:
 
 
 @dataclass
-class DecodeGroup:
-    """Decode rows of similar context length: the reference path pads each group, not the batch, to its longest."""
-    rows: slice
-    block_tables: torch.Tensor                  # [rows, blocks]
-    mask: torch.Tensor                          # [rows, 1, 1, blocks * block_size]
-
-
-@dataclass
-class InPlaceRows:
-    """An eager cpu_paged step's rows for the row kernel, one call per layer: every decode row and
-    every short span, one row per query, each with its own block table and context length."""
-    rows: slice | torch.Tensor                  # into the step's flattened tokens
-    block_tables: torch.Tensor                  # [rows, width] int32
-    context_lens: torch.Tensor                  # [rows] int32
+class VarlenSpans:
+    """Every span for FlashAttention's varlen kernel in one call, read through the block tables."""
+    cu_seqlens_q: torch.Tensor                  # [spans + 1] int32: where each span's rows begin
+    cu_seqlens_k: torch.Tensor                  # [spans + 1] int32: running total of context lengths
+    max_seqlen_q: int
+    max_seqlen_k: int
+    block_tables: torch.Tensor                  # [spans, width] int32
 
 
 @dataclass
 class TiledSpans:
-    """An eager cpu_paged step's spans of at least MIN_TILED_SPAN tokens, for the tile kernel (one call per layer)."""
+    """cpu_paged's spans of at least MIN_TILED_SPAN tokens, for the tile kernel (one call per layer)."""
     block_tables: torch.Tensor                  # [spans, width] int32: blocks holding each context
     q_starts: torch.Tensor                      # [spans] int32: first row in the step's tokens
     q_lens: torch.Tensor                        # [spans] int32
@@ -60,46 +117,74 @@ class TiledSpans:
 
 
 @dataclass
+class PagedRows:
+    """Rows a paged kernel reads in place, one query each, each with its own block table and
+    context length: the decode rows (triton, flash_attn, a compiled cpu_paged step), or for
+    cpu_paged's eager steps the decode rows and every query of the short spans."""
+    rows: slice | torch.Tensor                  # into the step's flattened tokens
+    block_tables: torch.Tensor                  # [rows, width] int32
+    context_lens: torch.Tensor                  # [rows] int32
+
+
+@dataclass
+class DecodeGroup:
+    """Decode rows of similar context length: the reference pads each group, not the batch, to its longest."""
+    rows: slice
+    block_tables: torch.Tensor                  # [rows, blocks]
+    mask: torch.Tensor                          # [rows, 1, 1, blocks * block_size]
+
+
+@dataclass
 class AttentionMetadata:
+    route: Route
     slot_mapping: torch.Tensor                  # [num_tokens]: where each new K/V is written
-    # spans for scaled_dot_product_attention (none where the CPU kernels take them all)
-    prefills: list[PrefillSpan] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    # decode rows (one new token each) follow the prefill rows
-    block_tables: torch.Tensor | None = None    # [num_decodes, max_blocks]
-    context_lens: torch.Tensor | None = None    # [num_decodes]
-    decode_groups: list[DecodeGroup] = field(default_factory=list)   # reference path only
-    in_place: InPlaceRows | None = None         # cpu_paged, eager steps: decodes and short spans
-    tiled: TiledSpans | None = None             # cpu_paged, eager steps: the other spans
-
-    @property
-    def num_decodes(self) -> int:
-        return 0 if self.context_lens is None else self.context_lens.shape[0]
+    num_prefill_tokens: int = 0                 # the spans' rows come first, the decode rows after
+    spans: list[PrefillSpan] | VarlenSpans | TiledSpans | None = None   # as route.prefill takes them
+    decode: PagedRows | list[DecodeGroup] | None = None                 # as route.decode takes them
 
 
-_current: AttentionMetadata | None = None
+def span_metadata(slot_mapping: torch.Tensor, span: PrefillSpan) -> AttentionMetadata:
+    """One span through SDPA, for side passes outside the engine's steps (a watched request's
+    recomputed rows, the KV quantization probe, the memory profile)."""
+    return AttentionMetadata(Route.REFERENCE, slot_mapping, span.q_len, [span])
 
 
-def get_metadata() -> AttentionMetadata:
-    assert _current is not None, "attention called outside a model-runner step"
-    return _current
+class AttentionContext:
+    """One model's attention metadata for the forward pass being run. Every attention layer of
+    the model holds the same context (attention_context binds it); each model has its own."""
+
+    def __init__(self):
+        self.metadata: AttentionMetadata | None = None
+
+
+def attention_context(model: nn.Module) -> AttentionContext:
+    """The model's AttentionContext, bound to each of its attention layers the first time
+    (a lone layer answers its own)."""
+    if isinstance(model, PagedAttention):
+        return model.context
+    context = getattr(model, "attention_context", None)
+    if context is None:
+        context = AttentionContext()
+        for layer in model.modules():
+            if isinstance(layer, PagedAttention):
+                layer.context = context
+        model.attention_context = context
+    return context
 
 
 class step_metadata:
-    """`with step_metadata(md):` the attention layers read `md` (a class, not a generator
-    function: entered twice per step, it is cheaper this way)."""
+    """`with step_metadata(model, md):` the model's attention layers read `md`, and read what
+    they read before once the block ends (a class: dynamo traces it inside a compiled step)."""
 
-    def __init__(self, metadata: AttentionMetadata):
-        self.metadata = metadata
+    def __init__(self, model: nn.Module, metadata: AttentionMetadata):
+        self.context, self.metadata = attention_context(model), metadata
 
     def __enter__(self) -> AttentionMetadata:
-        global _current
-        self.previous, _current = _current, self.metadata
+        self.previous, self.context.metadata = self.context.metadata, self.metadata
         return self.metadata
 
     def __exit__(self, *exc) -> None:
-        global _current
-        _current = self.previous
+        self.context.metadata = self.previous
 
 
 # -- how the cache stores K and V: vLLM's kv_cache_dtype ----------------------------------
@@ -198,7 +283,7 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.layer_idx = layer_idx
-        self.backend = "torch"
+        self.context = AttentionContext()   # the model's, once attention_context(model) binds it
         # [num_blocks + 1, block_size, KVH, D]; bound by the model runner (the extra block
         # is a scratch target for the padded rows of a CUDA-graph batch)
         self.k_cache = self.v_cache = torch.empty(0)
@@ -215,32 +300,64 @@ class PagedAttention(nn.Module):
                 QuantizedCache(self.v_cache, self.v_scales, self.kv_format, self.v_scale))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        md = get_metadata()
+        """q: [tokens, H, D]; k, v: [tokens, KVH, D] → [tokens, H * D]."""
+        md = self.context.metadata
+        if md is None:
+            raise RuntimeError("attention called outside a step: wrap the forward in step_metadata(model, md)")
         store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)
         store(self.v_cache, self.v_scales, md.slot_mapping, v, self.kv_format, self.v_scale)
-        k_cache, v_cache = self.readable_caches()
-        out = torch.empty_like(q)
-        if (r := md.in_place) is not None:   # decode rows and short spans: one kernel call
-            out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables, r.context_lens,
-                                             self.scale)
-        if md.tiled is not None:      # the other spans: one call, written into their rows
-            kernels.cpu_prefill(q.contiguous(), self.k_cache, self.v_cache, md.tiled, self.scale, out)
-        for span in md.prefills:
-            rows = slice(span.q_start, span.q_start + span.q_len)
-            out[rows] = prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, span, self.scale)
-        if md.num_decodes and md.in_place is None:
-            out[md.num_prefill_tokens:] = self._decode(q[md.num_prefill_tokens:], md, k_cache, v_cache)
+        if md.route is Route.CPU_KERNELS:   # short spans' rows join the decode rows: not a prefix
+            out = self._cpu_kernels(q, md)
+        else:
+            p = md.num_prefill_tokens
+            if p == q.shape[0]:
+                out = self._spans(q, k, v, md)
+            elif p == 0:
+                out = self._decode(q, md)
+            else:
+                out = torch.cat((self._spans(q[:p], k[:p], v[:p], md), self._decode(q[p:], md)))
         return out.view(q.shape[0], -1)
 
-    def _decode(self, q, md, k_cache, v_cache):
-        if self.backend == "flash_attn":
-            out = flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache, cache_seqlens=md.context_lens,
-                                          block_table=md.block_tables, softmax_scale=self.scale, causal=True)
-            return out.squeeze(1)
-        if self.backend in ("triton", "cpu_paged"):   # the kernels read the raw caches in place
-            kernel = kernels.triton_decode_attention if self.backend == "triton" else kernels.cpu_decode_attention
-            return kernel(q, self.k_cache, self.v_cache, md.block_tables, md.context_lens, self.scale)
-        return decode_attention(q, k_cache, v_cache, md, self.scale)
+    def _spans(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
+        """The step's prompts and chunks: its first md.num_prefill_tokens rows."""
+        if md.route.flash_prefill:
+            s = md.spans   # the new K/V are already in the cache, where the block tables find them
+            return flash_attn_varlen_func(q, self.k_cache, self.v_cache, s.cu_seqlens_q, s.cu_seqlens_k,
+                                          s.max_seqlen_q, s.max_seqlen_k, softmax_scale=self.scale, causal=True,
+                                          block_table=s.block_tables)
+        k_cache, v_cache = self.readable_caches()
+        return torch.cat([prefill_attention(q[span.q_start:span.q_start + span.q_len],
+                                            k[span.q_start:span.q_start + span.q_len],
+                                            v[span.q_start:span.q_start + span.q_len],
+                                            k_cache, v_cache, span, self.scale) for span in md.spans])
+
+    def _decode(self, q, md: AttentionMetadata) -> torch.Tensor:
+        """The decode rows, one query each."""
+        r = md.decode
+        match md.route:
+            case Route.TRITON | Route.FLASH_PREFILL_TRITON:
+                return kernels.triton_decode_attention(q, self.k_cache, self.v_cache, r.block_tables, r.context_lens,
+                                                       self.scale)
+            case Route.FLASH_ATTN:
+                return flash_attn_with_kvcache(q.unsqueeze(1), self.k_cache, self.v_cache, cache_seqlens=r.context_lens,
+                                               block_table=r.block_tables, softmax_scale=self.scale,
+                                               causal=True).squeeze(1)
+            case Route.CPU_COMPILED:   # opaque to inductor, which fuses everything around it
+                return torch.ops.kvscope.paged_decode_attention(q, self.k_cache, self.v_cache, r.block_tables,
+                                                                r.context_lens, self.scale)
+        return decode_attention(q, *self.readable_caches(), md.decode, self.scale)
+
+    def _cpu_kernels(self, q, md: AttentionMetadata) -> torch.Tensor:
+        """An eager cpu_paged step: one row-kernel call for the decode rows and the short spans,
+        one tile-kernel call for the other spans, each written into its own rows."""
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        if (r := md.decode) is not None:
+            out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables, r.context_lens,
+                                             self.scale)
+        if md.spans is not None:
+            kernels.cpu_prefill(q, self.k_cache, self.v_cache, md.spans, self.scale, out)
+        return out
 
 
 # -- the reference backend ------------------------------------------------------------
@@ -265,12 +382,12 @@ def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float
     return out.squeeze(0).transpose(0, 1)                        # [q_len, H, D]
 
 
-def decode_attention(q, k_cache, v_cache, md: AttentionMetadata, scale: float):
+def decode_attention(q, k_cache, v_cache, groups: list[DecodeGroup], scale: float):
     """q: [B, H, D], one query per sequence, each attending to its own cached context."""
     _, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     out = torch.empty_like(q)
-    for group in md.decode_groups:
+    for group in groups:
         ks = gather_context(k_cache, group.block_tables).transpose(1, 2)   # [n, KVH, blocks * bs, D]
         vs = gather_context(v_cache, group.block_tables).transpose(1, 2)
         # the query heads that share a KV head act as that head's query rows, so K and V

@@ -9,10 +9,13 @@ first time they are needed (native_build.py) and called through ctypes, which le
 Under torch.compile the row kernel is a custom op (kvscope::paged_decode_attention), opaque to
 inductor: a compiled decode step fuses everything around attention and calls the kernel for it.
 
-On a GPU, a Triton decode kernel: one program per (sequence, KV head) walks the context
-TILE_TOKENS at a time (each token finding its block in the block table) and keeps a running
-softmax for the query heads that share this KV head, so K and V are read from memory once. It
-reads context lengths from device memory, so a CUDA graph can capture it."""
+On a GPU, a Triton decode kernel: one program per (sequence, KV head, slice of the context)
+walks its slice TILE_TOKENS at a time (each token finding its block in the block table, the
+next tiles' loads in flight while one is reduced) and keeps a running softmax for the query
+heads that share this KV head, so K and V are read from memory once. A small batch cuts each
+context into several slices (flash-decoding) so that a single sequence still fills the card;
+a second small kernel then combines the slices' partial maxima, sums and outputs. It reads
+context lengths from device memory, so a CUDA graph can capture it."""
 from __future__ import annotations
 
 import ctypes
@@ -87,13 +90,30 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    # the kernel trusts these layouts: check them, cheaply, on every call
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.is_contiguous()
-    assert block_tables.dtype == context_lens.dtype == torch.int32 and k_cache.dtype == q.dtype
+    _check_layout(q, k_cache, v_cache, out, block_tables, context_lens)
+    if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
+        raise ValueError(f"{batch} query rows need {batch} block tables and context lengths, got "
+                         f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
     kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
                      context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
                      block_size, block_tables.shape[1], scale, torch.get_num_threads())
     return out
+
+
+def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
+    """The C kernels trust raw pointers: refuse, on every call (it is cheap), any tensor whose
+    layout, dtype or device they would misread. Real checks, not asserts, which python -O drops."""
+    tensors = (q, k_cache, v_cache, out, *int32s)
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        raise ValueError("the CPU paged-attention kernels take contiguous CPU tensors")
+    if not k_cache.dtype == v_cache.dtype == q.dtype == out.dtype or q.dtype not in CPU_DTYPES:
+        raise ValueError(f"query, caches and output must share one of float32, bfloat16; got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}, {out.dtype}")
+    if any(t.dtype != torch.int32 for t in int32s):
+        raise ValueError("block tables, lengths and offsets must be int32")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 4 or q.dim() != 3 or out.shape != q.shape \
+            or k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit queries {tuple(q.shape)}")
 
 
 # A plain operator library rather than torch.library.custom_op: its dispatch costs a third
@@ -119,8 +139,7 @@ def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         raise RuntimeError(kernels)
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    assert q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
-    assert k_cache.dtype == q.dtype == out.dtype and spans.block_tables.dtype == torch.int32
+    _check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
     kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
                      spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),
                      len(spans.q_lens), num_heads, num_kv_heads, head_dim, block_size, spans.block_tables.shape[1],
@@ -139,34 +158,58 @@ def tiles_span(q_len: int) -> bool:
     return q_len >= MIN_TILED_SPAN
 
 
-def cpu_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    # eagerly, the plain call: even a light operator's dispatch costs a few µs per layer
-    if torch.compiler.is_compiling():
-        return torch.ops.kvscope.paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return cpu_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
-
-
 # -- GPU: the Triton decode kernel ---------------------------------------------------------
 TILE_TOKENS = 32   # context tokens a loop step reads: on an H100, 16 or 32 read KV at ~1 TB/s, 64 at 0.74
+NUM_STAGES = 3     # tiles in flight: the next tiles' loads are issued while this one is reduced
+MAX_SPLITS = 64    # slices one sequence's context is cut into at most (a power of two: the combine's width)
+H100_SMS = 132     # the card the splits are sized for when no CUDA device is there to ask
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """How many slices each sequence's context is cut into (flash-decoding). One program per
+    (sequence, KV head, slice): a large batch fills the card with one slice each; a small one
+    cuts its contexts until there are about two programs per SM, never into slices shorter
+    than a tile of the longest context the block tables can hold."""
+    programs = batch * num_kv_heads
+    target = 2 * _sm_count(device)
+    if programs >= target:
+        return 1
+    return max(1, min(-(-target // programs), -(-max_context // TILE_TOKENS), MAX_SPLITS))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H100_SMS
 
 
 if HAS_TRITON:
     @triton.jit
     def _paged_decode_kernel(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
+        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr,
+        part_max_ptr, part_sum_ptr, part_out_ptr, scale, num_splits,
         stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-        TILE: tl.constexpr, HEAD_DIM: tl.constexpr,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+        HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     ):
+        """One program: one sequence, one KV head and the GROUP query heads that share it (each
+        K/V tile is loaded once for all of them), over one of num_splits slices of the context
+        (a run-time number, so a new batch size compiles nothing new; SPLIT: more than one)."""
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
+        split = tl.program_id(2)
         context_len = tl.load(context_lens_ptr + seq)
+        # this program's slice: whole tiles, so every slice but the last is full
+        split_len = tl.cdiv(tl.cdiv(context_len, num_splits), TILE) * TILE
+        lo = split * split_len
+        hi = tl.minimum(lo + split_len, context_len)
+
         offs_d = tl.arange(0, HEAD_DIM)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_t = tl.arange(0, TILE)
         head_ok = offs_g < GROUP
         heads = kv_head * GROUP + offs_g
-
         q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=head_ok[:, None], other=0.0).to(tl.float32)
         running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -175,9 +218,9 @@ if HAS_TRITON:
 
         # TILE tokens a step, spanning TILE / BLOCK_SIZE blocks: each token finds its own
         # block in the table, so short blocks still give the loads enough work in flight
-        for start in range(0, context_len, TILE):
+        for start in tl.range(lo, hi, TILE, num_stages=NUM_STAGES):
             token = start + offs_t
-            in_context = token < context_len
+            in_context = token < hi
             block = tl.load(block_tables_ptr + seq * stride_bt + token // BLOCK_SIZE,
                             mask=in_context, other=0).to(tl.int64)
             kv_offs = (block[:, None] * stride_kb + (token % BLOCK_SIZE)[:, None] * stride_ks
@@ -193,25 +236,66 @@ if HAS_TRITON:
             acc = acc * rescale[:, None] + tl.sum(weights[:, :, None] * v[None, :, :], axis=1)
             running_max = new_max
 
-        running_sum = tl.where(running_sum == 0.0, 1.0, running_sum)   # padded rows of a graph batch
-        out = acc / running_sum[:, None]
-        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+        if not SPLIT:   # the whole context: normalise and write the output
+            running_sum = tl.where(running_sum == 0.0, 1.0, running_sum)   # padded rows of a graph batch
+            out = acc / running_sum[:, None]
+            tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+        else:   # this slice's max, sum and unnormalised output, for _combine_splits
+            part = (seq * GROUP * tl.num_programs(1) + heads) * num_splits + split             # [G]
+            tl.store(part_max_ptr + part, running_max, mask=head_ok)
+            tl.store(part_sum_ptr + part, running_sum, mask=head_ok)
+            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=head_ok[:, None])
+
+    @triton.jit
+    def _combine_splits(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, num_splits, stride_ob, stride_oh,
+                        HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
+        """One program per (sequence, query head): rescale each slice's sum and output to the
+        largest max over the slices, add them up, normalise. Empty slices weigh nothing."""
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        offs_s = tl.arange(0, SPLITS_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        part = (seq * tl.num_programs(1) + head) * num_splits + offs_s
+        ok = offs_s < num_splits
+        maxes = tl.load(part_max_ptr + part, mask=ok, other=float("-inf"))
+        sums = tl.load(part_sum_ptr + part, mask=ok, other=0.0)
+        outs = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+        top = tl.max(maxes, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)   # a padded row of a graph batch: no context
+        weights = tl.exp(maxes - top)
+        total = tl.sum(weights * sums, axis=0)
+        total = tl.where(total == 0.0, 1.0, total)
+        out = tl.sum(weights[:, None] * outs, axis=0) / total
+        tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
 
 
 def triton_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; returns [B, H, D]."""
+                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                            num_splits: int | None = None) -> torch.Tensor:
+    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, width];
+    context_lens: [B] (on the device: a CUDA graph replays this with new lengths) → [B, H, D].
+    num_splits: slices per context (at most MAX_SPLITS), else decode_splits chooses from the shapes."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads
+    tile = max(TILE_TOKENS, block_size)
+    if num_splits is None:
+        num_splits = decode_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, q.device)
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be 1 to {MAX_SPLITS}, not {num_splits}")
     q = q.contiguous()
     out = torch.empty_like(q)
-    _paged_decode_kernel[(batch, num_kv_heads)](
-        q, k_cache, v_cache, block_tables, context_lens, out, scale,
+    parts = [torch.empty(batch, num_heads, num_splits, *extra, dtype=torch.float32, device=q.device)
+             for extra in ((), (), (head_dim,))] if num_splits > 1 else [out] * 3   # max, sum, output
+    _paged_decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, *parts, scale, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1), BLOCK_SIZE=block_size,
-        TILE=max(TILE_TOKENS, block_size), HEAD_DIM=head_dim,
+        TILE=tile, HEAD_DIM=head_dim, SPLIT=num_splits > 1, NUM_STAGES=NUM_STAGES,
     )
+    if num_splits > 1:
+        _combine_splits[(batch, num_heads)](*parts, out, num_splits, out.stride(0), out.stride(1), HEAD_DIM=head_dim,
+                                            SPLITS_PAD=MAX_SPLITS)
     return out

@@ -1,8 +1,6 @@
 """The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
 from __future__ import annotations
 
-import importlib
-import logging
 import os
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,15 +9,20 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from kvscope.server.openai_api import openai_router
-from kvscope.server.replay_ws import serve_replay
+from kvscope.server.api.openai_api import openai_router
+from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
-from kvscope.server.rest import rest_router
+from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
-from kvscope.server.service import EngineService
-from kvscope.server.ws import serve_websocket
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.ws import serve_websocket
+from kvscope.server.pages.routes import mount_pages
 
-log = logging.getLogger("kvscope.server")
+WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
+# Longer than clients' pool expiry (httpx: 5 s), so the client closes an idle keep-alive
+# connection first: with equal timeouts a request sent as the server closes it is lost
+# before the engine sees it.
+KEEP_ALIVE_S = 75
 PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
 
 
@@ -85,19 +88,16 @@ def mount_site(app: FastAPI, service) -> None:
     if front is not None:
         app.mount("/static", StaticFiles(directory=front), name="static")
     mount_pages(app)
-    if front is not None and not any(getattr(r, "path", None) == "/console" for r in app.routes):
+    if front is not None:
         @app.get("/console", include_in_schema=False)
-        async def console():   # the pages module may serve its own; this is the plain one
+        async def console():
             return FileResponse(front / "console.html")
 
 
-def mount_pages(app: FastAPI) -> None:
-    """The chapter pages (another module's job); the API works without them."""
-    try:
-        pages = importlib.import_module("kvscope.server.pages")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kvscope.server.pages":
-            raise
-        log.info("kvscope.server.pages is not there yet: serving the API and /static only")
-        return
-    pages.mount_pages(app)
+def run(app: FastAPI, config, log_level: str) -> None:
+    """Serve `app` (either server's) until interrupted."""
+    import uvicorn
+    uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
+                                  ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
+                                  ws_ping_interval=20, ws_ping_timeout=20, timeout_keep_alive=KEEP_ALIVE_S)).run()
+

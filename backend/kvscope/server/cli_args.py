@@ -88,6 +88,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-learner-requests", type=int, default=None,
                    help="requests in flight across all learners together (default: half of --max-num-seqs), "
                         "so learners never fill the engine")
+    p.add_argument("--learner-max-sweep-in-flight", type=int, default=32,
+                   help="requests a learner's throughput sweep may keep in flight at its top level, within "
+                        "--max-learner-requests; the sweep counts as one request in flight (0: no learner sweeps)")
     p.add_argument("--hold-timeout", type=float, default=300,
                    help="seconds a learner's held request may sit untouched before it is cancelled")
     p.add_argument("--learner-messages-per-second", type=float, default=50,

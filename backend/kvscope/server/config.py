@@ -17,6 +17,7 @@ class Limits:
     max_frame_bytes: int = 64 * 1024
     max_active_requests: int = 4            # in flight per learner
     max_learner_requests: int | None = None # in flight across all learners (default: half of --max-num-seqs)
+    max_sweep_in_flight: int = 32           # a learner's sweep's top level, within the learners' share (0: no sweeps)
     hold_timeout_s: float = 300             # a learner's held request untouched this long is cancelled
     max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
     max_watches: int = 2                    # requests one learner may watch at once
@@ -45,3 +46,33 @@ class ServerConfig:
     frontend_dir: Path | None = None
     extra_origins: tuple[str, ...] = ()
     extra_hosts: tuple[str, ...] = ()       # Host names besides loopback, IP addresses and --host
+
+    @classmethod
+    def from_args(cls, args) -> ServerConfig:
+        """The settings the `kvscope serve` flags (cli_args.py) give, with or without --attach."""
+        if args.max_watched_requests < 0:
+            raise ValueError(f"--max-watched-requests must be >= 0, got {args.max_watched_requests}")
+        config = cls(
+            host=args.host, port=args.port,
+            limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
+                          max_prompt_chars=args.learner_max_prompt_chars,
+                          max_active_requests=args.learner_max_active_requests,
+                          max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
+                          max_sweep_in_flight=args.learner_max_sweep_in_flight,
+                          messages_per_second=args.learner_messages_per_second,
+                          max_watched_prompt_tokens=args.max_watched_prompt_tokens,
+                          submits_per_minute=args.learner_submits_per_minute),
+            rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
+            rest_class_requests_per_minute=args.rest_class_requests_per_minute,
+            max_body_bytes=args.max_body_bytes, max_pending_bytes=args.max_pending_bytes,
+            recordings_dir=Path(args.recordings_dir),
+            frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
+            extra_origins=tuple(args.allow_origin), extra_hosts=tuple(args.allow_host),
+            max_watched_requests=args.max_watched_requests)
+        if args.instructor_token:
+            config.instructor_token = args.instructor_token
+        return config
+
+    @property
+    def url(self) -> str:
+        return f"http://{'localhost' if self.host in ('127.0.0.1', '::1') else self.host}:{self.port}"

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from kvscope.server.cli_args import CPU_DEFAULT_KV_BLOCKS, add_serve_arguments
-from kvscope.server.config import Limits, ServerConfig
-
-WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
-KEEP_ALIVE_S = 75          # idle keep-alive connections: see the uvicorn call below
+from kvscope.server.config import ServerConfig
 
 
 def engine_from_args(args):
@@ -31,35 +27,11 @@ def engine_from_args(args):
         structured_outputs_config=args.structured_outputs_config))
 
 
-def server_config_from_args(args) -> ServerConfig:
-    if args.max_watched_requests < 0:
-        raise ValueError(f"--max-watched-requests must be >= 0, got {args.max_watched_requests}")
-    config = ServerConfig(
-        host=args.host, port=args.port,
-        limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
-                      max_prompt_chars=args.learner_max_prompt_chars,
-                      max_active_requests=args.learner_max_active_requests,
-                      max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
-                      messages_per_second=args.learner_messages_per_second,
-                      max_watched_prompt_tokens=args.max_watched_prompt_tokens,
-                      submits_per_minute=args.learner_submits_per_minute),
-        rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
-        rest_class_requests_per_minute=args.rest_class_requests_per_minute,
-        max_body_bytes=args.max_body_bytes, max_pending_bytes=args.max_pending_bytes,
-        recordings_dir=Path(args.recordings_dir),
-        frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
-        extra_origins=tuple(args.allow_origin), extra_hosts=tuple(args.allow_host),
-        max_watched_requests=args.max_watched_requests)
-    if args.instructor_token:
-        config.instructor_token = args.instructor_token
-    return config
-
-
 def build_app(args):
     """(app, service) from parsed serve arguments."""
     from kvscope.server.app import create_app
-    from kvscope.server.service import EngineService
-    service = EngineService(engine_from_args(args), server_config_from_args(args))
+    from kvscope.server.service.engine_service import EngineService
+    service = EngineService(engine_from_args(args), ServerConfig.from_args(args))
     return create_app(service), service
 
 
@@ -67,16 +39,14 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "attach", None):
         from kvscope.server.attach.main import serve_attached
         return serve_attached(args)
-    import uvicorn
-
     from kvscope.engine.plan import resolve_device
+    from kvscope.server.app import run
     if args.cpu_compile and resolve_device(args.device).type == "cpu":
         print("kvscope: compiling the decode step for this CPU (10-35 s the first time for a small model, "
               "over 2 minutes for a 28-layer 0.6B one; inductor's cache makes later starts faster; "
               "--no-cpu-compile skips it)", flush=True)
     app, service = build_app(args)
-    cfg = service.config
-    url = f"http://{'localhost' if cfg.host in ('127.0.0.1', '::1') else cfg.host}:{cfg.port}"
+    cfg, url = service.config, service.config.url
     hello = service.hello
     print(f"kvscope: {hello['model']['name']} ({hello['model']['num_params']:,} parameters, {hello['model']['dtype']}) "
           f"on {hello['device']['name']}; KV cache {hello['engine']['kv_cache']}, blocks of {hello['engine']['block_size']}; "
@@ -85,13 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     print(f"kvscope: instructor token: {cfg.instructor_token}   console: {url}/console?token={cfg.instructor_token}")
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"kvscope: listening on {cfg.host}: anyone who can reach this address can use the engine")
-    uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=args.log_level,
-                                  ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,
-                                  ws_ping_interval=20, ws_ping_timeout=20,
-                                  # Longer than clients' pool expiry (httpx: 5 s), so the client closes
-                                  # an idle keep-alive connection first: with equal timeouts a request
-                                  # sent as the server closes it is lost before the engine sees it.
-                                  timeout_keep_alive=KEEP_ALIVE_S)).run()
+    run(app, cfg, args.log_level)
     return 0
 
 

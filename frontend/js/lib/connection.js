@@ -11,6 +11,19 @@ import { BASE_STEPS_PER_S } from './replay-socket.js';
 const STEP_RATES = [1, 2, 4, 8, 16];   // engine steps a second while playing
 const REPLAY_TEXT = 'Replaying a recording — no live engine';
 
+/** The header while attached to vLLM (`serve --attach`): who answers (vLLM, its version,
+ *  its model, its address) and whether it does now (engine.vllm.connected, updated by every
+ *  `engine` event; while it is away the server retries every engine.vllm.retry_s). */
+export function attachedText(hello, vllm) {
+  const model = (vllm?.model || hello.model?.name || '').split('/').filter(Boolean).pop() || 'its model';
+  const url = vllm?.url || hello.backend.attached_url;
+  const head = `Attached: vLLM ${vllm?.version || hello.backend.version} serving ${model} at ${url}`;
+  if (!vllm) return { text: `${head} — connecting…`, state: 'connecting' };
+  if (vllm.connected) return { text: `${head} — connected`, state: 'connected' };
+  const every = vllm.retry_s ? ` every ${vllm.retry_s} s` : '';
+  return { text: `${head} — disconnected, reconnecting${every}…`, state: 'disconnected' };
+}
+
 class KvConnection extends HTMLElement {
   connectedCallback() {
     if (this._built) return;
@@ -95,7 +108,10 @@ class KvConnection extends HTMLElement {
     this.badge.dataset.mode = mode;
     this.dataset.mode = mode;
     let text;
-    if (mode === 'live') {
+    let state = mode;
+    if (mode === 'live' && hello?.backend?.engine === 'vllm') {
+      ({ text, state } = attachedText(hello, this.client.engine?.vllm));
+    } else if (mode === 'live') {
       const model = hello && hello.model ? hello.model.name : 'the engine';
       const device = hello && hello.device ? hello.device.type : '';
       text = `Live engine: ${model}${device ? ` on ${device}` : ''}`;
@@ -105,6 +121,7 @@ class KvConnection extends HTMLElement {
       text = 'Connecting to the engine…';
     }
     if (this.badge.textContent !== text) this.badge.textContent = text;
+    this.badge.dataset.state = state;
     if (mode === 'replay' && replay.recording) this.badge.title = `Recording: ${replay.recording}${replay.description ? ` — ${replay.description}` : ''}`;
     else this.badge.removeAttribute('title');
 

@@ -1,6 +1,6 @@
 // Where a committed recording (frontend/recordings/<name>.jsonl) is read from: one rule for
 // the client and the widgets. A served page fetches the file. An exported book loads its
-// modules as data: URLs (rendering/static_modules.py), so there is no folder to be relative
+// modules as data: URLs (server/pages/static_modules.py), so there is no folder to be relative
 // to: each recording is a classic script that registers a data: URL of its events in
 // window.kvscopeRecordings, which also works when the book is opened from file://.
 const exported = import.meta.url.startsWith('data:');

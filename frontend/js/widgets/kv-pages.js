@@ -2,12 +2,15 @@
 // slots and cached hash from the `kv` snapshot and its deltas — and each sequence's block
 // table (logical block → physical block, highlighted on hover or focus). Below it, a
 // sandbox: the learner's own BlockManager on the server, driven by `sandbox` commands.
+// A pool too large to read cell by cell (a GPU server's 10^5 blocks) is drawn as a density
+// strip of the whole pool, with a detail view of a window of it that the learner moves.
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { KvPool } from './lib/kv-pool.js';
 import { PoolCanvas, OwnerPalette } from './lib/pool-canvas.js';
+import { DensityStrip } from './lib/pool-density.js';
 import { SandboxPanel, SANDBOX_CSS } from './lib/sandbox-panel.js';
 import { PrefixDemo, PREFIX_CSS } from './lib/prefix-demo.js';
 import { PrefixLessons, LESSONS_CSS } from './lib/prefix-lessons.js';
@@ -17,9 +20,15 @@ import { clientHandlers, withHandlers } from './lib/listen.js';
 import { LoadMaker } from '../lib/load-maker.js';
 
 const MAX_TABLES = 24;
+const LARGE_POOL = 4096;                 // more blocks than this: the strip and a detail window
+const DETAIL_SIZES = [256, 1024, 4096];  // blocks the detail window draws, the learner's pick
 
 const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}
 kv-pages .kvp-pool { display: block; border-radius: 4px; cursor: crosshair; }
+kv-pages .kvp-density { display: block; cursor: pointer; border-radius: 4px; }
+kv-pages .kvp-density:focus-visible, kv-pages .kvp-pool:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
+kv-pages .kvp-large { margin: .3rem 0; }
+kv-pages .kvp-window { font-size: .85rem; }
 kv-pages .kvp-poolwrap { max-height: 420px; overflow: auto; border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: 4px; }
 kv-pages .kvp-detail { font-family: var(--kv-font-mono); font-size: .85rem; min-height: 1.4em; }
 kv-pages .kvp-events { font-family: var(--kv-font-mono); font-size: .8rem; color: var(--kv-fg-soft); min-height: 1.3em; }
@@ -49,6 +58,7 @@ class KvPages extends withHandlers(KvWidget) {
       'aria-label': 'Block pool: arrow keys move between blocks, Home/End jump', 'aria-describedby': `${this.getAttribute('aria-labelledby')}-detail`,
     });
     this.painter = new PoolCanvas(this.canvas);
+    this.buildLargeView();
     this.detailEl = h('p', { class: 'kvp-detail', id: `${this.getAttribute('aria-labelledby')}-detail`, 'aria-live': 'polite' });
     this.eventsEl = h('p', { class: 'kvp-events' });
     this.tablesEl = h('ul', { class: 'kvp-tables', 'aria-label': 'Block tables of the sequences in flight' });
@@ -77,6 +87,7 @@ class KvPages extends withHandlers(KvWidget) {
       this.attached.el,
       ...(this.poolOnly ? [] : [h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus)]),
       this.figuresEl,
+      this.largeEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
       this.detailEl, this.eventsEl,
       this.attached.blocksEl,
@@ -90,10 +101,15 @@ class KvPages extends withHandlers(KvWidget) {
       const r = this.canvas.getBoundingClientRect();
       const sx = (parseFloat(this.canvas.style.width) || r.width) / (r.width || 1);
       const sy = (parseFloat(this.canvas.style.height) || r.height) / (r.height || 1);
-      const id = this.painter.blockAt((e.clientX - r.left) * sx, (e.clientY - r.top) * sy, this.pool.numBlocks);
+      const id = this.painter.blockAt((e.clientX - r.left) * sx, (e.clientY - r.top) * sy);
       if (id >= 0 && id !== this.cursor) { this.cursor = id; this.describeBlock(id); this.requestRender(); }
     });
-    this.canvas.addEventListener('focus', () => { if (this.cursor < 0 && this.pool.numBlocks) { this.cursor = 0; this.describeBlock(0); this.requestRender(); } });
+    this.canvas.addEventListener('focus', () => {
+      if (this.cursor >= 0 || !this.pool.numBlocks) return;
+      this.cursor = this.large ? this.windowStart : 0;
+      this.describeBlock(this.cursor);
+      this.requestRender();
+    });
     this.tablesEl.addEventListener('mouseleave', () => this.setHighlight(this.pinnedSeq));
     this.setLegend([
       { label: 'free block', color: 'var(--kv-free)' },
@@ -104,6 +120,78 @@ class KvPages extends withHandlers(KvWidget) {
     this.updateMode(this.client.mode);
     this.showLoad();
     this.sandbox?.start();
+  }
+
+  /** The whole of a large pool (a density strip) and the controls of the detail window. */
+  buildLargeView() {
+    this.windowStart = 0;
+    this.windowSize = DETAIL_SIZES[1];
+    this.strip = h('canvas', {
+      class: 'kvp-density', tabindex: '0', role: 'slider', 'aria-orientation': 'horizontal',
+      'aria-label': 'Whole pool, as a density strip: choose the blocks the detail view draws (arrow keys, Page Up/Down, Home/End; Enter goes to the detail)',
+    });
+    this.stripPainter = new DensityStrip(this.strip);
+    this.zoomSelect = h('select', { class: 'kvw-input', 'aria-label': 'Blocks in the detail view' },
+      ...DETAIL_SIZES.map((n) => h('option', { value: String(n) }, formatInt(n))));
+    this.zoomSelect.value = String(this.windowSize);
+    this.zoomSelect.addEventListener('change', () => {
+      this.windowSize = Number(this.zoomSelect.value);
+      this.moveWindow(this.cursor >= 0 ? this.cursor - this.windowSize / 2 : this.windowStart);
+    });
+    this.jumpButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.jumpToBlocksInUse() }, 'Next blocks in use');
+    this.windowEl = h('p', { class: 'kvw-note kvp-window', 'aria-live': 'polite' });
+    this.largeEl = h('section', { class: 'kvp-large', 'aria-label': 'Whole pool', hidden: '' },
+      this.strip,
+      h('div', { class: 'kvw-row' }, h('label', {}, 'Detail view: ', this.zoomSelect, ' blocks'), this.jumpButton),
+      this.windowEl);
+    const pick = (e) => {
+      const r = this.strip.getBoundingClientRect();
+      const x = (e.clientX - r.left) * ((parseFloat(this.strip.style.width) || r.width) / (r.width || 1));
+      this.moveWindow(this.stripPainter.blockAt(x) - this.windowSize / 2);
+    };
+    this.strip.addEventListener('pointerdown', pick);
+    this.strip.addEventListener('pointermove', (e) => { if (e.buttons) pick(e); });
+    this.strip.addEventListener('keydown', (e) => {
+      const n = this.pool.numBlocks;
+      const w = this.windowSize;
+      const moves = { ArrowRight: this.windowStart + w, ArrowLeft: this.windowStart - w, PageDown: this.windowStart + 8 * w,
+        PageUp: this.windowStart - 8 * w, Home: 0, End: n - w };
+      if (e.key === 'Enter') { e.preventDefault(); this.canvas.focus(); return; }
+      if (!(e.key in moves)) return;
+      e.preventDefault();
+      this.moveWindow(moves[e.key]);
+    });
+  }
+
+  get large() {
+    return this.pool.numBlocks > LARGE_POOL;
+  }
+
+  /** Start the detail window at `start` (clamped to the pool). */
+  moveWindow(start) {
+    const n = this.pool.numBlocks;
+    this.windowStart = Math.max(0, Math.min(Math.max(0, n - this.windowSize), Math.round(start)));
+    if (this.cursor >= 0 && (this.cursor < this.windowStart || this.cursor >= this.windowStart + this.windowSize)) this.cursor = this.windowStart;
+    this.requestRender();
+  }
+
+  /** The next window (after this one, wrapping round) holding a block in use, else a cached one. */
+  jumpToBlocksInUse() {
+    const { blocks } = this.pool;
+    const n = blocks.length;
+    const from = this.windowStart + this.windowSize;
+    for (const wanted of [(b) => b.ref > 0, (b) => Boolean(b.hash)]) {
+      for (let k = 0; k < n; k += 1) {
+        const i = (from + k) % n;
+        if (wanted(blocks[i])) {
+          this.cursor = i;
+          this.moveWindow(Math.floor(i / this.windowSize) * this.windowSize);
+          this.describeBlock(i);
+          return;
+        }
+      }
+    }
+    this.windowEl.textContent = 'No block is in use or cached: the whole pool is free.';
   }
 
   toggleLoad() {
@@ -147,6 +235,7 @@ class KvPages extends withHandlers(KvWidget) {
 
   onModeChange(mode) {
     this.showLoad();
+    if (this.demo) this.demo.freeButton.disabled = mode !== 'live';
     this.updateMode(mode);
     this.sandbox?.start();
     if (this.stopSteps) {   // live and replay follow different families
@@ -173,6 +262,7 @@ class KvPages extends withHandlers(KvWidget) {
     }
     if (event.type === 'engine') this.attached.onEngine(event);
     if (event.type === 'hello') {
+      this.demo?.showEngine();
       this.showLoad();
       this.lessons?.showBlockSize();
     }
@@ -203,6 +293,9 @@ class KvPages extends withHandlers(KvWidget) {
     if (!(e.key in moves)) return;
     e.preventDefault();
     this.cursor = Math.max(0, Math.min(n - 1, moves[e.key]));
+    if (this.large && (this.cursor < this.windowStart || this.cursor >= this.windowStart + this.windowSize)) {
+      this.windowStart = Math.max(0, Math.min(n - this.windowSize, Math.floor(this.cursor / this.windowSize) * this.windowSize));
+    }
     this.describeBlock(this.cursor);
     this.requestRender();
   }
@@ -235,18 +328,47 @@ class KvPages extends withHandlers(KvWidget) {
       if (!colours.has(owner)) colours.set(owner, this.palette.resolved(owner));
       return colours.get(owner);
     };
+    const width = Math.min((this.body.clientWidth || 700) - 12, 960);
+    const large = this.large;
+    this.largeEl.hidden = !large;
+    this.dataset.large = String(large);
+    const range = large ? { offset: this.windowStart, count: this.windowSize } : {};
     this.painter.draw({
       blocks: p.blocks, blockSize: p.blockSize, colourOf, cursor: this.cursor,
       highlight: table ? new Set(table) : null, logical: table ? new Map(table.map((b, i) => [b, i])) : null,
-      width: Math.min((this.body.clientWidth || 700) - 12, 960),
+      width, ...range,
     });
-    this.canvas.setAttribute('aria-label', `Block pool of ${p.numBlocks} blocks: ${counts.used + counts.shared} in use (${counts.shared} shared), ${p.totals.num_cached} cached, ${p.totals.num_free} free. Arrow keys move between blocks.`);
+    const whole = `${counts.used + counts.shared} in use (${counts.shared} shared), ${formatInt(p.totals.num_cached)} cached, ${formatInt(p.totals.num_free)} free`;
+    if (large) this.renderStrip(width);
+    this.canvas.setAttribute('aria-label', large
+      ? `Detail of the block pool: blocks ${formatInt(this.painter.offset)} to ${formatInt(this.painter.offset + this.painter.count - 1)} of ${formatInt(p.numBlocks)}. The whole pool: ${whole}. Arrow keys move between blocks; past the edge the window follows.`
+      : `Block pool of ${p.numBlocks} blocks: ${whole}. Arrow keys move between blocks.`);
     this.eventsEl.textContent = p.lastEvents.length
       ? `step ${p.step}: ${p.lastEvents.slice(0, 12).map((e) => `${e.op} ${e.block}${e.request_id ? ` (${e.request_id})` : ''}`).join(', ')}${p.lastEvents.length > 12 ? ', …' : ''}`
       : '';
     if (this.cursor >= 0) this.describeBlock(this.cursor);
     else this.detailEl.textContent = 'Hover a block, or Tab to the pool and use the arrow keys, to read its state.';
     this.renderTables();
+  }
+
+  /** The strip of a large pool, and what its window holds, in words for every reader. */
+  renderStrip(width) {
+    const p = this.pool;
+    this.stripPainter.draw({ blocks: p.blocks, width, windowStart: this.windowStart, windowSize: this.windowSize });
+    let used = 0;
+    let cached = 0;
+    const end = Math.min(p.numBlocks, this.windowStart + this.windowSize);
+    for (let i = this.windowStart; i < end; i += 1) {
+      if (p.blocks[i].ref > 0) used += 1;
+      else if (p.blocks[i].hash) cached += 1;
+    }
+    const text = `Detail: blocks ${formatInt(this.windowStart)}–${formatInt(end - 1)} of ${formatInt(p.numBlocks)}: ${formatInt(used)} in use, ${formatInt(cached)} cached. `
+      + `The strip above is the whole pool, ${formatInt(this.stripPainter.perColumn)} blocks a column (in use from the bottom, then cached); the bars above and below it mark the detail.`;
+    if (this.windowEl.textContent !== text) this.windowEl.textContent = text;
+    this.strip.setAttribute('aria-valuemin', '0');
+    this.strip.setAttribute('aria-valuemax', String(Math.max(0, p.numBlocks - this.windowSize)));
+    this.strip.setAttribute('aria-valuenow', String(this.windowStart));
+    this.strip.setAttribute('aria-valuetext', `blocks ${this.windowStart} to ${end - 1} of ${p.numBlocks}: ${used} in use, ${cached} cached`);
   }
 
   renderTables() {

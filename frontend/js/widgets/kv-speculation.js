@@ -5,7 +5,9 @@
 // p, q and the uniform draw u for sampled requests; figures: acceptance rate and tokens per
 // target pass, as the engine counted them (`spec` events).
 // Live it needs a server started with --speculative-config; on any other server, or with no
-// backend, it plays the page's recording (the `speculation` capability, widget-base.js).
+// backend, it plays the page's recording (the `speculation` capability, widget-base.js). The
+// recording holds one request per preset; the controls then choose which one is drawn and
+// always show its prompt and decoding, so the frame and the controls never disagree.
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
@@ -50,7 +52,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
     const uid = this.getAttribute('aria-labelledby');
     this.promptEl = h('textarea', { class: 'kvw-textarea', id: `${uid}-prompt`, rows: 3 });
     this.promptEl.value = this.getAttribute('prompt') || PRESETS.repetitive;
-    this.presetEl = h('select', { class: 'kvw-select', id: `${uid}-preset`, onchange: () => { this.promptEl.value = PRESETS[this.presetEl.value]; } },
+    this.presetEl = h('select', { class: 'kvw-select', id: `${uid}-preset`, onchange: () => this.onPreset() },
       h('option', { value: 'repetitive' }, 'A story told twice (repetitive)'),
       h('option', { value: 'free-form' }, 'A fresh sentence (free-form)'));
     this.samplingEl = h('select', { class: 'kvw-select', id: `${uid}-sampling` },
@@ -59,6 +61,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
     this.runBtn = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Generate');
     this.modeBadge = h('span', { class: 'kvw-mode' });
     this.configEl = h('p', { class: 'kvw-note' });
+    this.shownEl = h('p', { class: 'kvw-note', 'data-shown': '' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Speculation figures' });
     this.chartEl = h('div', { class: 'kvw-scroll' });
@@ -67,7 +70,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
       h('div', { class: 'kvw-row' }, h('label', { for: this.presetEl.id }, 'Prompt'), this.presetEl,
         h('label', { for: this.samplingEl.id }, 'Decoding'), this.samplingEl, this.runBtn, this.modeBadge),
       h('label', { for: this.promptEl.id, class: 'kvw-sr' }, 'Prompt text'), this.promptEl,
-      this.configEl, this.errorEl, this.figuresEl, this.chartEl, this.passesEl,
+      this.configEl, this.shownEl, this.errorEl, this.figuresEl, this.chartEl, this.passesEl,
     );
     this.setLegend([
       { label: 'draft accepted by the target', color: 'var(--kv-cat-1)' },
@@ -77,7 +80,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
     ]);
     this.handlers = clientHandlers(this, {
       'request.added': (e) => this.onAdded(e),
-      'request.finished': (e) => { if (e.request_id === this.rid) { this.finished = true; this.requestRender(); } },
+      'request.finished': (e) => { const r = this.requests.get(e.request_id); if (r) { r.finished = true; this.requestRender(); } },
       engine: (e) => { if (e.reason === 'reset' && this.client.mode === 'replay') this.clear(); },
     });
     this.handlers.attach();
@@ -86,8 +89,40 @@ class KvSpeculation extends withHandlers(KvWidget) {
 
   clear() {
     this.rid = null;
-    this.passes = [];
-    this.finished = false;
+    this.requests = new Map();   // request id -> { prompt, preset, greedy, passes, finished }
+    this.requestRender();
+  }
+
+  /** The verify passes of the request drawn. */
+  get passes() {
+    const shown = this.requests.get(this.rid);
+    return shown ? shown.passes : [];
+  }
+
+  get replaying() {
+    return this.client.mode === 'replay';
+  }
+
+  onPreset() {
+    if (this.replaying) {
+      this.showRecorded();
+      this.announce(this.shownText());
+    } else this.promptEl.value = PRESETS[this.presetEl.value];
+  }
+
+  /** Replay: draw the recorded request of the chosen preset, its prompt and decoding in the controls. */
+  showRecorded() {
+    const recorded = [...this.requests.entries()];
+    const index = [...this.presetEl.options].findIndex((o) => o.value === this.presetEl.value);
+    const match = recorded.find(([, r]) => r.preset === this.presetEl.value)
+      || recorded.find(([, r], i) => r.preset === null && i === index);
+    this.rid = match ? match[0] : null;
+    this.dataset.requestId = this.rid || '';
+    if (match) {
+      this.promptEl.value = match[1].prompt;
+      this.samplingEl.value = match[1].greedy ? 'greedy' : 'sampled';
+    }
+    this.dataset.passes = String(this.passes.length);
     this.requestRender();
   }
 
@@ -100,6 +135,9 @@ class KvSpeculation extends withHandlers(KvWidget) {
     this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
     this.modeBadge.textContent = modeText(mode);
     this.runBtn.disabled = mode !== 'live';
+    // in replay the decoding and the prompt are the recorded request's, not a choice
+    this.samplingEl.disabled = mode === 'replay';
+    this.promptEl.readOnly = mode === 'replay';
     this.requestRender();
   }
 
@@ -114,11 +152,13 @@ class KvSpeculation extends withHandlers(KvWidget) {
     this.errorEl.textContent = '';
     this.clear();
     const sampled = this.samplingEl.value === 'sampled';
+    const preset = Object.keys(PRESETS).find((key) => PRESETS[key] === prompt) || null;
     const params = sampled ? { temperature: 0.8, seed: 1, max_tokens: MAX_TOKENS } : { temperature: 0, max_tokens: MAX_TOKENS };
     this.runBtn.disabled = true;
     try {
       const ack = await this.client.command('submit', { prompt, params });
       this.rid = ack.request_id;
+      this.requests.set(this.rid, { prompt, preset, greedy: !sampled, passes: [], finished: false });
       this.dataset.requestId = this.rid;
       this.announce(`Request ${this.rid} submitted with speculation${this.speculative ? '' : ' off on this server'}.`);
     } catch (error) {
@@ -128,22 +168,22 @@ class KvSpeculation extends withHandlers(KvWidget) {
     }
   }
 
-  /** Replay: follow the first request of the recording whose drafts get verified. */
+  /** Replay: keep every recorded request; the one of the chosen preset is drawn. */
   onAdded(e) {
-    if (this.client.mode !== 'replay' || (this.rid && !this.finished)) return;
-    if (this.rid && this.finished) this.clear();
-    this.pending = e;
+    if (!this.replaying || this.requests.has(e.request_id)) return;
+    const prompt = e.prompt || '';
+    const preset = Object.keys(PRESETS).find((key) => PRESETS[key] === prompt) || null;
+    this.requests.set(e.request_id, { prompt, preset, greedy: !e.params || e.params.temperature === 0, passes: [], finished: false });
+    if (!this.rid) this.showRecorded();
   }
 
   onEvent(event) {
     if (event.type === 'hello') { this.requestRender(); return; }
     if (event.type !== 'spec') return;
-    if (!this.rid && this.client.mode === 'replay') {
-      this.rid = event.request_id;
-      if (this.pending && this.pending.request_id === event.request_id && this.pending.prompt) this.promptEl.value = this.pending.prompt;
-    }
+    const request = this.requests.get(event.request_id);
+    if (!request) return;
+    request.passes.push(event);
     if (event.request_id !== this.rid) return;
-    this.passes.push(event);
     this.dataset.passes = String(this.passes.length);
     const r = event.running;
     this.announce(`Pass ${this.passes.length}: ${event.accepted} of ${event.proposed.length} drafts accepted, `
@@ -166,7 +206,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
   render() {
     const f = this.figures();
     const spec = this.speculative;
-    if (this.client.mode === 'replay') this.configEl.textContent = 'Replaying a recording of the engine with speculation on.';
+    if (this.replaying) this.configEl.textContent = 'Replaying a recording of the engine with speculation on: it holds one request per prompt; choose the prompt to see its passes.';
     else if (spec) this.configEl.textContent = spec.method === 'ngram'
       ? `This engine drafts by prompt lookup: k = ${spec.num_speculative_tokens} tokens, n-grams of ${spec.prompt_lookup_min} to ${spec.prompt_lookup_max} tokens.`
       : `This engine drafts with the model ${spec.model}: k = ${spec.num_speculative_tokens} tokens per pass.`;
@@ -178,12 +218,26 @@ class KvSpeculation extends withHandlers(KvWidget) {
       fig('Tokens per target pass', f.num_passes ? formatFloat(f.tokens_per_target_pass, 2) : '—', 'tokens_per_pass'),
       fig('KV slots given back', formatInt(f.slots_released), 'slots_released'),
     );
+    const shown = this.requests.get(this.rid);
+    this.shownEl.textContent = this.shownText();
+    this.shownEl.dataset.shown = shown ? `${shown.preset || 'own'} ${shown.greedy ? 'greedy' : 'sampled'}` : '';
     this.chartEl.replaceChildren(this.chart());
     this.passesEl.replaceChildren(...this.passes.map((p, i) => this.passItem(p, i)));
     this.passesEl.scrollTop = this.passesEl.scrollHeight;
-    if (!this.passes.length) this.passesEl.replaceChildren(h('li', { class: 'kvw-note' }, this.client.mode === 'replay'
+    if (!this.passes.length) this.passesEl.replaceChildren(h('li', { class: 'kvw-note' }, this.replaying
       ? 'Waiting for the recording to reach a verify pass…'
       : (this.rid ? 'Waiting for the first verify pass (drafts start once the prompt is computed)…' : 'Press Generate.')));
+  }
+
+  /** Which request the frame draws: its prompt and decoding, in words. */
+  shownText() {
+    const shown = this.requests.get(this.rid);
+    const presetName = (key) => [...this.presetEl.options].find((o) => o.value === key)?.textContent.toLowerCase();
+    if (!shown) return this.replaying && this.requests.size ? 'The recording has not reached a request with this prompt yet.' : '';
+    const f = this.figures();
+    return `Drawn: ${this.replaying ? 'the recorded' : 'your'} request ${this.rid} — ${shown.preset ? presetName(shown.preset) : 'your own prompt'}, `
+      + `${shown.greedy ? 'greedy' : 'sampled (temperature 0.8, seed 1)'}${shown.finished ? '' : ', still running'}`
+      + `${f.proposed ? `: ${formatFloat(100 * f.acceptance_rate, 0)} % of its drafts accepted` : ''}.`;
   }
 
   chart() {

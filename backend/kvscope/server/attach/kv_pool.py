@@ -6,7 +6,9 @@ no reference count. So each hash is given a place in a pool of the server's size
 kvscope are found by their token ids: a block's key is (its parent's hash, its tokens),
 so walking a request's ids block by block from the root finds the blocks it holds.
 `ref` and `owners` therefore count only the requests kvscope sent (other clients' are
-invisible here); `hits` counts how often a kvscope request reused the block."""
+invisible here). `hits` counts how often a request reused the block: kvscope's from the
+`cached_tokens` vLLM answered; another client's when vLLM publishes a block it already
+holds again, which it does only for requests sent with kv_cache_report_mode "full"."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -67,7 +69,9 @@ class AttachedPool:
         bs, parent, new = e.block_size, e.parent_block_hash, []
         for i, h in enumerate(e.block_hashes):
             tokens = e.token_ids[i * bs:(i + 1) * bs]
-            if h not in self.place:
+            if h in self.place:
+                self._reused(self.place[h])
+            else:
                 slot = self._take_place()
                 self.place[h] = slot
                 self.order.append(slot)
@@ -78,6 +82,16 @@ class AttachedPool:
                 new.append((h, tokens))
             parent = h
         return new
+
+    def _reused(self, slot: int) -> None:
+        """vLLM published a block it already held: a request reused it (kv_cache_report_mode
+        "full"). A kvscope request's hits are counted when it finishes (hit()); another
+        client's only here."""
+        if any(slot in r.table for r in self.requests.values()):
+            return
+        self.blocks[slot]["hits"] += 1
+        self.prefix_hits += 1
+        self._note(slot, {"op": "hit", "block": slot, "request_id": None})
 
     def _take_place(self) -> int:
         if self.free:

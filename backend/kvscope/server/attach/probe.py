@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +39,14 @@ class VllmServer:
     enable_prefix_caching: bool
     kv_cache_bytes: int
     kv_events: KVEventSource | None
+    scheduler: dict[str, int] = field(default_factory=dict)   # from /server_info, when vLLM shows it
+    device: str | None = None                                 # "cuda", "cpu", ... (ditto)
+
+    @property
+    def supports_full_kv_report(self) -> bool:
+        """SamplingParams.extra_args["kv_cache_report_mode"] = "full" (vLLM 0.32's v1/request.py):
+        the BlockStored events then name the prefix blocks a request reused, not only new ones."""
+        return version_tuple(self.version) >= (0, 32)
 
 
 def normalized_url(url: str) -> str:
@@ -63,12 +72,41 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
             sources = _json(http, "/kv_event_sources", url)
         except AttachError:
             sources = {}
+        scheduler, device = server_info(http)
     source = event_source(sources, kv_events, urlsplit(url).hostname)
     return VllmServer(url=url, version=version, model=models[0]["id"],
                       max_model_len=int(models[0].get("max_model_len") or 0),
                       block_size=int(config.get("block_size", 0)), num_blocks=int(config.get("num_gpu_blocks", 0)),
                       enable_prefix_caching=config.get("enable_prefix_caching") == "True",
-                      kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")), kv_events=source)
+                      kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")), kv_events=source,
+                      scheduler=scheduler, device=device)
+
+
+def server_info(http: httpx.Client) -> tuple[dict[str, int], str | None]:
+    """The scheduler's caps and the device, from /server_info: vLLM serves it only in its
+    development mode (VLLM_SERVER_DEV_MODE=1); elsewhere they are not reported ({}, None)."""
+    try:
+        r = http.get("/server_info", params={"config_format": "json"})
+        config = r.json().get("vllm_config") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return {}, None
+    if not isinstance(config, dict):
+        return {}, None
+    sched = config.get("scheduler_config") or {}
+    caps = {k: int(sched[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if isinstance(sched.get(k), int)}
+    device = (config.get("device_config") or {}).get("device_type") or (config.get("device_config") or {}).get("device")
+    return caps, str(device) if device else None
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """"0.32.0rc1+cpu" -> (0, 32, 0); what cannot be read counts as (0,)."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:3]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts) or (0,)
 
 
 def _get(http: httpx.Client, path: str, url: str) -> httpx.Response:

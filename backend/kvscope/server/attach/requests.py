@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvscope.server.validation import CommandError
+from kvscope.server.errors import CommandError
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 

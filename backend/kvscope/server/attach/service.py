@@ -11,21 +11,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kvscope import __version__
 from kvscope.instrumentation.facts import backend_facts, h100_reference
-from kvscope.instrumentation.observer import Clock
+from kvscope.instrumentation.observer import Clock, RequestLabel
 from kvscope.instrumentation.schema import SCHEMA_VERSION
 from kvscope.server.attach.kv_pool import AttachedPool
 from kvscope.server.attach.kv_subscriber import KVSubscriber
 from kvscope.server.attach.metrics import figures, parse
 from kvscope.server.attach.probe import AttachError, VllmServer, local_model_facts, probe
+from kvscope.sampling_params import SamplingParams
 from kvscope.server.attach.requests import run_request
 from kvscope.server.attach.vllm_client import VllmClient, completion_params
-from kvscope.server.commands import HANDLERS
+from kvscope.server.api.commands import HANDLERS
 from kvscope.server.config import ServerConfig
-from kvscope.server.hub import Hub
-from kvscope.server.metrics import Metrics
-from kvscope.server.policy import Policy
-from kvscope.server.service import Submitted
-from kvscope.server.validation import CommandError
+from kvscope.server.classroom.hub import Hub
+from kvscope.server.classroom.sweeps import Sweep, SweepAccounts
+from kvscope.server.service.metrics import Metrics
+from kvscope.server.classroom.policy import Policy
+from kvscope.server.service.engine_service import SYNTHETIC_PROMPTS, Submitted
+from kvscope.server.errors import CommandError
 
 log = logging.getLogger("kvscope.attach")
 POLL_S = 1.0
@@ -35,11 +37,12 @@ KV_EVENTS_HINT = ("vLLM was started without KV events: start it with --kv-events
                   "'{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
                   "\"replay_endpoint\": \"tcp://*:5558\"}' to see its blocks here")
 NEEDS_ENGINE = ("watch", "unwatch", "hold", "next", "release", "pace", "pause", "resume", "step", "reset",
-                "slow_motion", "set_knobs", "inject", "record_start", "record_stop")
+                "slow_motion", "set_knobs", "inject", "record_start", "record_stop", "kv_quant")
 
 
-class AttachService:
+class AttachService(SweepAccounts):
     def __init__(self, server: VllmServer, config: ServerConfig, kv_events_override: str | None = None):
+        super().__init__()
         self.server, self.config = server, config
         self.kv_events_override = kv_events_override
         self.clock = Clock()
@@ -61,24 +64,31 @@ class AttachService:
         self._poller: asyncio.Task | None = None
         self._sample = None
         self._sample_t = 0.0
+        self._runs: set[asyncio.Task] = set()   # sweeps (commands.sweep), until done
+        self._synthetic_ids: list[list[int]] | None = None
         self.hello = self._hello()
         self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE}}
 
     # -- facts ---------------------------------------------------------------------------
     def _hello(self) -> dict:
         s = self.server
-        model = local_model_facts(s.model, s.block_size) or unknown_model(s.model, s.max_model_len)
+        local = local_model_facts(s.model, s.block_size)
+        model = local or unknown_model(s.model, s.max_model_len)
         # "kv" even without KV events: the allocator then says which vLLM flag turns them on
         capabilities = ["requests", "kv", "sandbox"]
+        sched = s.scheduler
+        device = s.device if s.device in ("cpu", "cuda") else "cpu"
         return {"type": "hello", "ts": 0.0, "schema_version": SCHEMA_VERSION,
                 "server": f"kvscope {__version__} attached to vLLM {s.version}",
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
-                "backend": backend_facts("vllm", s.version, capabilities, attached_url=s.url),
+                "backend": {**backend_facts("vllm", s.version, capabilities, attached_url=s.url),
+                            "unreported": unreported(s, local is not None)},
                 "model": model,
-                "device": {"type": "cpu", "name": f"the vLLM server at {s.url} (its device is not reported)",
+                "device": {"type": device, "name": f"the vLLM server at {s.url}" + (f" ({s.device})" if s.device else ""),
                            "total_memory_bytes": 0, "peak_bandwidth_bytes_per_s": 0.0, "peak_flops": 0.0},
                 "engine": {"block_size": s.block_size, "num_blocks": s.num_blocks, "kv_cache_bytes": s.kv_cache_bytes,
-                           "max_num_batched_tokens": 0, "max_num_seqs": 0, "max_model_len": s.max_model_len,
+                           "max_num_batched_tokens": sched.get("max_num_batched_tokens", 0),
+                           "max_num_seqs": sched.get("max_num_seqs", 0), "max_model_len": s.max_model_len,
                            "enable_prefix_caching": s.enable_prefix_caching, "attention_backend": "vllm",
                            "decode": f"vLLM {s.version}", "speculative": None, "tensor_parallel_size": 1},
                 "h100": h100_reference()}
@@ -87,12 +97,15 @@ class AttachService:
         s = self.server
         return {"type": "engine", "ts": self.clock(), "reason": reason, "paused": False,
                 "step": self.pool.step if self.pool else 0, "slow_motion_s": 0.0,
-                "knobs": {"max_num_batched_tokens": 0, "max_num_seqs": 0, "prefill_chunk_size": None,
+                "knobs": {"max_num_batched_tokens": s.scheduler.get("max_num_batched_tokens", 0),
+                          "max_num_seqs": s.scheduler.get("max_num_seqs", 0), "prefill_chunk_size": None,
                           "enable_chunked_prefill": True},
                 "num_running": self.figures.get("running", 0), "num_waiting": self.figures.get("waiting", 0),
                 "num_viewers": len(self.hub.viewers), "recording": None,
                 "vllm": {"url": s.url, "version": s.version, "model": s.model, "connected": self.connected,
-                         "kv_events": self.kv_events_note(), "metrics": self.figures}}
+                         "retry_s": POLL_S, "kv_events": self.kv_events_note(),
+                         "kv_cache_report_mode": "full" if s.supports_full_kv_report else "incremental",
+                         "metrics": self.figures}}
 
     def kv_events_note(self) -> str:
         source = self.server.kv_events
@@ -110,7 +123,7 @@ class AttachService:
     def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        for task in self.tasks.values():
+        for task in [*self.tasks.values(), *self._runs]:
             task.cancel()
         if self.subscriber is not None:
             self.subscriber.stop()
@@ -201,19 +214,39 @@ class AttachService:
         raise CommandError("attach", f"{msg['type']!r} needs kvscope's own engine; this server is attached to "
                                      f"vLLM at {self.server.url}, which shows its requests, blocks and metrics only")
 
+    def _needs_engine(self, what: str) -> CommandError:
+        return CommandError("attach", f"{what} needs kvscope's own engine; this server is attached to vLLM at "
+                                      f"{self.server.url}, which runs a prompt as vLLM schedules it")
+
+    # What commands.py reads of kvscope's engine for a submit's options (watching, its own
+    # chunk size, a grammar): attached, each is refused with a sentence, never an AttributeError.
+    @property
+    def engine(self):
+        raise self._needs_engine("this option of a submit (its own prefill chunk size)")
+
+    @property
+    def instr(self):
+        raise self._needs_engine("watching a request's attention and sampling")
+
+    async def compile_grammar(self, constraint) -> None:
+        raise self._needs_engine("structured outputs from these pages")
+
+    def touch_hold(self, rid: str, held: bool) -> None:
+        raise self._needs_engine("holding a request")
+
     @property
     def learner_share(self) -> int:
         limit = self.config.limits.max_learner_requests
         return limit if limit is not None else 16
 
-    def learner_requests(self) -> int:
-        return sum(len(v.active) for v in self.hub.viewers.values() if not v.is_instructor)
-
     def new_request_id(self) -> str:
         return f"r{next(self._ids)}"
 
     def completion_params(self, params) -> dict:
-        return completion_params(params)
+        """vLLM's fields for kvscope's SamplingParams; where the server can, it is asked to
+        publish the prefix blocks each request reused (so the pool draws their hits)."""
+        extra = {"vllm_xargs": {"kv_cache_report_mode": "full"}} if self.server.supports_full_kv_report else {}
+        return {**completion_params(params), **extra}
 
     async def off_loop(self, fn, *args):
         result = fn(*args)
@@ -264,6 +297,56 @@ class AttachService:
     @property
     def num_watched(self) -> int:
         return 0
+
+    def spawn(self, coro) -> None:
+        """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._runs.add(task)
+        task.add_done_callback(self._runs.discard)
+
+    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
+        """EngineService.measure against vLLM: the same story prompts (tokenized by vLLM's
+        tokenizer), the same sampling, `concurrency` requests in flight and the next one sent
+        the moment one finishes. Every request ends in one request.finished, an error
+        included, so the page's run always completes."""
+        if self._synthetic_ids is None:
+            try:
+                self._synthetic_ids = [await self.vllm.tokenize(p) for p in SYNTHETIC_PROMPTS]
+            except CommandError:
+                self._synthetic_ids = [[] for _ in SYNTHETIC_PROMPTS]   # each request then fails with vLLM's own line
+        numbers = iter(range(total))
+
+        async def worker():
+            for i in numbers:   # one iterator shared by the workers: each number is taken once
+                if sweep.owner not in self.hub.viewers:
+                    return
+                prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
+                params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
+                rid = self.new_request_id()
+                sweep.request_ids.add(rid)
+                await run_request(self, rid, self._synthetic_ids[i % len(SYNTHETIC_PROMPTS)], params, "ws",
+                                  RequestLabel(owner=sweep.owner, prompt=prompt), {})
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+MODEL_FIELDS = ("architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_size", "vocab_size", "rope_theta", "num_params", "dtype", "dtype_bytes",
+                "weight_bytes", "kv_bytes_per_token")
+
+
+def unreported(server: VllmServer, model_known: bool) -> list[str]:
+    """hello keys the attached server does not report (filled with 0 or a stand-in to keep
+    the event's shape): a page shows them as not reported instead of stating the stand-in."""
+    keys = ["device.total_memory_bytes", "device.peak_bandwidth_bytes_per_s", "device.peak_flops",
+            "engine.tensor_parallel_size"]
+    if server.device not in ("cpu", "cuda"):
+        keys.append("device.type")
+    keys += [f"engine.{k}" for k in ("max_num_seqs", "max_num_batched_tokens") if k not in server.scheduler]
+    if not server.kv_cache_bytes:
+        keys.append("engine.kv_cache_bytes")
+    if not model_known:
+        keys += [f"model.{k}" for k in MODEL_FIELDS]
+    return keys
 
 
 def unknown_model(name: str, max_model_len: int) -> dict:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from kvscope.server.validation import CommandError
+from kvscope.server.errors import CommandError
 
 
 class VllmClient:

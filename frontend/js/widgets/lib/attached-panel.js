@@ -21,8 +21,9 @@ export class AttachedPanel {
         h('th', { scope: 'col' }, 'hits'), h('th', { scope: 'col' }, 'held by'), h('th', { scope: 'col' }, 'tokens'))),
       this.rowsEl);
     this.moreEl = h('p', { class: 'kvw-note' });
+    this.reportEl = h('p', { class: 'kvw-note', 'data-report-mode': '' });
     this.el = h('section', { class: 'kvw-panel', 'aria-label': 'Attached vLLM server', hidden: '' },
-      h('h4', {}, 'Attached to vLLM'), this.statusEl, this.hintEl, this.figuresEl);
+      h('h4', {}, 'Attached to vLLM'), this.statusEl, this.hintEl, this.figuresEl, this.reportEl);
     // below the pool: the blocks by content
     this.blocksEl = h('section', { class: 'kvp-attached', 'aria-label': 'vLLM’s cached blocks', hidden: '' }, this.table, this.moreEl,
       h('p', { class: 'kvw-note' }, 'vLLM names a cached block by a hash of its tokens and its parent’s hash; the place a block takes in the grid is the order vLLM stored it in, not its physical index. Reference counts and owners count only requests sent from these pages.'));
@@ -39,6 +40,10 @@ export class AttachedPanel {
       : `Disconnected: the vLLM server at ${v.url} is not answering. The page reconnects when it returns.`;
     this.hintEl.textContent = v.kv_events.startsWith('subscribed') ? '' : v.kv_events;
     this.hintEl.hidden = !this.hintEl.textContent;
+    this.reportEl.dataset.reportMode = v.kv_cache_report_mode || 'incremental';
+    this.reportEl.textContent = v.kv_cache_report_mode === 'full'
+      ? 'Hits in the pool: requests sent from these pages ask vLLM to publish the blocks they reuse (kv_cache_report_mode “full”), and so do other clients’ requests that ask the same; vLLM publishes nothing for blocks reused by requests sent without it, so those hits count only in vLLM’s figures above.'
+      : 'Hits in the pool: this vLLM does not publish the blocks a request reuses, so the pool counts only requests sent from these pages (from the cached tokens vLLM answers); other clients’ hits count only in vLLM’s figures above.';
     const m = v.metrics || {};
     const fig = (label, value, key) => h('div', {}, h('dt', {}, label), h('dd', { 'data-vllm': key }, value));
     const opt = (x, f) => (x === null || x === undefined ? '—' : f(x));

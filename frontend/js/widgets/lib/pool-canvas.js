@@ -1,6 +1,8 @@
 // The engine's block pool drawn on a canvas (a pool can hold thousands of blocks): one cell
 // per block, coloured by owner, filled from the bottom in proportion to its used slots,
-// hatched when free but still cached, outlined thick when shared (ref count > 1).
+// hatched when free but still cached, outlined thick when shared (ref count > 1). A pool too
+// large for legible cells is drawn a window at a time (`offset`, `count`): pool-density.js
+// draws the whole of it.
 
 import { cssVar, CATEGORICAL } from '../../widget-base.js';
 
@@ -10,6 +12,8 @@ export class PoolCanvas {
     this.cols = 1;
     this.cell = 16;
     this.gap = 2;
+    this.offset = 0;
+    this.count = 0;
   }
 
   /** Cell size so the pool fits `width` and about 380 px of height. */
@@ -24,22 +28,26 @@ export class PoolCanvas {
     return { width: this.cols * (cell + this.gap), height: this.rows * (cell + this.gap) };
   }
 
-  blockAt(x, y, numBlocks) {
+  /** The block id under a point, or -1. */
+  blockAt(x, y) {
     const step = this.cell + this.gap;
     const col = Math.floor(x / step);
     const row = Math.floor(y / step);
     if (col < 0 || col >= this.cols || row < 0) return -1;
-    const id = row * this.cols + col;
-    return id < numBlocks ? id : -1;
+    const local = row * this.cols + col;
+    return local < this.count ? this.offset + local : -1;
   }
 
   /**
    * blocks: [{id, ref, filled, hash, owners}]; colourOf(owner) → CSS colour; highlight: Set of
    * block ids to emphasise (others dimmed) or null; cursor: focused block id or -1;
-   * logical: Map(block id → logical index) for the highlighted sequence.
+   * logical: Map(block id → logical index) for the highlighted sequence; offset, count: the
+   * run of blocks to draw (all of them by default).
    */
-  draw({ blocks, blockSize, colourOf, highlight, cursor, logical, width }) {
-    const { width: W, height: H } = this.layout(blocks.length, width);
+  draw({ blocks, blockSize, colourOf, highlight, cursor, logical, width, offset = 0, count = blocks.length }) {
+    this.offset = offset;
+    this.count = Math.max(0, Math.min(count, blocks.length - offset));
+    const { width: W, height: H } = this.layout(this.count, width);
     const ratio = window.devicePixelRatio || 1;
     const c = this.canvas;
     c.width = Math.ceil(W * ratio);
@@ -61,9 +69,10 @@ export class PoolCanvas {
     ctx.font = `${Math.max(8, Math.floor(s * 0.55))}px ${cssVar('--kv-font-mono') || 'monospace'}`;
     ctx.textAlign = 'center';
     ctx.textBaseline = 'middle';
-    for (const b of blocks) {
-      const x = (b.id % this.cols) * step;
-      const y = Math.floor(b.id / this.cols) * step;
+    for (let i = 0; i < this.count; i += 1) {
+      const b = blocks[offset + i];
+      const x = (i % this.cols) * step;
+      const y = Math.floor(i / this.cols) * step;
       ctx.globalAlpha = highlight && !highlight.has(b.id) ? 0.25 : 1;
       ctx.fillStyle = free;
       ctx.fillRect(x, y, s, s);
@@ -112,9 +121,9 @@ export class PoolCanvas {
       }
     }
     ctx.globalAlpha = 1;
-    if (cursor >= 0 && cursor < blocks.length) {
-      const x = (cursor % this.cols) * step;
-      const y = Math.floor(cursor / this.cols) * step;
+    if (cursor >= offset && cursor < offset + this.count) {
+      const x = ((cursor - offset) % this.cols) * step;
+      const y = Math.floor((cursor - offset) / this.cols) * step;
       ctx.strokeStyle = focus;
       ctx.lineWidth = 3;
       ctx.strokeRect(x - 1, y - 1, s + 2, s + 2);

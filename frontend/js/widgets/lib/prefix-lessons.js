@@ -54,6 +54,7 @@ export class PrefixLessons {
     this.saltButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.sendSalted() },
       'Send one prompt as tenant A, tenant B, then A again');
     this.blockNote.id = `${id}-bs`;
+    for (const button of [this.shortButton, this.longButton, this.pairButton]) button.setAttribute('aria-describedby', this.blockNote.id);
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.statusEl = h('p', { class: 'kvw-note', 'aria-live': 'polite' });
     this.body = h('tbody', {});
@@ -104,11 +105,10 @@ export class PrefixLessons {
     }
     const { short, long } = this.presets();
     this.sharedIn.max = String(4 * bs);
-    this.shortButton.textContent = `Share ${short} tokens (less than a block)`;
-    this.longButton.textContent = `Share ${long} tokens (more than ${Math.floor(long / bs)} blocks)`;
-    this.shortButton.setAttribute('aria-label', `Send two prompts that share their first ${short} tokens, fewer than one block of ${bs}`);
-    this.longButton.setAttribute('aria-label', `Send two prompts that share their first ${long} tokens, more than one block of ${bs}`);
-    this.pairButton.setAttribute('aria-label', 'Send two prompts that share the number of tokens chosen');
+    // The visible words are the buttons' names too (no aria-label to say other words);
+    // what a press sends is in the note they point to.
+    this.shortButton.textContent = `Share ${short} tokens (less than a block of ${bs})`;
+    this.longButton.textContent = `Share ${long} tokens (more than ${Math.floor(long / bs)} blocks of ${bs})`;
     this.blockNote.dataset.blockSize = String(bs);
     this.blockNote.textContent = `The engine’s blocks hold ${bs} tokens. Each button sends two prompts that begin alike and then differ, one after the other, each under a fresh cache_salt of its own so that earlier runs cannot help it.`
       + (attached ? ' These pairs need kvscope’s own engine; attached to vLLM, use the demo above.'

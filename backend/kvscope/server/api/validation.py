@@ -11,15 +11,11 @@ from jsonschema.exceptions import best_match
 
 from kvscope.instrumentation.schema import COMMANDS
 from kvscope.sampling_params import SamplingParams
+from kvscope.server.classroom.policy import check_sampling_numbers
+from kvscope.server.errors import CommandError
 
 VALIDATORS = {name: Draft202012Validator(schema) for name, schema in COMMANDS.items()}
 DEFAULT_MAX_TOKENS = 64
-
-
-class CommandError(Exception):
-    def __init__(self, code: str, message: str, request_id: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.request_id = code, message, request_id
 
 
 def no_constant(name: str):
@@ -63,10 +59,14 @@ def validate_command(msg: dict) -> str:
     if not isinstance(kind, str) or kind not in VALIDATORS:
         known = ", ".join(sorted(VALIDATORS))
         raise CommandError("unknown_type", f"unknown message type {str(kind)[:40]!r}; known types: {known}")
-    error = best_match(VALIDATORS[kind].iter_errors(msg))
+    check_schema(VALIDATORS[kind], msg)
+    return kind
+
+
+def check_schema(validator: Draft202012Validator, value) -> None:
+    error = best_match(validator.iter_errors(value))
     if error is not None:
         raise CommandError("invalid_field", describe(error))
-    return kind
 
 
 def describe(error) -> str:
@@ -77,7 +77,6 @@ def describe(error) -> str:
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
     """Client sampling params (already schema-checked) to SamplingParams, within limits."""
-    from kvscope.server.policy import check_sampling_numbers
     raw = dict(raw or {})
     check_sampling_numbers(raw, "params.")
     max_tokens = raw.pop("max_tokens", min(DEFAULT_MAX_TOKENS, max_tokens_limit or DEFAULT_MAX_TOKENS))

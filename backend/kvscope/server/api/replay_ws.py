@@ -12,9 +12,9 @@ from pathlib import Path
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
-from kvscope.server.hub import dumps
-from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
-                                      validate_command)
+from kvscope.server.classroom.hub import dumps
+from kvscope.server.api.validation import incoming_frames, message_ref, parse_frame, printable, validate_command
+from kvscope.server.errors import CommandError
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

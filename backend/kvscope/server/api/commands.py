@@ -10,11 +10,13 @@ from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
 from kvscope.instrumentation.watch import WatchSpec
 from kvscope.sampling_params import StructuredOutputsParams
-from kvscope.server.policy import is_token, one_prompt_form
-from kvscope.server.sandbox import Sandbox
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, message_ref, sampling_params
-from kvscope.server.viewer import Filter, Viewer
+from kvscope.server.classroom.policy import is_token, one_prompt_form
+from kvscope.server.classroom.sandbox import Sandbox
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.classroom.sweeps import Sweep, sweep_requests
+from kvscope.server.api.validation import message_ref, sampling_params
+from kvscope.server.errors import CommandError
+from kvscope.server.classroom.viewer import Filter, Viewer
 
 
 @dataclass
@@ -38,7 +40,8 @@ class Session:
         v = self.viewer
         return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
                 "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
-                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share}}
+                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share,
+                           "max_sweep_in_flight": self.service.sweep_cap}}
 
     def own(self, rid: str) -> None:
         """Learners may only steer their own requests."""
@@ -108,14 +111,16 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add `in_flight` more requests at once? One submit's allowance either way:
-    a measured run (`measure`) is one submission, whatever its number of requests."""
+    """May this learner add `in_flight` requests to the learners' share, and one to their own
+    (a sweep is one, whatever its levels; `in_flight` 0: none, as kv_quant)? One submit's
+    allowance either way."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
-    if len(s.viewer.active) + in_flight > limits.max_active_requests:
+    own = s.service.own_requests(s.viewer)
+    if own + min(in_flight, 1) > limits.max_active_requests:
         raise CommandError("too_many_requests",
-                           f"you have {len(s.viewer.active)} requests in flight and ask for {in_flight} more; "
+                           f"you have {own} requests in flight (a sweep counts as one); "
                            f"the limit is {limits.max_active_requests} (kvscope serve --learner-max-active-requests)")
     share = s.service.learner_share
     if s.service.learner_requests() + in_flight > share:
@@ -184,16 +189,15 @@ async def unwatch(s: Session, msg: dict) -> None:
     s.ack(msg, request_id=rid)
 
 
-async def hold(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.hold(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
-
-
-async def next_token(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.next_token(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
+def steer(operation: str):
+    """The handler of `hold`, `next` or `release`: the service's `operation` on one of the
+    viewer's own requests."""
+    async def handler(s: Session, msg: dict) -> None:
+        rid = msg["request_id"]
+        s.own(rid)
+        await getattr(s.service, operation)(rid)
+        s.ack(msg, request_id=rid)
+    return handler
 
 
 async def pace(s: Session, msg: dict) -> None:
@@ -208,26 +212,35 @@ async def pace(s: Session, msg: dict) -> None:
     s.ack(msg, **ids, interval_s=msg["interval_s"])
 
 
-MAX_MEASURED_REQUESTS = 16   # a learner's measured run: enough for a percentile, short enough to wait for
-
-
-async def measure(s: Session, msg: dict) -> None:
-    """A throughput run the server drives (service.measure): the requests are this viewer's,
-    so its page sees their events, but they arrive as fast as the engine finishes the last
-    ones, not as fast as the page's submits may go. For a learner it costs one submit."""
-    concurrency, total, max_tokens = msg["concurrency"], msg["total"], msg["max_tokens"]
-    if not s.viewer.is_instructor:
-        limits = s.service.config.limits
-        if total > MAX_MEASURED_REQUESTS:
-            raise CommandError("invalid_field", f"total: {total} is over the limit of {MAX_MEASURED_REQUESTS} for a measured run")
+async def sweep(s: Session, msg: dict) -> None:
+    """Throughput against latency at rising concurrency, as one job the server drives
+    (service.sweep): the requests are this viewer's, so its page sees their events, and they
+    arrive as fast as the engine finishes the last ones. For a learner: one submit, one request
+    of their in-flight limit, its top level within the sweep cap and reserved in the
+    learners' share until it ends; one learner sweep at a time (two would measure each other)."""
+    levels, max_tokens = msg["levels"], msg["max_tokens"]
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise CommandError("invalid_field", f"levels: {levels} must rise")
+    service, viewer = s.service, s.viewer
+    if viewer.id in service.sweeps:
+        raise CommandError("too_many_requests", "your sweep is still running; wait for its last level")
+    if not viewer.is_instructor:
+        limits = service.config.limits
+        if levels[-1] > service.sweep_cap:
+            raise CommandError("too_many_requests", f"levels: a learner's sweep may keep at most {service.sweep_cap} "
+                                                    f"requests in flight (kvscope serve --learner-max-sweep-in-flight, "
+                                                    f"within --max-learner-requests); {levels[-1]} asked for")
         if max_tokens > limits.max_tokens:
             raise CommandError("invalid_field", f"max_tokens: {max_tokens} is over the limit of {limits.max_tokens} "
                                                 f"(kvscope serve --learner-max-tokens)")
-    if concurrency > total:
-        raise CommandError("invalid_field", f"concurrency: {concurrency} in flight needs at least as many requests; total is {total}")
-    check_submit_allowance(s, concurrency)
-    s.service.spawn(s.service.measure(s.viewer.id, concurrency, total, max_tokens))
-    s.ack(msg, concurrency=concurrency, total=total, max_tokens=max_tokens)
+        if any(not service.hub.viewers[o].is_instructor for o in service.sweeps if o in service.hub.viewers):
+            raise CommandError("too_many_requests", "another learner's sweep is running (one at a time, or each "
+                                                    "would measure the other's load); try again in a few seconds")
+    check_submit_allowance(s, levels[-1])
+    job = Sweep(owner=viewer.id, top=levels[-1])
+    service.sweeps[viewer.id] = job
+    service.spawn(service.sweep(job, levels, max_tokens))
+    s.ack(msg, levels=levels, requests=[sweep_requests(n) for n in levels], max_tokens=max_tokens)
 
 
 # a learner's kv_quant: the prompt is decoded twice between two engine steps, so keep it short
@@ -254,12 +267,6 @@ async def kv_quant(s: Session, msg: dict) -> None:
     check_submit_allowance(s, 0)   # last: a refused message costs no submit allowance
     result = await service.measure_kv_cache_dtype(ids, msg["kv_cache_dtype"], max_tokens)
     s.reply(msg, {"type": "kv_quant", "ts": service.clock(), "prompt": text, **result})
-
-
-async def release(s: Session, msg: dict) -> None:
-    s.own(msg["request_id"])
-    await s.service.release(msg["request_id"])
-    s.ack(msg, request_id=msg["request_id"])
 
 
 # -- sandbox, auth, ping -----------------------------------------------------------------------
@@ -361,9 +368,9 @@ async def viewers(s: Session, msg: dict) -> None:
 
 HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
-    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": hold,
-    "next": next_token, "release": release, "pace": pace, "measure": measure, "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping,
-    "kv_quant": kv_quant,
+    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": steer("hold"),
+    "next": steer("next_token"), "release": steer("release"), "pace": pace, "sweep": sweep,
+    "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping, "kv_quant": kv_quant,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,
     "inject": inject, "record_start": record_start, "record_stop": record_stop, "viewers": viewers,
     "replay": replay_control,

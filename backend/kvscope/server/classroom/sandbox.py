@@ -11,7 +11,7 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.kv_state import block_dict, block_state
 from kvscope.sampling_params import SamplingParams
-from kvscope.server.validation import CommandError
+from kvscope.server.errors import CommandError
 
 MAX_SEQS = 32
 PARAMS = SamplingParams(max_tokens=1)

@@ -10,13 +10,13 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from kvscope.instrumentation.schema import INSTRUCTOR_COMMANDS, SUBSCRIBABLE
-from kvscope.server.commands import HANDLERS, Session
-from kvscope.server.policy import is_token, learner_id
+from kvscope.server.api.commands import HANDLERS, Session
+from kvscope.server.classroom.policy import is_token, learner_id
 from kvscope.server.security import origin_allowed
-from kvscope.server.service import EngineService
-from kvscope.server.validation import (CommandError, incoming_frames, message_ref, parse_frame, printable,
-                                      validate_command)
-from kvscope.server.viewer import Filter, Viewer
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import incoming_frames, message_ref, parse_frame, printable, validate_command
+from kvscope.server.errors import CommandError
+from kvscope.server.classroom.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
 _viewer_ids = itertools.count(1)

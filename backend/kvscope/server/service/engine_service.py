@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from kvscope.server.async_engine import AsyncEngine, StreamDelta
+from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
@@ -22,10 +22,11 @@ from kvscope.instrumentation.watch import WatchRegistry, WatchSpec
 from kvscope.llm import apply_chat_template
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.config import ServerConfig
-from kvscope.server.hub import Hub
-from kvscope.server.metrics import Metrics
-from kvscope.server.policy import Policy, message_texts
-from kvscope.server.validation import CommandError
+from kvscope.server.classroom.hub import Hub
+from kvscope.server.service.metrics import Metrics
+from kvscope.server.classroom.policy import Policy, message_texts
+from kvscope.server.classroom.sweeps import Sweep, SweepAccounts
+from kvscope.server.errors import CommandError
 
 SYNTHETIC_PROMPTS = [
     "Once upon a time, a little fox found a shiny stone by the river.",
@@ -46,8 +47,9 @@ class Submitted:
     error: str | None = None
 
 
-class EngineService:
+class EngineService(SweepAccounts):
     def __init__(self, engine: LLMEngine, config: ServerConfig):
+        super().__init__()
         self.engine, self.config = engine, config
         self.clock = Clock()
         self.started_at = time.time()
@@ -65,7 +67,7 @@ class EngineService:
         self._ids = itertools.count(1)
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self._reaper: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()   # runs the server drives (measure), until done
+        self._tasks: set[asyncio.Task] = set()   # runs the server drives (sweeps), until done
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -93,10 +95,7 @@ class EngineService:
     def learner_share(self) -> int:
         """Requests learners may have in flight together: below the engine's capacity."""
         limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else max(1, self.engine.scheduler.config.max_num_seqs // 2)
-
-    def learner_requests(self) -> int:
-        return sum(len(v.active) for v in self.hub.viewers.values() if not v.is_instructor)
+        return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -311,23 +310,24 @@ class EngineService:
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
 
-    async def measure(self, owner: str, concurrency: int, total: int, max_tokens: int) -> None:
-        """A throughput run driven here, next to the engine: `total` requests of `max_tokens`
+    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
+        """One throughput run driven here, next to the engine: `total` requests of `max_tokens`
         tokens each (the synthetic prompts), `concurrency` of them in flight at any time, the
-        next one added the moment one finishes. Owned by `owner`, so its page gets every
-        request's events; it stops adding requests once that page has gone."""
+        next one added the moment one finishes. Owned by the sweep's owner, so its page gets
+        every request's events; it stops adding requests once that page has gone."""
         tok = self._tokenizer()
         numbers = iter(range(total))
 
         async def worker():
             for i in numbers:   # one iterator shared by the workers: each number is taken once
-                if owner not in self.hub.viewers:
+                if sweep.owner not in self.hub.viewers:
                     return
                 prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
                 params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
-                label = RequestLabel(owner=owner, prompt=prompt)
-                async for _ in self.stream(self.new_request_id(), tok.encode(prompt, add_special_tokens=False),
-                                           params, "ws", label):
+                label = RequestLabel(owner=sweep.owner, prompt=prompt)
+                rid = self.new_request_id()
+                sweep.request_ids.add(rid)
+                async for _ in self.stream(rid, tok.encode(prompt, add_special_tokens=False), params, "ws", label):
                     pass
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -340,7 +340,7 @@ class EngineService:
 
         def run() -> dict:
             block_size = engine.config.block_size   # the pool as this engine stores it
-            budget = engine.block_manager.num_blocks * block_size * self.instr.facts.kv_bytes_per_token
+            budget = engine.plan.num_blocks * block_size * self.instr.facts.kv_bytes_per_token
             start = time.perf_counter()
             result = measure_kv_cache_dtype(engine.model, engine.model_config, engine.dtype, engine.device, ids,
                                             kv_cache_dtype, max_tokens, block_size, budget)
@@ -362,12 +362,12 @@ class EngineService:
         return rids
 
     def engine_state(self, reason: str) -> dict:
-        sched, rec = self.engine.scheduler, self.hub.recorder
+        engine, rec = self.engine, self.hub.recorder
         return {"type": "engine", "ts": self.clock(), "reason": reason,
-                "paused": bool(self.aengine and self.aengine.paused), "step": sched.num_steps,
+                "paused": bool(self.aengine and self.aengine.paused), "step": engine.num_steps,
                 "slow_motion_s": self.aengine.pacing.min_step_interval_s if self.aengine else 0.0,
-                "knobs": self.engine.knobs(), "num_running": len(sched.running),
-                "num_waiting": len(sched.waiting), "num_viewers": len(self.hub.viewers),
+                "knobs": engine.knobs(), "num_running": engine.num_running,
+                "num_waiting": engine.num_waiting, "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
 
     def recording_preamble(self) -> list[dict]:

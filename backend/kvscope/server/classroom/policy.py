@@ -10,8 +10,8 @@ import re
 import secrets
 
 from kvscope.server.config import ServerConfig
-from kvscope.server.ratelimit import TokenBucket, per_minute
-from kvscope.server.validation import CommandError
+from kvscope.server.classroom.ratelimit import TokenBucket, per_minute
+from kvscope.server.errors import CommandError
 
 PROMPT_FORMS = ("prompt", "messages", "prompt_token_ids")
 MAX_TOP_K = 1 << 20                  # far above any vocabulary, far below what a tensor can hold

@@ -1,5 +1,5 @@
 """The whole site: load content once, render pages with Jinja2, cache the HTML until a
-content file changes. Used by `kvscope.server.pages` and by `export_static_site`.
+content file changes. Used by `kvscope.server.pages.routes` and by `export_static_site`.
 
 Pages link with `link(url)` and `static(path)`. Served, those are site-absolute ("/glossary",
 "/static/css/theme.css"); exported, they are relative to the page ("../../glossary/index.html"),
@@ -14,10 +14,10 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, pass_context, select_autoescape
 from markupsafe import Markup
 
-from kvscope.server.rendering.content import (PARTS, Chapter, content_dir, frontend_dir, load_chapters,
-                                              load_glossary, signature)
-from kvscope.server.rendering.markdown import make_markdown, render_markdown
-from kvscope.server.rendering.static_modules import import_map_script, recording_script
+from kvscope.server.pages.content import (PARTS, Chapter, content_dir, frontend_dir, load_chapters,
+                                       load_glossary, signature)
+from kvscope.server.pages.markdown import make_markdown, render_markdown
+from kvscope.server.pages.static_modules import import_map_script, recording_script
 
 STATIC_PREFIX = "/static/"
 

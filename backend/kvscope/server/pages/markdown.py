@@ -23,7 +23,7 @@ from markdown_it.rules_block import StateBlock
 from markdown_it.rules_inline import StateInline
 from mdit_py_plugins.anchors import anchors_plugin
 
-from kvscope.server.rendering.content import Glossary, frontend_dir
+from kvscope.server.pages.content import Glossary, frontend_dir
 
 # A widget exists when its file does: frontend/js/widgets/kv-<name>.js defines <kv-<name>>.
 WIDGET_TAGS = frozenset(path.stem for path in (frontend_dir() / "js" / "widgets").glob("kv-*.js"))

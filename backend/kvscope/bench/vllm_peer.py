@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-WORKER = Path(__file__).with_name("bench_vllm_worker.py")
+WORKER = Path(__file__).with_name("vllm_worker.py")
 VENV = Path.home() / ".cache" / "kvscope" / "vllm-venv"
 INSTALL = (f"vLLM's CPU build goes in a virtual environment of its own (it pins the same CPU torch):\n"
            f"  python3 -m venv {VENV}\n"

@@ -12,15 +12,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from kvscope.server.async_engine import StreamDelta
+from kvscope.server.service.async_engine import StreamDelta
 from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
-from kvscope.server.policy import MAX_N, check_sampling_numbers
-from kvscope.server.rest import STATUS, read_json, rest_caller, until_disconnect
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, printable
+from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
+from kvscope.server.api.rest import STATUS, admitted_caller, read_json, until_disconnect
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import printable
+from kvscope.server.errors import CommandError
 
 NUM = {"type": ["number", "null"]}
 STOP = {"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {"type": "string"}, "maxItems": 4}]}
@@ -85,6 +86,7 @@ class Completion:
         self.created = int(time.time())
         self.model = service.model_name
         self.object = "chat.completion" if chat else "text_completion"
+        self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         body = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
@@ -99,11 +101,18 @@ class Completion:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    def count(self, index: int, n: int, out: RequestOutput) -> None:
+        """Add a finished choice to the usage; a prompt counts once, however many choices it has."""
+        if index % n == 0:
+            self.prompt_tokens += len(out.prompt_token_ids)
+            self.cached_tokens += out.num_cached_tokens
+        self.completion_tokens += len(out.outputs[0].token_ids)
+
+    def usage(self) -> dict:
         """As vLLM's with --enable-prompt-tokens-details: the prompt tokens the prefix cache served."""
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 def check_model(service: EngineService, body: dict) -> None:
@@ -188,8 +197,7 @@ def openai_router(service: EngineService) -> APIRouter:
     async def checked_call(request: Request, chat: bool):
         """(body, params, prompts), or an OpenAIError: every check before the engine sees it."""
         try:
-            instructor, caller = rest_caller(service, request)
-            policy.admit_rest(caller)
+            instructor, caller = admitted_caller(service, request)
             body = await read_json(request, service.config.max_body_bytes)
         except CommandError as exc:
             raise from_command_error(exc) from None
@@ -289,17 +297,14 @@ async def complete(call: Completion, params: SamplingParams):
     per_prompt = await asyncio.gather(*(run_one(call, i, ids, text, params, keep)
                                         for i, (ids, text) in enumerate(call.prompts)))
     outputs = [out for outs in per_prompt for out in outs]
-    choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
+    choices = []
     for i, out in enumerate(outputs):
         choice = out.outputs[0]   # a stream's final output holds its one choice
         if choice.finish_reason == "error":
-            return OpenAIError(400 if "prompt" in (out.error or "") else 500, out.error or "the engine failed",
-                               code="context_length_exceeded" if "prompt" in (out.error or "") else "engine_error",
-                               kind="invalid_request_error" if "prompt" in (out.error or "") else "server_error")
-        if i % params.n == 0:   # a prompt counts once, however many choices it has
-            prompt_tokens += len(out.prompt_token_ids)
-            cached_tokens += out.num_cached_tokens
-        completion_tokens += len(choice.token_ids)
+            if "prompt" in (out.error or ""):
+                return OpenAIError(400, out.error, code="context_length_exceeded")
+            return OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
+        call.count(i, params.n, out)
         lps = texts.get(i)
         finish = FINISH.get(choice.finish_reason, "stop")
         if call.chat:
@@ -313,7 +318,7 @@ async def complete(call: Completion, params: SamplingParams):
                 lp = {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
             choices.append({"index": i, "text": choice.text, "logprobs": lp, "finish_reason": finish})
     return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
-            "choices": choices, "usage": call.usage(prompt_tokens, completion_tokens, cached_tokens)}
+            "choices": choices, "usage": call.usage()}
 
 
 async def stream_chunks(call: Completion, params: SamplingParams, include_usage: bool):
@@ -323,7 +328,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
         await queue.put((index, delta))
     tasks = [asyncio.ensure_future(run_one(call, i, ids, text, params, push))
              for i, (ids, text) in enumerate(call.prompts)]
-    open_choices, prompt_tokens, completion_tokens, cached_tokens = len(tasks) * params.n, 0, 0, 0
+    open_choices = len(tasks) * params.n
     started, offsets = set(), {}
     try:
         while open_choices:
@@ -337,10 +342,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
                            "param": None, "code": "engine_error"}
                     yield f"data: {json.dumps({'error': err})}\n\n"
                     continue
-                if index % params.n == 0:
-                    prompt_tokens += len(out.prompt_token_ids)
-                    cached_tokens += out.num_cached_tokens
-                completion_tokens += len(choice.token_ids)
+                call.count(index, params.n, out)
                 yield call.chunk([call.choice_delta(index, "", FINISH.get(choice.finish_reason, "stop"),
                                                     first=index not in started)])
                 continue
@@ -351,7 +353,7 @@ async def stream_chunks(call: Completion, params: SamplingParams, include_usage:
             yield call.chunk([call.choice_delta(index, delta.text, None, lp, first=index not in started)])
             started.add(index)
         if include_usage:
-            yield call.chunk([], call.usage(prompt_tokens, completion_tokens, cached_tokens))
+            yield call.chunk([], call.usage())
         yield "data: [DONE]\n\n"
     finally:
         for t in tasks:   # the client left: cancelling the streams aborts their requests

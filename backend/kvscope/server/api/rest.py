@@ -8,14 +8,14 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import COMMANDS, obj
-from kvscope.server.hub import dumps
-from kvscope.server.policy import one_prompt_form
-from kvscope.server.service import EngineService
-from kvscope.server.validation import CommandError, describe, printable, sampling_params, strict_json
+from kvscope.server.classroom.hub import dumps
+from kvscope.server.classroom.policy import one_prompt_form
+from kvscope.server.service.engine_service import EngineService
+from kvscope.server.api.validation import check_schema, printable, sampling_params, strict_json
+from kvscope.server.errors import CommandError
 
 _submit = COMMANDS["submit"]["properties"]
 GENERATE = Draft202012Validator(obj({}, {k: _submit[k] for k in ("prompt", "messages", "prompt_token_ids", "params")}
@@ -31,11 +31,14 @@ def error_response(exc: CommandError) -> JSONResponse:
     return JSONResponse(body, status_code=STATUS.get(exc.code, 400), headers=getattr(exc, "headers", dict)())
 
 
-def rest_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
-    """(instructor?, rate bucket key): a learner id (?learner= or X-Kvscope-Learner) or the address."""
+def admitted_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
+    """(instructor?, rate bucket key) of a caller within its rate: the key is a learner id
+    (?learner= or X-Kvscope-Learner) or the address."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
-    return service.policy.rest_caller(request.headers, host, learner)
+    instructor, caller = service.policy.rest_caller(request.headers, host, learner)
+    service.policy.admit_rest(caller)
+    return instructor, caller
 
 
 async def read_json(request: Request, max_bytes: int):
@@ -64,9 +67,7 @@ async def read_json(request: Request, max_bytes: int):
 
 async def json_body(request: Request, validator: Draft202012Validator, max_bytes: int) -> dict:
     body = await read_json(request, max_bytes)
-    error = best_match(validator.iter_errors(body))
-    if error is not None:
-        raise CommandError("invalid_field", describe(error))
+    check_schema(validator, body)
     return body
 
 
@@ -88,8 +89,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
         try:
-            instructor, caller = rest_caller(service, request)
-            policy.admit_rest(caller)
+            instructor, _ = admitted_caller(service, request)
             body = await json_body(request, TOKENIZE, service.config.max_body_bytes)
             policy.check_prompt_text(body["text"], instructor, "text")
             return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
@@ -99,8 +99,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/generate")
     async def generate(request: Request):
         try:
-            instructor, caller = rest_caller(service, request)
-            policy.admit_rest(caller)
+            instructor, _ = admitted_caller(service, request)
             body = await json_body(request, GENERATE, service.config.max_body_bytes)
             one_prompt_form(body)
             ids, text = await service.checked_prompt(body, instructor)
@@ -123,11 +122,11 @@ def rest_router(service: EngineService) -> APIRouter:
     async def healthz():
         engine = service.engine
         return {"status": "ok" if service.aengine and service.aengine.error is None else "degraded",
-                "model": service.model_name, "step": engine.scheduler.num_steps,
+                "model": service.model_name, "step": engine.num_steps,
                 "paused": bool(service.aengine and service.aengine.paused),
-                "running": len(engine.scheduler.running), "waiting": len(engine.scheduler.waiting),
-                "viewers": len(hub.viewers), "free_blocks": engine.block_manager.num_free_blocks,
-                "num_blocks": engine.block_manager.num_blocks}
+                "running": engine.num_running, "waiting": engine.num_waiting,
+                "viewers": len(hub.viewers), "free_blocks": engine.num_free_blocks,
+                "num_blocks": engine.plan.num_blocks}
 
     @router.get("/metrics")
     async def metrics():

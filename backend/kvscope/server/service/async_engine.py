@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvscope.engine.llm_engine import LLMEngine
-from kvscope.server.pacing import Pacing
+from kvscope.server.service.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.llm import RequestOutput
 from kvscope.sampling_params import SamplingParams
@@ -104,7 +104,7 @@ class AsyncEngine:
             if not self.engine.has_unfinished():
                 return None
             self._step_and_push()
-            return self.engine.scheduler.num_steps
+            return self.engine.num_steps
         return await self.call(one)
 
     async def reset(self) -> int:
@@ -128,8 +128,7 @@ class AsyncEngine:
             self.engine.shutdown()
 
     def _end_everything(self) -> None:
-        sched = self.engine.scheduler
-        for seq in [*sched.running, *sched.waiting]:
+        for seq in self.engine.live_sequences():
             self._abort_now(seq.request_id)
         while True:
             try:
@@ -162,8 +161,7 @@ class AsyncEngine:
     def _gate_paced(self, now: float) -> float | None:
         if not self.pacing.paced:
             return None
-        sched = self.engine.scheduler
-        return self.pacing.gate([*sched.running, *sched.waiting], now)
+        return self.pacing.gate(self.engine.live_sequences(), now)
 
     def _step_and_push(self) -> bool:
         """One engine step and its deltas out; False when no request advanced."""
@@ -184,15 +182,13 @@ class AsyncEngine:
         return bool(deltas or finished) or self._computed_tokens() != before
 
     def _computed_tokens(self) -> int:
-        sched = self.engine.scheduler
-        return sum(seq.num_computed_tokens for seq in (*sched.running, *sched.waiting))
+        return sum(seq.num_computed_tokens for seq in self.engine.live_sequences())
 
     def _paced_progress(self) -> list[tuple[Sequence, int]]:
         """Paced requests and their computed tokens, to tell afterwards which ones ran."""
         if not self.pacing.paced:
             return []
-        sched = self.engine.scheduler
-        return [(seq, seq.num_computed_tokens) for seq in (*sched.running, *sched.waiting)
+        return [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()
                 if seq.seq_id in self.pacing.paced]
 
     def _drain_commands(self) -> None:
@@ -233,7 +229,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(q.put_nowait, final)
 
     def _fail_all(self, reason: str) -> None:
-        for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
+        for seq in self.engine.live_sequences():
             group = seq.choices
             self.engine.finish(seq, "error", reason)   # observers hear of it too
             for choice in group:

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvscope.server.config import ServerConfig
-from kvscope.server.ratelimit import TokenBucket, per_minute
+from kvscope.server.classroom.ratelimit import TokenBucket, per_minute
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def import_map_script(frontend: Path) -> str:
     """A classic script that puts the import map in the page before any module loads."""
     payload = json.dumps(import_map(frontend), separators=(",", ":"))
     return ("// Written by `kvscope export-site`: every module of frontend/js as a data: URL, so\n"
-            "// the exported pages also run when opened as files. See rendering/static_modules.py.\n"
+            "// the exported pages also run when opened as files. See server/pages/static_modules.py.\n"
             "(() => {\n  const map = document.createElement('script');\n  map.type = 'importmap';\n"
             f"  map.textContent = {json.dumps(payload)};\n  document.currentScript.after(map);\n}})();\n")
 

@@ -4,14 +4,14 @@
     /chapters/{slug}       a chapter (e.g. /chapters/12-the-kv-cache; /chapters/12 redirects)
     /glossary              every glossary term, with anchors and its chapter
 
-Rendering lives in `kvscope.server.rendering` (Markdown + Jinja2); pages are cached in
+Rendering lives beside it in `kvscope.server.pages` (Markdown + Jinja2); pages are cached in
 memory until a content file changes. Importing this module imports no engine code."""
 from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from kvscope.server.rendering import Site
+from kvscope.server.pages import Site
 
 HTML_HEADERS = {"Cache-Control": "no-cache"}
 

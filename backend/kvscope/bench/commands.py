@@ -1,7 +1,7 @@
 """Benchmarks that print figures: `kvscope bench throughput` (nano-vllm's workload: random
 prompts and output lengths, EOS ignored) and `kvscope bench latency` (batch 1), each run
 against Hugging Face transformers' generate on the same model in the same process and, with
-`--against vllm`, against vLLM in its own process (bench_vllm.py), runs alternated. The
+`--against vllm`, against vLLM in its own process (vllm_peer.py), runs alternated. The
 machine's ceilings are measured first, and each engine's fraction of them printed."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from kvscope import bench_shapes, bench_vllm, cpu_ceilings
+from kvscope.bench import cpu_ceilings, shapes, vllm_peer
 from kvscope.config import ATTENTION_BACKENDS
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
@@ -49,17 +49,18 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     par.add_argument("--input-len", type=int, default=200)
     par.add_argument("--output-len", type=int, default=64)
     par.set_defaults(run=run_parallel)
-    from kvscope.bench_spec import add_arguments as add_spec_arguments
+    from kvscope.bench.spec import add_arguments as add_spec_arguments
     add_spec_arguments(sub.add_parser("spec", help="speculative decoding: acceptance rate and speed-up"))
-    from kvscope.bench_attention import add_arguments as add_attention_arguments
-    add_attention_arguments(sub.add_parser("attention", help="CPU decode attention: the C kernel vs the reference"))
-    from kvscope.bench_tp import add_arguments as add_tp_arguments
+    from kvscope.bench.attention import add_arguments as add_attention_arguments
+    add_attention_arguments(sub.add_parser("attention", help="decode attention: each backend's K/V read rate "
+                                                             "against the device's bandwidth"))
+    from kvscope.bench.tp import add_arguments as add_tp_arguments
     add_tp_arguments(sub.add_parser("tp", help="tensor parallel: step time for N processes vs one"))
     try:
-        from kvscope.server import loadtest
+        from kvscope.bench import serve as serve_bench
         serve = sub.add_parser("serve", help="load a running server with viewers and streaming requests")
-        loadtest.add_arguments(serve)
-        serve.set_defaults(run=loadtest.run)
+        serve_bench.add_arguments(serve)
+        serve.set_defaults(run=serve_bench.run)
     except ImportError:
         pass
 
@@ -67,7 +68,7 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=None,
                    help="checkpoint dir, hub id or shape:NAME (random weights; NAME one of "
-                        f"{', '.join(bench_shapes.SHAPES)}); default: the embedded model. "
+                        f"{', '.join(shapes.SHAPES)}); default: the embedded model. "
                         "Repeatable for `throughput`: each model runs the same workload in turn")
     p.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     p.add_argument("--device", default="auto")
@@ -133,8 +134,8 @@ def _resolve_model(args, model: str | None) -> tuple[str | None, str]:
     """(checkpoint, load format) for a --model value; against vLLM a shape:NAME becomes a
     checkpoint of seeded random weights written once, so every engine loads the same ones."""
     if args.against == "vllm":
-        return bench_shapes.checkpoint(model, args.seed), args.load_format
-    return bench_shapes.resolve(model, args.load_format)
+        return shapes.checkpoint(model, args.seed), args.load_format
+    return shapes.resolve(model, args.load_format)
 
 
 def _settings_line(engine) -> str:
@@ -251,7 +252,7 @@ def run_throughput(args) -> int:
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     _defaults(args, gpu)
     if args.against == "vllm":
-        bench_vllm.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
+        vllm_peer.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
     models = args.model or [None]
     rows = []
     for i, model in enumerate(models):
@@ -285,7 +286,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
         from kvscope.instrumentation import attach_for_bench
         instr = attach_for_bench(engine, args.instrument)
     watcher = instr if args.instrument == "watch" else None
-    peer = bench_vllm.start(engine, max_len, args) if against_vllm else None
+    peer = vllm_peer.start(engine, max_len, args) if against_vllm else None
     try:
         # warm-up. A GPU's first pass over the workload is slower by a factor of three or more
         # (Triton compiling each kernel variant, the caching allocator growing): it runs whole
@@ -376,7 +377,7 @@ def run_latency(args) -> int:
     gpu = args.device.startswith("cuda") or (args.device == "auto" and torch.cuda.is_available())
     args.input_len = args.input_len or (512 if gpu else 128)
     if args.against == "vllm":
-        bench_vllm.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
+        vllm_peer.find_vllm(args.vllm_python)   # before anything loads: a missing vLLM is one message
     max_len = args.input_len + args.output_len + args.repeats + 1 if args.against == "vllm" else None
     engine = _engine(args, max_num_seqs=8, max_model_len=max_len)
     prompts, _ = make_workload(1, (args.input_len, args.input_len), (1, 1), engine.model_config.vocab_size, args.seed)
@@ -386,7 +387,7 @@ def run_latency(args) -> int:
     print(_settings_line(engine))
     ceilings = _start_ceilings(engine)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
-    peer = bench_vllm.start(engine, max_len, args) if args.against == "vllm" else None
+    peer = vllm_peer.start(engine, max_len, args) if args.against == "vllm" else None
     if peer is not None and args.clock == "cpu":
         print("note: vLLM runs in other processes; its times are wall-clock whatever --clock says")
     times = {"kvscope": [], "vLLM": [], "transformers": []}

@@ -15,10 +15,10 @@ from pathlib import Path
 from kvscope.instrumentation.encode import dumps
 from kvscope.instrumentation.recording import Recorder
 from kvscope.instrumentation.watch import WatchRegistry
-from kvscope.server.followers import Followers
-from kvscope.server.recording_tap import RECORDED_REPLIES, RecordingTap
-from kvscope.server.stream_state import StreamState
-from kvscope.server.viewer import Chunk, Viewer
+from kvscope.server.classroom.followers import Followers
+from kvscope.server.classroom.recording_tap import RECORDED_REPLIES, RecordingTap
+from kvscope.server.classroom.stream_state import StreamState
+from kvscope.server.classroom.viewer import Chunk, Viewer
 
 
 HEAVY_FAMILIES = ("attention", "internals")
@@ -189,7 +189,7 @@ class Hub:
         for v in list(self.viewers.values()):
             self._offer(v, chunk)
 
-    # -- state kept for late joiners (server/stream_state.py) ---------------------------
+    # -- state kept for late joiners (stream_state.py) ---------------------------
     @property
     def kv(self):
         return self.state.kv
@@ -245,7 +245,7 @@ class Hub:
     def unfollow(self, rid: str, q: asyncio.Queue) -> None:
         self.followers.unfollow(rid, q)
 
-    # -- recording (server/recording_tap.py) -------------------------------------------
+    # -- recording (recording_tap.py) -------------------------------------------
     @property
     def recorder(self) -> Recorder | None:
         return self.tap.recorder
