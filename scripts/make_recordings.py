@@ -335,14 +335,90 @@ def speculation(d: Driver) -> None:
 WARM_UP = {"throughput": lambda d: run_sweep(d, [1, 4], 8)}
 # recordings kept to the events their widget reads (the sweep's steps would be megabytes)
 KEEP_ONLY = {"throughput": {"recording", "hello", "request.added", "request.finished"}}
+
+
+def spec_sampling(d: Driver) -> None:
+    """Chapter 18's exact sampling rule: a story told twice, sampled (so drafts are accepted
+    with probability min(1, p/q)), watched so each pass's `spec` event carries p and q."""
+    rid = d.submit(prompt=RETOLD, params={"temperature": 0.8, "seed": 3, "max_tokens": 48, "ignore_eos": True},
+                   watch={"layers": [], "sampling": False})   # the spec events' p and q; no sampling events
+    d.finished(rid)
+
+
+def ring(d: Driver) -> None:
+    """Chapter 19's <kv-ring-allreduce>: two ranks (SERVER_OPTIONS), a short and a longer
+    prompt decoding side by side, so each step's `allreduce_bytes` follows its token count."""
+    a = d.submit(prompt="The robot woke up", params={**GREEDY, "max_tokens": MIN_STEPS})
+    b = d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 12})
+    d.finished(a, b)
+
+
+ROOFLINE_BATCHES = (1, 2, 4, 8, 16)
+
+
+def roofline(d: Driver) -> None:
+    """Chapter 13's <kv-roofline>: the same short requests run 1, 2, 4, 8 and 16 at a time,
+    so each batch size has its own decode steps (FLOPs, bytes, time) to plot."""
+    for batch in ROOFLINE_BATCHES:   # one level each, as the widget's live button runs them
+        run_sweep(d, [batch], 10)
+        d.settle(0.3)
+
+
+REPEATING = ("The cat sat on the mat. The cat sat on the mat. The cat sat on the",
+             "One, two, three. One, two, three. One, two,", "Mia ran home. Mia ran home. Mia ran")
+
+
+def catch_up(d: Driver) -> None:
+    """Chapter 14's <kv-catch-up>: one budget of 32 tokens covering all four kinds of row.
+    Three repeating prompts decode with prompt-lookup drafts (verify rows), a long prompt is
+    cut into chunks by what they leave, and the small pool (SERVER_OPTIONS) runs out, so a
+    request is preempted and later recomputed."""
+    d.call("set_knobs", max_num_batched_tokens=32)
+    d.call("pause")
+    runners = [d.submit(prompt=p, params={**GREEDY, "max_tokens": MIN_STEPS}) for p in REPEATING]
+    d.steps(3)
+    d.submit(prompt=LONG_PROMPT, params={**GREEDY, "max_tokens": 6})
+    d.steps()
+    d.call("resume")
+    d.finished(*runners)
+    d.call("set_knobs", max_num_batched_tokens=256)
+
+
+# chapter 16's <kv-hash-chain>: one prompt cut to a block less one token, a whole number of
+# blocks and a block plus one, each sent twice under one salt (the second reuses what the
+# first left cached), then the longest under another salt (nothing shared)
+CHAIN_PROMPT = ("A lighthouse stood at the end of a long stone pier. Every night its keeper climbed the "
+                "winding stairs, wiped the salt from the glass, and lit the lamp for the boats coming home.")
+CHAIN_SALTS = ("tenant-A", "tenant-B")   # frontend/js/widgets/kv-hash-chain.js names them in this order
+
+
+def hash_chain(d: Driver) -> None:
+    """Chapter 16's hash chain: which blocks of a 31-, 32- and 33-token prompt (blocks of 16)
+    a second, identical request finds in the cache, and that a new salt finds none."""
+    ids = d.call("tokenize", text=CHAIN_PROMPT)["ids"]
+    block_size = d.until(lambda e: e["type"] == "hello")["engine"]["block_size"]
+    lengths = (2 * block_size - 1, 2 * block_size, 2 * block_size + 1)
+    runs = [(n, CHAIN_SALTS[0]) for n in lengths] + [(lengths[-1], CHAIN_SALTS[1])]
+    for n, salt in runs:
+        for _ in range(2):
+            rid = d.submit(prompt_token_ids=ids[:n], params={**GREEDY, "max_tokens": 4}, cache_salt=salt)   # 4 steps each: 32 in all
+            d.finished(rid)
+            d.settle(0.2)
+
+
 # scenarios that need the server started with more options
-SERVER_OPTIONS = {"speculation": ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+SERVER_OPTIONS = {"speculation": NGRAM, "spec-sampling": NGRAM, "ring": ["--tensor-parallel-size", "2"],
+                  # prompt lookup on a pool of 11 blocks: drafts verified, and a request preempted
+                  "catch-up": [*NGRAM, "--num-kv-blocks", "11", "--max-model-len", "176"],
                   # a pool of 11 blocks: the decodes outgrow it while the long prompt runs, so one is preempted
                   "step-plan": ["--num-kv-blocks", "11", "--max-model-len", "176"]}
 SCENARIOS = {"default": default, "attention": attention, "step-by-step": step_by_step, "batching": batching,
              "prefix-cache": prefix_cache, "chunked-prefill": chunked_prefill,
              "chunked-prefill-off": chunked_prefill_off, "step-plan": step_plan, "paging": paging, "throughput": throughput,
-             "internals": internals, "sampling": sampling, "speculation": speculation}
+             "internals": internals, "sampling": sampling, "speculation": speculation, "hash-chain": hash_chain,
+             "spec-sampling": spec_sampling, "ring": ring, "catch-up": catch_up,
+             "roofline": roofline}
 
 
 def free_port() -> int:

@@ -242,6 +242,37 @@ def test_spec_events_are_valid_and_add_up(models):
             assert sum(e["accepted"] for e in spec if e["request_id"] == out.request_id) == last[out.request_id]["accepted"]
 
 
+def test_a_watched_sampled_request_gets_p_and_q_of_its_deciding_check(models):
+    """Chapter 18's <kv-spec-sampling> reads `distribution`: only for the watched request, the
+    target's p and the drafter's q at the first rejected draft (else the last check)."""
+    from server_harness import check_event
+    from kvscope.instrumentation.observer import Instrumentation
+    from kvscope.instrumentation.watch import WatchSpec
+    target, _, prompts, _ = models
+    llm = engine(target, {"method": "ngram", "num_speculative_tokens": 3})
+    events: list[dict] = []
+    instr = Instrumentation(llm.engine, events.extend)
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=24, ignore_eos=True)
+    watched, other = (llm.engine.add_request(p, params) for p in prompts[3:5])
+    instr.watch(watched.request_id, "test", WatchSpec(layers=frozenset()), watched)
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    instr.detach()
+    spec = [check_event(e) for e in events if e["type"] == "spec"]
+    assert {e["request_id"] for e in spec} == {watched.request_id, other.request_id}
+    for e in spec:
+        d = e.get("distribution")
+        assert (d is not None) == (e["request_id"] == watched.request_id)
+        if d is None:
+            continue
+        check = e["checks"][d["check"]]
+        assert d["check"] == next((i for i, c in enumerate(e["checks"]) if not c["accepted"]), len(e["checks"]) - 1)
+        assert abs(d["p"][d["ids"].index(check["token_id"])] - check["p"]) < 1e-5
+        assert d["q"][d["ids"].index(check["token_id"])] == 1.0 and d["q_rest"] == 0   # prompt lookup: q is its draft
+        assert abs(sum(d["p"]) + d["p_rest"] - 1) < 1e-4
+    assert any(e.get("distribution") for e in spec)
+
+
 def test_shipped_draft_model_speeds_up_the_embedded_model_losslessly():
     from kvscope.bench.spec import FREE_FORM
     from kvscope.default_model import DEFAULT_DRAFT_NAME, default_draft_path

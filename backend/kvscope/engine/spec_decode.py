@@ -68,6 +68,7 @@ class DraftCheck:
     q: float
     u: float | None                # the uniform draw compared with p/q (None for greedy)
     accepted: bool
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None   # (p, q) over the vocabulary: views, no copy
 
     @property
     def p(self) -> float:
@@ -107,7 +108,7 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
         p_d, q_d = float(p[i, d]), float(draft_probs[i, d])
         u = float(torch.rand((), generator=generator, device=generator.device))
         accepted = u < min(1.0, p_d / max(q_d, 1e-20))
-        verdict.checks.append(DraftCheck(d, p_d, q_d, u, accepted))
+        verdict.checks.append(DraftCheck(d, p_d, q_d, u, accepted, (p[i], draft_probs[i])))
         if not accepted:
             residual = (p[i] - draft_probs[i]).clamp_min(0)
             verdict.token_ids.append(_draw(residual if residual.sum() > 0 else p[i], generator))

@@ -160,7 +160,7 @@ class Instrumentation(EngineObserver):
         if delta:
             events.append(delta)
         if record.result.spec:
-            events += spec_events(record, self.engine, ts)
+            events += spec_events(record, self.engine, ts, set(self.watches.by_seq_id()) if self.watches else set())
         if self._capture is not None:
             self._capture.remove()
             events += self._watched_events(record, self._capture, ts)

@@ -210,7 +210,9 @@ SPEC = event("spec", {
     "token_text": arr(STR), "bonus": BOOL, "rejected_slots": NAT,
     "checks": arr(obj({"token_id": NAT, "p": PROB01, "q": PROB01, "u": NULL_NUM, "accepted": BOOL})),
     "running": obj({"proposed": NAT, "accepted": NAT, "acceptance_rate": PROB01, "target_passes": NAT,
-                    "tokens_per_pass": NNUM})})
+                    "tokens_per_pass": NNUM})},
+    {"distribution": obj({"check": NAT, "ids": arr(NAT), "text": arr(STR), "p": arr(PROB01), "q": arr(PROB01),
+                          "p_rest": PROB01, "q_rest": PROB01})})
 
 SANDBOX_SEQ = obj({"name": STR, "num_tokens": NAT, "block_table": arr(NAT), "cached_tokens": NAT})
 SANDBOX = event("sandbox", {

@@ -1,12 +1,17 @@
 """`spec` events: per request and step, what was drafted, what the target accepted (and,
 for sampled requests, the p, q and uniform draw behind each decision), the bonus token, and
-the request's running acceptance rate and tokens per target pass."""
+the request's running acceptance rate and tokens per target pass. A watched, sampled request
+also gets the target's and the drafter's distributions at the check that decided the pass."""
 from __future__ import annotations
 
 from kvscope.engine.llm_engine import StepRecord
 
 
-def spec_events(record: StepRecord, engine, ts: float) -> list[dict]:
+DISTRIBUTION_TOP = 12   # tokens listed (the most likely under p or q); the rest summed
+
+
+def spec_events(record: StepRecord, engine, ts: float, watched: set[int] = frozenset()) -> list[dict]:
+    """`watched`: seq ids whose events carry the deciding check's p and q (`distribution`)."""
     speculator = engine.speculator
     entries = {e.seq.seq_id: e for e in record.scheduled.entries}
     events = []
@@ -29,7 +34,24 @@ def spec_events(record: StepRecord, engine, ts: float) -> list[dict]:
                         "acceptance_rate": round(stats.acceptance_rate, 4),
                         "target_passes": stats.target_passes,
                         "tokens_per_pass": round(stats.tokens_per_pass, 4)}})
+        if seq_id in watched and verdict.checks and verdict.checks[0].rows is not None:
+            events[-1]["distribution"] = _distribution(engine, verdict.checks)
     return events
+
+
+def _distribution(engine, checks) -> dict:
+    """p and q at the first rejected draft (where the leftover is drawn from), else the last
+    check: the most likely tokens under either, and the mass of all the others."""
+    i = next((k for k, c in enumerate(checks) if not c.accepted), len(checks) - 1)
+    p, q = (row.float() for row in checks[i].rows)
+    k = min(DISTRIBUTION_TOP, p.numel())
+    likely = set(p.topk(k).indices.tolist()) | {t for t in q.topk(k).indices.tolist() if q[t] > 0}
+    ids = sorted(likely, key=lambda t: -float(p[t]))[:DISTRIBUTION_TOP]
+    if checks[i].token_id not in ids:
+        ids[-1] = checks[i].token_id
+    ps, qs = [float(p[t]) for t in ids], [float(q[t]) for t in ids]
+    return {"check": i, "ids": ids, "text": _pieces(engine, ids), "p": [round(v, 6) for v in ps], "q": [round(v, 6) for v in qs],
+            "p_rest": round(max(0.0, 1 - sum(ps)), 6), "q_rest": round(max(0.0, 1 - sum(qs)), 6)}
 
 
 def _pieces(engine, ids: list[int]) -> list[str]:
