@@ -55,7 +55,7 @@ def checkpoint(tmp_path_factory):
 def engines(checkpoint, request):
     """Compiled and eager, with the C kernel (the CPU's default) or the reference attention."""
     kw = dict(device="cpu", dtype="float32", block_size=16, max_num_seqs=24, attention_backend=request.param)
-    return LLM(str(checkpoint), enforce_eager=False, **kw), LLM(str(checkpoint), **kw)
+    return LLM(str(checkpoint), cpu_compile=True, **kw), LLM(str(checkpoint), **kw)
 
 
 def greedy(max_new=MAX_NEW, logprobs=None):
@@ -167,11 +167,11 @@ def test_forward_hooks_force_the_eager_path(engines):
 
 
 def test_engines_in_one_process_each_run_their_own_graphs(checkpoint, tmp_path):
-    """The compiled graphs skip the guards on the model, which only holds because each engine
-    compiles its own copy of the forward pass. Three models decode one after another in one
-    process: the first, the same weights with another RMSNorm epsilon and RoPE base, and a
-    qwen2 of the same sizes (q/k/v biases, no q/k norms). Each must equal its own eager
-    engine, with no recompile after start-up."""
+    """Every engine compiles the same forward function; its graphs are its own
+    (isolate_recompiles) and dynamo's guards on the model tell them apart. Three models
+    decode one after another in one process: the first, the same weights with another
+    RMSNorm epsilon and RoPE base, and a qwen2 of the same sizes (q/k/v biases, no q/k
+    norms). Each must equal its own eager engine, with no recompile after start-up."""
     kw = dict(device="cpu", dtype="float32", block_size=16)
     retuned = make_checkpoint("qwen3", tmp_path / "retuned")
     config = json.loads((retuned / "config.json").read_text())
@@ -179,7 +179,7 @@ def test_engines_in_one_process_each_run_their_own_graphs(checkpoint, tmp_path):
     (retuned / "config.json").write_text(json.dumps(config))
     others = [retuned, make_checkpoint("qwen2", tmp_path / "qwen2", seed=1)]
     paths = [checkpoint, *others]
-    compiled = [LLM(str(p), enforce_eager=False, **kw) for p in paths]
+    compiled = [LLM(str(p), cpu_compile=True, **kw) for p in paths]
     prompts = prompts_of([7, 19, 33], seed=13)
     with torch.compiler.set_stance("fail_on_recompile"):
         got = [[o.outputs[0].token_ids for o in llm.generate(prompts, greedy(12))] for llm in compiled]
@@ -189,13 +189,13 @@ def test_engines_in_one_process_each_run_their_own_graphs(checkpoint, tmp_path):
 
 
 def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch):
-    from kvscope.engine import model_runner
+    from kvscope.engine import graphs
 
     def no_compiler(runner):
         raise RuntimeError("no C++ compiler found")
 
-    monkeypatch.setattr(model_runner, "CompiledDecode", no_compiler)
-    llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False)
+    monkeypatch.setattr(graphs, "CompiledDecode", no_compiler)
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True)
     assert llm.engine.runner.compiled is None
     assert llm.engine.plan.decode == "eager: torch.compile failed (RuntimeError: no C++ compiler found)"
     assert llm.generate(prompts_of([8]), greedy(4))[0].outputs[0].finish_reason == "length"
@@ -203,7 +203,7 @@ def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch)
 
 def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
     kw = dict(device="cpu", dtype="float32", block_size=16, max_model_len=24)
-    llm = LLM(str(checkpoint), enforce_eager=False, **kw)
+    llm = LLM(str(checkpoint), cpu_compile=True, **kw)
     assert llm.engine.plan.decode.startswith("compiled"), llm.engine.plan.decode
     p = prompts_of([6])
     out = llm.generate(p, greedy(18))[0]
@@ -213,5 +213,5 @@ def test_a_context_shorter_than_the_warm_up_blocks_still_compiles(checkpoint):
 def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
-    llm = LLM(str(checkpoint), device="cpu", dtype="float32", enforce_eager=False, attention_backend="triton")
+    llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="triton")
     assert llm.engine.plan.decode == "eager: the triton attention backend runs eagerly"

@@ -4,15 +4,17 @@ async front end whose shutdown ends every open stream instead of leaving it wait
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from hf_models import VOCAB, make_checkpoint
-from kvscope import SamplingParams
+from kvscope import LLM, SamplingParams
 from kvscope.server.service.async_engine import AsyncEngine
 from kvscope.engine.llm_engine import LLMEngine
 
@@ -75,6 +77,42 @@ def test_two_tensor_parallel_engines_one_after_another(tmp_path):
     finally:
         second.shutdown()
     assert not torch.distributed.is_initialized()
+
+
+def test_dropping_the_last_reference_releases_a_tensor_parallel_engine(tmp_path):
+    """`del llm` (as vLLM's examples end) releases the engine as close() does: the ranks stop
+    and the process group goes, so a second tensor-parallel engine starts in the same process."""
+    directory = make_checkpoint("qwen3", tmp_path / "qwen3")
+    kw = dict(device="cpu", dtype="float32", tensor_parallel_size=2, num_threads=1)
+    prompt = torch.randint(0, VOCAB - 2, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    llm = LLM(str(directory), **kw)
+    tokens = llm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    workers = llm.engine.workers.processes
+    del llm
+    gc.collect()
+    assert not torch.distributed.is_initialized()
+    assert all(not p.is_alive() for p in workers)
+    second = LLM(str(directory), **kw)   # before: "trying to initialize the default process group twice!"
+    try:
+        assert second.generate([prompt], GREEDY)[0].outputs[0].token_ids == tokens
+    finally:
+        second.close()
+    assert not torch.distributed.is_initialized()
+
+
+def test_an_engine_leaves_no_cycle_holding_it():
+    """Nothing the engine builds points back at it, so dropping it frees it at once."""
+    threads = torch.get_num_threads()
+    engine = LLMEngine(device="cpu", num_threads=threads + 1)
+    run_to_end(engine, [5, 6, 7])
+    gc.disable()
+    try:
+        ref = weakref.ref(engine)
+        del engine
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert torch.get_num_threads() == threads, "and gives back what it set for the process"
 
 
 def test_async_shutdown_ends_open_streams_with_a_final_delta():

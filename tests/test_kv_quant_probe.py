@@ -86,6 +86,29 @@ def test_the_engines_cache_is_left_as_it_was(llm):
         assert torch.equal(m.k_cache, k_copy)
 
 
+def test_the_probe_runs_its_own_modules_beside_a_compiled_engine():
+    """A compiled decode reads the engine's attention modules without guards on them, so the
+    probe must never rebind them: it runs modules of its own (sharing only the weights), and
+    the engine's tokens after a probe equal those of a fresh run."""
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    with LLM(None, cpu_compile=True, num_kv_blocks=64, enable_prefix_caching=False) as llm:
+        assert llm.engine.plan.decode.startswith("compiled")
+        fresh = llm.generate([PROMPT], greedy)[0].outputs[0].token_ids
+        layers = [m for m in llm.engine.model.modules() if isinstance(m, PagedAttention)]
+        bound = [(m.k_cache, m.v_cache, m.kv_format) for m in layers]
+        ran = []   # the attention modules that ran while the probe measured
+        hooks = [m.register_forward_pre_hook(lambda module, _: ran.append(module)) for m in layers]
+        try:
+            result = measure(llm, "int8_per_token_head")
+        finally:
+            for h in hooks:
+                h.remove()
+        assert result.greedy_total == 16 and result.max_abs_logit_error > 0
+        assert ran and not any(m in layers for m in ran), "the probe ran the engine's own attention modules"
+        assert all(m.k_cache is k and m.v_cache is v and m.kv_format is f for m, (k, v, f) in zip(layers, bound))
+        assert llm.generate([PROMPT], greedy)[0].outputs[0].token_ids == fresh
+
+
 def test_kv_quant_command_on_the_live_server(server):
     learner = Client(server.ws)
     try:

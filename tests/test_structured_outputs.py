@@ -47,10 +47,54 @@ def test_regex_is_matched_whole(llm):
 
 
 def test_json_parses_and_validates_against_its_schema(llm):
-    for text, reason in texts(llm, {"json": SCHEMA, "disable_any_whitespace": True}, max_tokens=200):
+    for text, reason in texts(llm, {"json": SCHEMA}, max_tokens=200):
         assert reason == "stop", (text, reason)
         jsonschema.validate(json.loads(text), SCHEMA)
         assert list(json.loads(text)) == ["name", "age"]   # the schema's property order
+
+
+CHAT = [{"role": "user", "content": "Name a colour and a count as JSON."}]
+COLOUR = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 24}, "count": {"type": "integer"}},
+          "required": ["colour", "count"], "additionalProperties": False}
+
+
+def test_chat_json_ends_on_the_shipped_model_by_default(llm):
+    """Before JSON grammars were compiled without free whitespace, the shipped model wrote
+    `{\n"colour"` then newlines until max_tokens, three seeds out of three."""
+    for seed in range(3):
+        params = SamplingParams(seed=seed, max_tokens=64, structured_outputs=StructuredOutputsParams(json=COLOUR))
+        out = llm.chat(CHAT, params)[0].outputs[0]
+        assert out.finish_reason == "stop", out.text
+        jsonschema.validate(json.loads(out.text), COLOUR)
+        assert out.text == json.dumps(json.loads(out.text), separators=(",", ":"))   # compact, as vLLM's
+
+
+def test_json_object_ends_as_a_compact_object(llm):
+    for text, reason in texts(llm, {"json_object": True}, max_tokens=64):
+        if reason == "stop":
+            assert isinstance(json.loads(text), dict)
+        assert not any(c in text for c in "\n\t"), text   # outside strings or in them: no raw control characters
+
+
+@pytest.mark.parametrize("engine_wide, per_request, free", [(True, False, False), (False, False, True),
+                                                            (False, True, False)])
+def test_free_whitespace_is_the_engines_switch_or_the_requests(engine_wide, per_request, free):
+    """vLLM's names: StructuredOutputsConfig.disable_any_whitespace (engine-wide, kvscope's
+    default True) and StructuredOutputsParams.disable_any_whitespace (one request)."""
+    import torch
+    from transformers import AutoTokenizer
+    from kvscope.config import EngineConfig
+    from kvscope.default_model import default_model_path
+    config = EngineConfig(structured_outputs_config={"disable_any_whitespace": engine_wide})
+    assert config.structured_outputs_config.disable_any_whitespace is engine_wide
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    manager = StructuredOutputManager(tok, 2048, [tok.eos_token_id], engine_wide)
+    matcher = manager.matcher_for(StructuredOutputsParams(json=COLOUR, disable_any_whitespace=per_request))
+    matcher.accept(tok.encode("{", add_special_tokens=False)[0])
+    logits = torch.zeros(1, 2048)
+    apply_masks(logits, [matcher])
+    newline = tok.encode("\n", add_special_tokens=False)[0]
+    assert bool(torch.isfinite(logits[0, newline])) is free
 
 
 def test_the_mask_really_narrows_the_choice(llm):
@@ -98,18 +142,14 @@ def test_openai_response_format_json_schema_and_structured_outputs(server):
     import httpx
     from server_harness import TOKEN
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    schema = {**SCHEMA}
-    for seed in SEEDS:
-        body = {"model": server.service.model_name, "messages": [{"role": "user", "content": "Who are you?"}],
-                "temperature": 1.0, "seed": seed, "max_tokens": 120,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
-                "structured_outputs": None}
+    for seed in range(3):   # before JSON grammars were compact: 0 of 3 ended, newlines to max_tokens
+        body = {"model": server.service.model_name, "messages": CHAT, "temperature": 1.0, "seed": seed,
+                "max_tokens": 64, "structured_outputs": None,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "colour", "schema": COLOUR}}}
         answer = httpx.post(f"{server.http}/v1/chat/completions", json=body, headers=headers, timeout=120).json()
         text = answer["choices"][0]["message"]["content"]
-        if answer["choices"][0]["finish_reason"] == "stop":
-            jsonschema.validate(json.loads(text), schema)
-        else:   # free whitespace may run past max_tokens; what there is still follows the grammar
-            assert text.lstrip().startswith("{")
+        assert answer["choices"][0]["finish_reason"] == "stop", text
+        jsonschema.validate(json.loads(text), COLOUR)
     body = {"model": server.service.model_name, "prompt": "Once upon a time", "temperature": 1.0, "seed": 1,
             "max_tokens": 8, "structured_outputs": {"choice": ["red", "green"]}}
     answer = httpx.post(f"{server.http}/v1/completions", json=body, headers=headers, timeout=120).json()

@@ -1,10 +1,23 @@
 """Engine configuration: the knobs of the scheduler, the KV cache and the runner."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu_paged", "triton", "flash_attn")
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """vLLM's engine-wide settings for structured outputs (the ones kvscope has)."""
+    backend: str = "xgrammar"   # the one kvscope has ("auto" picks it)
+    # JSON grammars (json schema, json_object) compiled without free whitespace, so a small
+    # model cannot wander off into newlines (vLLM's default is False: any whitespace)
+    disable_any_whitespace: bool = True
+
+    def __post_init__(self):
+        if self.backend not in ("auto", "xgrammar"):
+            raise ValueError(f"structured outputs backend must be 'xgrammar' (or 'auto'), got {self.backend!r}")
 
 
 @dataclass
@@ -29,16 +42,20 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.90
     num_kv_blocks: int | None = None  # exact block count, overrides the budget (tests, demos)
     attention_backend: str = "auto"   # auto | torch | cpu_paged | triton | flash_attn
-    # decode graphs, the one switch: True runs every step eagerly; False captures decode steps
-    # everywhere (CUDA graphs on a GPU, torch.compile on a CPU: seconds at start-up); None
-    # (default) captures them on a GPU only
-    enforce_eager: bool | None = None
+    # decode graphs (engine/graphs.py): a GPU captures CUDA graphs unless enforce_eager (vLLM's
+    # switch); a CPU compiles its decode step with torch.compile only when cpu_compile asks
+    # (seconds at start-up, so by default a notebook's first token is instant), never under enforce_eager
+    enforce_eager: bool = False
+    cpu_compile: bool = False
     num_threads: int | None = None    # CPU intra-op threads
     speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)
+    structured_outputs_config: StructuredOutputsConfig | dict = field(default_factory=StructuredOutputsConfig)
 
     def __post_init__(self):
         from kvscope.layers.attention import KV_CACHE_DTYPES
+        if isinstance(self.structured_outputs_config, dict):   # vLLM's LLM(structured_outputs_config={...})
+            self.structured_outputs_config = StructuredOutputsConfig(**self.structured_outputs_config)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size > 256:

@@ -16,7 +16,9 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    disable_any_whitespace: bool = False   # JSON without free whitespace between tokens
+    # JSON without free whitespace even where the engine allows it (its
+    # StructuredOutputsConfig.disable_any_whitespace, on by default in kvscope)
+    disable_any_whitespace: bool = False
 
     def __post_init__(self):
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object")

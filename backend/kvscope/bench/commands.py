@@ -120,7 +120,7 @@ def _engine(args, **overrides):
     if "model" not in overrides:
         overrides["model"], overrides["load_format"] = _one_model(args)
     kw = dict(load_format=args.load_format, device=args.device, dtype=args.dtype,
-              seed=args.seed, enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
+              seed=args.seed, enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
               attention_backend=args.attention_backend, enable_prefix_caching=args.enable_prefix_caching,
               enable_chunked_prefill=args.enable_chunked_prefill,
               block_size=args.block_size or (32 if args.against == "vllm" else None),

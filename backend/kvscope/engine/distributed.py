@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kvscope.engine.model_runner import StepPlan, load_model_and_runner, resolve_device
+from kvscope.engine.model_runner import StepPlan, load_model_and_runner
+from kvscope.engine.plan import resolve_device
 from kvscope.layers.attention import step_metadata
 from kvscope.layers.parallel import TPGroup, split
 from kvscope.models.loader import read_model_config, resolve_model_path

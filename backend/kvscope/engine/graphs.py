@@ -1,6 +1,6 @@
 """Decode graphs: a decode step recorded once and replayed, so its thousand small
-operations are not issued one by one from Python every step. `enforce_eager` is the one
-switch (engine/model_runner.py reads it).
+operations are not issued one by one from Python every step. `record_decode` decides, at
+start-up, from the config's `enforce_eager` (vLLM's switch) and `cpu_compile`.
 
 On a GPU, CUDA graphs (DecodeGraphs): one graph per batch-size bucket replays the whole
 forward pass in one launch. Inputs are copied into fixed buffers first; rows beyond the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-import types
 
 import torch
 
@@ -27,7 +26,7 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import AttentionMetadata, PagedRows, step_metadata
+from kvscope.layers.attention import AttentionMetadata, PagedRows, pick_routes, step_metadata
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -51,15 +50,41 @@ class DecodeLogits(torch.nn.Module):
             return self.model.compute_logits(self.model(input_ids, positions)).float()
 
 
-def own_code(fn):
-    """`fn` with a code object of its own."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, str]:
+    """Decode steps recorded once, as the config asks: CUDA graphs on a GPU unless
+    enforce_eager, a compiled step on a CPU when cpu_compile asks. Returns the graphs, the
+    compiled step (either may be None) and how decode steps run, with the reason when eagerly."""
+    config, on_gpu = runner.config, runner.device.type == "cuda"
+    if config.enforce_eager or not (on_gpu or config.cpu_compile):
+        return None, None, "eager"
+    reason = capture_unavailable(runner) if on_gpu else compile_unavailable(runner)
+    if reason is None and on_gpu:
+        runner.routes = pick_routes(runner.attention_backend, "cuda graphs", runner.dtype, runner.block_size)
+        return DecodeGraphs(runner, max_batch=min(config.max_num_seqs, 512)), None, "cuda graphs"
+    if reason is None:
+        try:
+            runner.routes = pick_routes(runner.attention_backend, "compiled", runner.dtype, runner.block_size)
+            compiled = CompiledDecode(runner)
+            return None, compiled, f"compiled (torch.compile, {compiled.compile_seconds:.0f} s at start-up)"
+        except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
+            reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
+            runner.routes = pick_routes(runner.attention_backend, None, runner.dtype, runner.block_size)
+    log.warning("decode graphs: running eagerly: %s", reason)
+    return None, None, f"eager: {reason}"
+
+
+def capture_unavailable(runner) -> str | None:
+    """Why this runner cannot capture CUDA graphs (None when it can)."""
+    # only these backends read context lengths on the device, which a captured graph needs
+    if runner.attention_backend not in ("triton", "flash_attn"):
+        return f"CUDA graphs need the triton or flash_attn backend, not {runner.attention_backend}"
+    if runner.config.tensor_parallel_size > 1:
+        return "tensor-parallel ranks run eagerly"
+    return None
 
 
 def compile_unavailable(runner) -> str | None:
     """Why this runner cannot compile its decode step (None when it can)."""
-    if runner.device.type != "cpu":
-        return "compiled decode is for CPUs (a GPU captures CUDA graphs)"
     if runner.attention_backend not in ("torch", "cpu_paged"):
         return f"the {runner.attention_backend} attention backend runs eagerly"
     if runner.config.tensor_parallel_size > 1:
@@ -72,13 +97,11 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # dynamo keeps graphs and their guards per code object. This engine's own copy of
-        # forward shares them with no other engine, so the guards on the model can go (a built
-        # model never changes); those on the step's inputs and the global state stay.
-        module = DecodeLogits(runner.model)
-        module.forward = types.MethodType(own_code(DecodeLogits.forward), module)
-        self.forward = torch.compile(module, dynamic=None, fullgraph=True, options={
-            "cpp_wrapper": True, "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        # Every engine compiles the same forward function; isolate_recompiles gives this one
+        # graphs of its own, so engines made one after another in a process never add up to
+        # dynamo's recompile limit. All guards stay (the model's too).
+        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
+                                     isolate_recompiles=True, options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()

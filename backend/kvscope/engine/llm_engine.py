@@ -7,14 +7,15 @@ import json
 import logging
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import (ExecutionPlan, StepResult, kv_cache_blocks, load_model_and_runner,
-                                         resolve_device, run_isolating)
+from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
@@ -89,6 +90,16 @@ class EngineObserver:
     def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
 
 
+def release(workers: TPWorkers | None, runner, process_state: ProcessState) -> None:
+    """What shutting an engine down gives back: the other ranks and their process group, the
+    KV cache and weights, the process-wide state. Run once, by shutdown() or when the engine
+    is dropped."""
+    if workers is not None:
+        workers.shutdown()
+    runner.release()
+    process_state.restore()
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
@@ -102,6 +113,10 @@ class LLMEngine:
                 self.workers.shutdown()
             self.process_state.restore()
             raise
+        # Dropping the last reference releases the engine as shutdown() does (vLLM's examples
+        # end with `del llm`). The finalizer holds only what it releases, none of which points
+        # back at the engine, so it runs as soon as the engine is unreachable.
+        self._release = weakref.finalize(self, release, self.workers, self.runner, self.process_state)
         log.info("engine: %s on %s", self.model_path.name, self.plan.describe())
 
     def _start(self, config: EngineConfig) -> None:
@@ -183,16 +198,14 @@ class LLMEngine:
         self.closed = True
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.finish(seq, "abort")
-        if self.workers is not None:
-            self.workers.shutdown()
-        self.runner.release()
+        self._release()
         self.failure = self.failure or "the engine was shut down"
-        self.process_state.restore()
 
     @functools.cached_property
     def structured_outputs(self) -> StructuredOutputManager:
         """Grammar compiler for structured outputs, made on first use (xgrammar is optional)."""
-        return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()))
+        return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()),
+                                       self.config.structured_outputs_config.disable_any_whitespace)
 
     def _eos_ids(self) -> set[int]:
         ids = set(self.model_config.eos_token_ids)

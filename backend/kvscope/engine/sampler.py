@@ -148,10 +148,11 @@ class GrammarMatcher:
 class StructuredOutputManager:
     """Compiles grammars (cached, one compiler per engine) and makes each sequence's matcher."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], disable_any_whitespace: bool = True):
         if tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer")
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, stop_token_ids
+        self.disable_any_whitespace = disable_any_whitespace   # the engine's StructuredOutputsConfig
         self.compile = lru_cache(maxsize=64)(self._compile)
 
     @cached_property
@@ -162,14 +163,16 @@ class StructuredOutputManager:
         return xgr.GrammarCompiler(info)
 
     def _compile(self, key: tuple):
-        """`key`: a `grammar_key`."""
+        """`key`: a `grammar_key`. A JSON grammar is compact when the engine or the request says so."""
         kind, spec = key
         try:
             if kind == "json":
-                schema, any_whitespace = spec
-                return self.compiler.compile_json_schema(schema, any_whitespace=any_whitespace)
-            if kind == "json_object":
-                return self.compiler.compile_builtin_json_grammar()
+                schema, disable_any_whitespace = spec
+                # compact JSON, as vLLM asks xgrammar for it: no free whitespace, and separators
+                # without the space xgrammar would otherwise put after ',' and ':'
+                compact = self.disable_any_whitespace or disable_any_whitespace
+                return self.compiler.compile_json_schema(schema, any_whitespace=not compact,
+                                                         separators=(",", ":") if compact else None)
             if kind == "regex":
                 return self.compiler.compile_regex(spec)
             return self.compiler.compile_grammar(spec)
@@ -207,9 +210,9 @@ def grammar_key(params: StructuredOutputsParams) -> tuple:
     if params.json is not None:
         # a schema given as a dict keeps its property order: that is the output's order
         schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
-        return "json", (schema, not params.disable_any_whitespace)
-    if params.json_object:
-        return "json_object", None
+        return "json", (schema, params.disable_any_whitespace)
+    if params.json_object:   # any JSON object: the schema that says only that (as vLLM)
+        return "json", ('{"type": "object"}', params.disable_any_whitespace)
     if params.regex is not None:
         return "regex", params.regex
     if params.choice is not None:   # an EBNF grammar whose language is exactly the choices

@@ -10,13 +10,14 @@ condition on different text, so their logits no longer measure the cache). The p
 own step reads the fresh keys and values, as a prefill does, so the error starts with the
 first decode step, the first read of the cache.
 
-Both runs use a cache of their own, a few blocks bound to the model's attention layers for
-the duration and then handed back, and the PyTorch reference attention: the engine's pool
+Both runs use modules of their own (a copy of the model's module tree sharing its weights)
+with a cache of a few blocks, read by the PyTorch reference attention: the engine's
+modules (their attributes never rebound, which a compiled decode's graph reads), its pool
 and its requests are untouched. Call it between engine steps (on the engine thread).
 scripts/bench_kv_cache_dtype.py compares whole engines with `compare_greedy` too."""
 from __future__ import annotations
 
-import contextlib
+import copy
 from dataclasses import asdict, dataclass
 
 import torch
@@ -72,50 +73,53 @@ def compare_greedy(ref_tokens: list[int], ref_logits: list[torch.Tensor], got_to
     return GreedyComparison(same, len(ref_tokens), errors, kl)
 
 
-@contextlib.contextmanager
-def own_kv_cache(model: torch.nn.Module, fmt: KVCacheFormat, num_blocks: int, block_size: int,
-                 device: torch.device):
-    """Bind a fresh cache of `num_blocks` blocks in format `fmt` to every attention layer,
-    and give each layer its own cache back on leaving."""
+def probe_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model`'s module tree that shares its weights (every parameter and buffer)
+    but has attention layers (and attention context) of its own, their caches empty until
+    `bind_cache`. The engine's modules, which its compiled decode reads, are never rebound."""
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    fields = ("k_cache", "v_cache", "k_scales", "v_scales", "kv_format", "k_scale", "v_scale")
-    kept = [{f: getattr(m, f) for f in fields} for m in layers]
-    try:
-        for m in layers:
+    caches = [t for m in layers for t in (m.k_cache, m.v_cache, m.k_scales, m.v_scales) if t is not None]
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    memo.update({id(t): torch.empty(0) for t in caches})   # the engine's pool is not copied
+    return copy.deepcopy(model, memo)
+
+
+def bind_cache(model: torch.nn.Module, fmt: KVCacheFormat, num_blocks: int, block_size: int,
+               device: torch.device) -> None:
+    """Give every attention layer of `model` (a `probe_model`) a fresh cache of `num_blocks`
+    blocks in format `fmt`, read by the PyTorch reference attention."""
+    for m in model.modules():
+        if isinstance(m, PagedAttention):
             shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
             m.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
             m.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
             scales = (lambda: torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=device)) if fmt.per_token_head else None
             m.k_scales, m.v_scales = (scales(), scales()) if scales else (None, None)
-            m.kv_format, m.k_scale, m.v_scale = fmt, 1.0, 1.0
-        yield
-    finally:
-        for m, own in zip(layers, kept):
-            for f, value in own.items():
-                setattr(m, f, value)
+            m.kv_format, m.k_scale, m.v_scale, m.backend = fmt, 1.0, 1.0, "torch"
 
 
 @torch.inference_mode()
 def greedy_on_own_cache(model, prompt_ids: list[int], max_tokens: int, fmt: KVCacheFormat, block_size: int,
                         device: torch.device) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and each step's next-token logits (float32, [vocab]): the prompt in one
-    pass, then one token a pass, each reading its context back from the cache."""
+    pass, then one token a pass, each reading its context back from the cache. `model`: a
+    `probe_model`, whose caches this rebinds."""
     total = len(prompt_ids) + max_tokens
     num_blocks = -(-total // block_size)
     blocks = torch.arange(num_blocks, device=device)
     tokens, logits = [], []
-    with own_kv_cache(model, fmt, num_blocks, block_size, device):
-        ids, start = list(prompt_ids), 0
-        for _ in range(max_tokens):
-            n = len(ids)
-            span = PrefillSpan(0, n, start, blocks[:-(-(start + n) // block_size)] if start else None)
-            md = span_metadata(torch.arange(start, start + n, device=device), span)
-            with step_metadata(model, md):
-                hidden = model(torch.tensor(ids, device=device), torch.arange(start, start + n, device=device))
-            row = model.compute_logits(hidden[-1:]).float()[0]
-            logits.append(row.cpu())
-            tokens.append(int(row.argmax()))
-            ids, start = [tokens[-1]], start + n
+    bind_cache(model, fmt, num_blocks, block_size, device)
+    ids, start = list(prompt_ids), 0
+    for _ in range(max_tokens):
+        n = len(ids)
+        span = PrefillSpan(0, n, start, blocks[:-(-(start + n) // block_size)] if start else None)
+        md = span_metadata(torch.arange(start, start + n, device=device), span)
+        with step_metadata(model, md):
+            hidden = model(torch.tensor(ids, device=device), torch.arange(start, start + n, device=device))
+        row = model.compute_logits(hidden[-1:]).float()[0]
+        logits.append(row.cpu())
+        tokens.append(int(row.argmax()))
+        ids, start = [tokens[-1]], start + n
     return tokens, logits
 
 
@@ -149,8 +153,9 @@ def measure_kv_cache_dtype(model, cfg: ModelConfig, model_dtype: torch.dtype, de
     """Blocks gained and logit error of `kv_cache_dtype` against the unquantized cache."""
     fmt = kv_cache_format(kv_cache_dtype, model_dtype)
     reference = kv_cache_format("auto", model_dtype)
-    ref_tokens, ref_logits = greedy_on_own_cache(model, prompt_ids, max_tokens, reference, block_size, device)
-    got_tokens, got_logits = greedy_on_own_cache(model, prompt_ids, max_tokens, fmt, block_size, device)
+    probe = probe_model(model)
+    ref_tokens, ref_logits = greedy_on_own_cache(probe, prompt_ids, max_tokens, reference, block_size, device)
+    got_tokens, got_logits = greedy_on_own_cache(probe, prompt_ids, max_tokens, fmt, block_size, device)
     cmp = compare_greedy(ref_tokens, ref_logits, got_tokens, got_logits)
     auto = cache_fit("auto", model_dtype, cfg, block_size, budget_bytes)
     quantized = cache_fit(kv_cache_dtype, model_dtype, cfg, block_size, budget_bytes)

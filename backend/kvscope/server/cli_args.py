@@ -60,6 +60,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default="auto",
                    choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head"],
                    help="store K and V in 8 bits (vLLM's names); more blocks fit the same budget")
+    p.add_argument("--structured-outputs-config", type=json_object, default={},
+                   help='vLLM\'s keys, e.g. \'{"disable_any_whitespace": false}\' lets JSON outputs hold free '
+                        'whitespace (kvscope compiles them compact by default)')
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-model-len", type=int, default=None)

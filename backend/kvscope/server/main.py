@@ -9,7 +9,7 @@ from kvscope.server.config import ServerConfig
 
 def engine_from_args(args):
     from kvscope.config import EngineConfig
-    from kvscope.engine.model_runner import resolve_device
+    from kvscope.engine.plan import resolve_device
     from kvscope.engine.llm_engine import LLMEngine
     blocks = args.num_kv_blocks
     if blocks is None and args.kv_cache_mib is None and resolve_device(args.device).type == "cpu":
@@ -22,8 +22,9 @@ def engine_from_args(args):
         max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
         kv_cache_dtype=args.kv_cache_dtype,
         attention_backend=args.attention_backend, num_threads=args.threads,
-        enforce_eager=True if args.enforce_eager else (False if args.cpu_compile else None),
-        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size))
+        enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
+        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
+        structured_outputs_config=args.structured_outputs_config))
 
 
 def build_app(args):
@@ -38,7 +39,7 @@ def serve(args: argparse.Namespace) -> int:
     if getattr(args, "attach", None):
         from kvscope.server.attach.main import serve_attached
         return serve_attached(args)
-    from kvscope.engine.model_runner import resolve_device
+    from kvscope.engine.plan import resolve_device
     from kvscope.server.app import run
     if args.cpu_compile and resolve_device(args.device).type == "cpu":
         print("kvscope: compiling the decode step for this CPU (10-35 s the first time for a small model, "
