@@ -70,12 +70,14 @@ def test_bench_throughput_instrument_watch_prints_off_listen_and_watch_n():
 
 
 def test_bench_attention_compares_the_kernel_with_the_reference():
-    proc = kvscope("bench", "attention", "--batch", "1", "8", "--repeats", "1", "--pool-mib", "8", timeout=300)
+    proc = kvscope("bench", "attention", "--batch", "1", "8", "--repeats", "1", "--context-len", "64", "128",
+                   "--dtype", "float32", timeout=300)
     assert proc.returncode == 0, proc.stderr
-    rows = re.findall(r"batch +(\d+): reference +[\d,]+ µs, kernel +[\d,]+ µs \([\d.]+x faster, reads K/V at "
-                      r"[\d.]+ GB/s; max difference ([\d.e+-]+)\)", proc.stdout)
-    assert [b for b, _ in rows] == ["1", "8"], proc.stdout
-    assert all(float(err) < 1e-5 for _, err in rows), proc.stdout
+    rows = re.findall(r"batch +(\d+) +(\w+): +[\d,.]+ µs, K/V read +[\d,.]+ MiB at +[\d,.]+ GB/s = +[\d.]+% of the "
+                      r"device's \(max difference from the reference ([\d.e+-]+)\)", proc.stdout)
+    assert [(b, n) for b, n, _ in rows] == [("1", "cpu_paged"), ("1", "torch"), ("8", "cpu_paged"), ("8", "torch")], \
+        proc.stdout
+    assert all(float(err) < 1e-5 for _, _, err in rows), proc.stdout
 
 
 def test_bench_throughput_runs_several_models_in_one_run():
