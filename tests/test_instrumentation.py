@@ -172,7 +172,7 @@ def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
     """One request watched (layers 1 and 3, heads 0 and 5): every decode step still runs the
     compiled graph, every request draws the same tokens as unwatched, and the watched one's
     attention equals transformers' for just those layers and heads."""
-    engine = make_engine(enforce_eager=False, max_num_seqs=8)
+    engine = make_engine(cpu_compile=True, max_num_seqs=8)
     compiled_runs = []
     run = engine.runner.compiled.run
     engine.runner.compiled.run = lambda inputs: compiled_runs.append(len(inputs.input_ids)) or run(inputs)
