@@ -23,8 +23,9 @@ class Sample:
     cache_config: dict[str, str]
 
 
-def parse(text: str) -> Sample:
-    """Sum over label sets (one per engine/model), so a data-parallel server reads as one."""
+def parse(text: str, engine: str | None = None) -> Sample:
+    """Sum over label sets (one per engine/model), so a data-parallel server reads as one;
+    `engine` keeps one data-parallel rank's samples only (vLLM labels them engine="RANK")."""
     values: dict[str, float] = {}
     hist: dict[str, list[float]] = {}
     cache_config: dict[str, str] = {}
@@ -38,17 +39,23 @@ def parse(text: str) -> Sample:
         elif family.name.removesuffix("_total") in wanted:   # untyped exposition keeps the suffix
             key = wanted[family.name.removesuffix("_total")]
             for s in family.samples:
-                if not s.name.endswith("_created"):
+                if not s.name.endswith("_created") and _ours(s, engine):
                     values[key] = values.get(key, 0.0) + s.value
         elif family.name in wanted_hist:
             key = wanted_hist[family.name]
             acc = hist.setdefault(key, [0.0, 0.0])
             for s in family.samples:
+                if not _ours(s, engine):
+                    continue
                 if s.name.endswith("_sum"):
                     acc[0] += s.value
                 elif s.name.endswith("_count"):
                     acc[1] += s.value
     return Sample(values, {k: (v[0], v[1]) for k, v in hist.items()}, cache_config)
+
+
+def _ours(sample, engine: str | None) -> bool:
+    return engine is None or sample.labels.get("engine", engine) == engine
 
 
 def figures(now: Sample, before: Sample | None, interval_s: float) -> dict:
