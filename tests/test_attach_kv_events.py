@@ -273,6 +273,10 @@ def test_the_router_scores_the_longest_cached_prefix_as_llm_d_does(batches):
     service.router.policy = "least_loaded"
     a.figures = {"running": 2, "waiting": 1}
     assert service.route(prefix)[0] is b
+    service.router.policy = "prefix"
+    a.figures = {}
+    cold = [9] * (3 * BLOCK)                           # cached nowhere: the tied pools in turn
+    assert [service.route(cold)[0].index for _ in range(3)] == [0, 1, 0]
     b.replica.connected = False                         # a server gone: never chosen
     assert service.route(prefix)[0] is a
     a.replica.connected = False

@@ -4,13 +4,15 @@ decides. Three policies, the instructor's pick:
 
 - round_robin: the next pool in turn;
 - least_loaded: the pool with the fewest requests running and waiting (vLLM's /metrics,
-  plus those kvscope sent and has not heard back about);
+  or those kvscope sent and has not heard back about, whichever is more);
 - prefix: the pool holding the longest cached prefix of the prompt, scored as llm-d's
   KV-cache-aware scorer does (llm-d-kv-cache-manager, pkg/kvcache/kvblock_scorer.go,
   `LongestPrefixScorer`): a pool scores the number of the prompt's blocks it holds
   consecutively from the first block on; the first block it lacks ends its count. Ties go
-  to the least loaded pool, then the lowest number (llm-d adds a load scorer's weight to
-  the same end).
+  to the least loaded pool (llm-d adds a load scorer's weight to the same end).
+
+Pools still tied are taken in turn, so prompts nobody has cached spread over the pools
+instead of all landing on the first.
 
 The scores come from the KV events alone (each pool's mirror), so they are exactly what a
 router subscribed to the same events would know."""
@@ -40,11 +42,14 @@ class Router:
         up = [c for c in candidates if c.up]
         if not up:
             return None
-        if self.policy == "round_robin":
-            ordered = sorted(up, key=lambda c: c.pool)
-            pick = next((c for c in ordered if c.pool >= self._turn), ordered[0])
-            self._turn = pick.pool + 1
-            return pick.pool
-        if self.policy == "least_loaded":
-            return min(up, key=lambda c: (c.load, c.pool)).pool
-        return min(up, key=lambda c: (-c.matched_blocks, c.load, c.pool)).pool
+        rank = {"round_robin": lambda c: 0, "least_loaded": lambda c: c.load,
+                "prefix": lambda c: (-c.matched_blocks, c.load)}[self.policy]
+        best = min(rank(c) for c in up)
+        return self._in_turn([c.pool for c in up if rank(c) == best])
+
+    def _in_turn(self, pools: list[int]) -> int:
+        """The first of `pools` at or after the turn (wrapping round); the turn moves past it."""
+        ordered = sorted(pools)
+        pick = next((p for p in ordered if p >= self._turn), ordered[0])
+        self._turn = pick + 1
+        return pick
