@@ -297,3 +297,17 @@ def test_servers_of_different_models_or_block_sizes_are_refused_with_one_line(mo
         assert "\n" not in str(err.value)
     with pytest.raises(AttachError, match="--kv-events names one server"):
         main.probe_all(["http://a:1", "http://b:1"], "tcp://x:1")
+
+
+def test_block_lifetimes_are_read_only_where_vllm_reports_them():
+    """vLLM started with --kv-cache-metrics publishes three histograms per rank; without
+    it they are absent and the figure is None (the page then says how to turn them on)."""
+    names = ("vllm:kv_block_lifetime_seconds", "vllm:kv_block_idle_before_evict_seconds", "vllm:kv_block_reuse_gap_seconds")
+    text = ''.join(f'# TYPE {name} histogram\n' + ''.join(
+        f'{name}_bucket{{engine="{e}",le="{le}"}} {c}\n' for e in ("0", "1") for le, c in (("1.0", 2), ("10.0", 5), ("+Inf", 6)))
+        + (f'{name}_count{{engine="0"}} 6\n{name}_sum{{engine="0"}} 21.5\n' if name == names[0] else '') for name in names)
+    life = figures(parse(text, engine="0"), None, 1.0)["block_lifetimes"]
+    assert life["lifetime"] == {"le": [1.0, 10.0, None], "counts": [2, 3, 1], "count": 6, "sum": 21.5}
+    assert set(life) == {"lifetime", "idle_before_evict", "reuse_gap"}
+    assert figures(parse(text), None, 1.0)["block_lifetimes"]["reuse_gap"]["counts"] == [4, 6, 2]   # both ranks
+    assert figures(parse('vllm:num_requests_running{engine="0"} 1.0\n'), None, 1.0)["block_lifetimes"] is None

@@ -8,6 +8,8 @@ from the other; a server killed mid-request ending that request with an error wh
 other goes on, then drawn again when it returns."""
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import signal
@@ -21,21 +23,31 @@ import pytest
 
 from conftest import INSTRUCTOR_TOKEN, REPO, free_port
 from vllm_env import require_vllm
-from vllm_server import attach, start_vllm, stop_vllm, vllm_metric, wait_for_vllm, wait_until
+from vllm_server import MODEL, attach, start_vllm, stop_vllm, vllm_metric, vllm_post, wait_for_vllm, wait_until
 
 CHAPTER = "/chapters/16-prefix-caching"
 NUM_BLOCKS = 256
 LIFETIMES = ("--kv-cache-metrics", "--kv-cache-metrics-sample", "1.0")   # server 1 only
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process and all its descendants (vLLM's engine core is a child)."""
-    total, todo = 0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (vLLM's engine core is a child)."""
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
+        try:
+            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    total = 0
+    for p in process_tree(pid):
         try:
             total += int(re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{p}/status").read_text()).group(1)) * 1024
-            todo += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
         except (OSError, AttributeError):
             continue
     return total
@@ -89,9 +101,11 @@ def open_router(page, url):
     page.goto(url + CHAPTER)
     router = page.locator("kv-router")
     router.locator("[data-router-note]").filter(has_text="2 pools").wait_for(timeout=30000)
-    if router.get_by_label("Instructor token").is_visible():
-        router.get_by_label("Instructor token").fill(INSTRUCTOR_TOKEN)
-        router.get_by_role("button", name="Pick the policy").click()
+    token = router.get_by_label("Instructor token")   # chapter pages connect as learners
+    token.wait_for(timeout=10000)
+    token.fill(INSTRUCTOR_TOKEN)
+    router.get_by_role("button", name="Pick the policy").click()
+    token.wait_for(state="hidden", timeout=10000)
     return router
 
 
@@ -163,3 +177,72 @@ def test_two_pools_side_by_side_and_what_the_router_decides(attached2, servers, 
     cards.nth(1).scroll_into_view_if_needed()
     screenshot(page.locator("kv-pages .kvp-poolsrow"), "scale-two-pools")
     assert_clean(page)
+
+
+def test_block_lifetimes_beside_the_pool_of_the_server_that_measures_them(attached2, servers, page, screenshot):
+    measured = servers[0]["url"]
+    for i in range(10):   # 10 prompts of 30 blocks each, straight to vLLM: past its 256-block pool
+        ids = [100 + (i * 997 + k * 31) % 8000 for k in range(960)]
+        vllm_post(measured, "/v1/completions", {"model": str(MODEL), "prompt": ids, "max_tokens": 1})
+    evicted = vllm_metric(measured, "vllm:kv_block_lifetime_seconds_count")
+    assert evicted > 0
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(attached2 + CHAPTER)
+    widget = page.locator("kv-pages[prompt]")
+    cards = widget.locator(".kvp-poolcard")
+    cards.nth(1).wait_for(timeout=20000)
+    cards.nth(0).get_by_role("button", name="Draw below").click()
+    lifetime = widget.locator("[data-histogram=lifetime]")
+    wait_until(lambda: lifetime.count() and lifetime.get_attribute("data-count") == str(int(evicted)),
+               what="server 1's lifetime histogram, as its /metrics counts it")
+    assert widget.locator("[data-histogram]").count() == 3
+    screenshot(widget.locator("section[aria-label^='Block lifetimes']"), "scale-block-lifetimes")
+    cards.nth(1).get_by_role("button", name="Draw below").click()
+    note = widget.locator("[data-lifetimes-note]")
+    wait_until(lambda: "--kv-cache-metrics" in note.inner_text(), what="the line saying how to turn it on")
+    assert widget.locator("[data-histogram]").count() == 0
+
+
+def test_a_server_killed_mid_request_ends_that_request_and_the_other_server_goes_on(attached2, servers, page):
+    import json
+
+    import websockets.sync.client as ws_client
+    with ws_client.connect(attached2.replace("http", "ws") + f"/ws?token={INSTRUCTOR_TOKEN}", max_size=None) as ws:
+        ws.send(json.dumps({"type": "route_policy", "policy": "round_robin"}))
+        params = {"max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+        for n in range(2):   # one on each server
+            ws.send(json.dumps({"type": "submit", "prompt": f"Story {n}: once upon a time", "params": params}))
+        finished, routed = {}, {}
+        deadline = time.monotonic() + 60
+        killed = False
+        while len(finished) < 2 and time.monotonic() < deadline:
+            for e in (lambda m: m if isinstance(m, list) else [m])(json.loads(ws.recv(timeout=30))):
+                if e["type"] == "route":
+                    routed[e["request_id"]] = e["choice"]
+                elif e["type"] == "request.token" and len(routed) == 2 and not killed and e["index"] > 20:
+                    for pid in process_tree(servers[1]["process"].pid):   # mid-request, engine and all
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+                    killed = True
+                elif e["type"] == "request.finished":
+                    finished[e["request_id"]] = e
+    assert killed and sorted(routed.values()) == [0, 1]
+    servers[1]["process"].wait(timeout=30)
+    by_pool = {routed[rid]: e for rid, e in finished.items()}
+    assert by_pool[1]["reason"] == "error" and servers[1]["url"] in by_pool[1]["error"], by_pool[1]
+    assert by_pool[0]["reason"] == "length" and by_pool[0]["num_output_tokens"] == 1000
+
+    router = open_router(page, attached2)
+    cards = page.locator("kv-pages .kvp-poolcard")
+    cards.nth(1).locator("[data-pool-status]").filter(has_text="Disconnected").wait_for(timeout=20000)
+    assert cards.nth(0).get_attribute("data-connected") == "true"
+    router.get_by_role("button", name="Route my prompt").click()   # the server left takes it
+    row = router.locator("tr[data-request]").first
+    wait_until(lambda: row.get_attribute("data-cached") not in (None, ""), what="a prompt on the server left")
+    assert row.get_attribute("data-choice") == "0"
+
+    s = servers[1]   # back on the same port: drawn again, on its own
+    s["process"] = start_vllm(s["python"], s["port"], s["folder"], num_blocks=NUM_BLOCKS, extra=s["extra"])
+    wait_for_vllm(s["url"], s["process"], s["folder"])
+    wait_until(lambda: cards.nth(1).get_attribute("data-connected") == "true", timeout=30, what="server 2 back")
+    assert cards.nth(0).get_attribute("data-connected") == "true"

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, free_port
 from vllm_env import require_vllm
-from vllm_server import MODEL, NUM_BLOCKS, attach, start_vllm, stop_vllm, vllm_metric, wait_for_vllm, wait_until
+from vllm_server import MODEL, NUM_BLOCKS, attach, start_vllm, stop_vllm, vllm_metric, vllm_post, wait_for_vllm, wait_until
 
 CHAPTER = "/chapters/16-prefix-caching"
 
@@ -111,13 +110,6 @@ def test_the_allocator_draws_vllms_blocks_and_its_hits(attached, vllm, page, scr
     widget.scroll_into_view_if_needed()
     screenshot(widget, "attach-vllm-allocator")
     assert_clean(page)
-
-
-def vllm_post(url: str, path: str, body: dict) -> dict:
-    """Another client of the vLLM server, not kvscope: its own HTTP request."""
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as r:
-        return json.loads(r.read())
 
 
 def test_the_header_names_vllm_its_model_and_address_on_every_page(attached, vllm, page):

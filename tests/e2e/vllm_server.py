@@ -61,6 +61,13 @@ def vllm_metric(url: str, name: str) -> float:
     return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M))
 
 
+def vllm_post(url: str, path: str, body: dict) -> dict:
+    """Another client of the vLLM server, not kvscope: its own HTTP request."""
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.loads(r.read())
+
+
 @contextlib.contextmanager
 def attach(vllm_url: str | list[str], workdir: Path):
     """`kvscope serve --attach URL [URL ...]` on a free port; yields its URL."""

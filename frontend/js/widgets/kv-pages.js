@@ -17,6 +17,7 @@ import { PrefixLessons, LESSONS_CSS } from './lib/prefix-lessons.js';
 import { EvictionDemo, EVICTION_CSS } from './lib/eviction-demo.js';
 import { AttachedPanel, ATTACHED_CSS } from './lib/attached-panel.js';
 import { PoolsRow, POOLS_ROW_CSS } from './lib/pools-row.js';
+import { BlockLifetimes, LIFETIMES_CSS } from './lib/block-lifetimes.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { LoadMaker } from '../lib/load-maker.js';
 
@@ -24,7 +25,7 @@ const MAX_TABLES = 24;
 const LARGE_POOL = 4096;                 // more blocks than this: the strip and a detail window
 const DETAIL_SIZES = [256, 1024, 4096];  // blocks the detail window draws, the learner's pick
 
-const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}${POOLS_ROW_CSS}
+const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}${POOLS_ROW_CSS}${LIFETIMES_CSS}
 kv-pages .kvp-pool { display: block; border-radius: 4px; cursor: crosshair; }
 kv-pages .kvp-density { display: block; cursor: pointer; border-radius: 4px; }
 kv-pages .kvp-density:focus-visible, kv-pages .kvp-pool:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
@@ -54,6 +55,7 @@ class KvPages extends withHandlers(KvWidget) {
     this.palette = new OwnerPalette();
     this.poolsRow = new PoolsRow({ onPick: (i) => this.pickPool(i), colourOf: (owner) => this.palette.resolved(owner) });
     this.poolTitle = h('strong', {}, 'The engine’s pool');
+    this.lifetimes = new BlockLifetimes();
     this.cursor = -1;
     this.highlightSeq = null;
     this.pinnedSeq = null;
@@ -97,6 +99,7 @@ class KvPages extends withHandlers(KvWidget) {
       this.largeEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
       this.detailEl, this.eventsEl,
+      this.lifetimes.el,
       this.attached.blocksEl,
       h('h4', {}, 'Block tables (logical → physical)'),
       this.tablesEl,
@@ -141,7 +144,15 @@ class KvPages extends withHandlers(KvWidget) {
     this.cursor = -1;
     this.windowStart = 0;
     this.poolsRow.select(index);
+    this.showLifetimes();
     this.requestRender();
+  }
+
+  /** The drawn pool's block lifetimes (attached to vLLM only). */
+  showLifetimes() {
+    const pools = this.client.engine?.vllm?.pools;
+    const state = pools?.find((p) => p.pool === this.selectedPool);
+    this.lifetimes.show(state ? state.metrics || {} : null, state?.name ?? 'This server');
   }
 
   /** The whole of a large pool (a density strip) and the controls of the detail window. */
@@ -288,6 +299,7 @@ class KvPages extends withHandlers(KvWidget) {
     if (event.type === 'engine') {
       this.attached.onEngine(event);
       this.poolsRow.onEngine(event.vllm);
+      this.showLifetimes();
     }
     if (event.type === 'hello') {
       this.poolsRow.setDeployment(event.deployment, this.selectedPool);

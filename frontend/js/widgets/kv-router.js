@@ -29,7 +29,8 @@ kv-router .krt-policies legend { font-weight: 600; padding: 0; margin-bottom: .2
 kv-router table { border-collapse: collapse; font-size: .82rem; font-variant-numeric: tabular-nums; width: 100%; margin: .4rem 0; }
 kv-router th, kv-router td { padding: .15rem .35rem; border-bottom: 1px solid var(--kv-border); text-align: right; vertical-align: top; }
 kv-router th:first-child, kv-router td:first-child, kv-router td.krt-prompt { text-align: left; }
-kv-router td.krt-prompt { max-width: 18rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+kv-router .krt-scroll { overflow-x: auto; }
+kv-router td.krt-prompt { max-width: 9rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 kv-router td[data-chosen=true] { font-weight: 700; outline: 2px solid var(--kv-focus); outline-offset: -2px; }
 kv-router tr[data-current=true] th { text-decoration: underline; }
 kv-router .krt-bar { display: inline-block; height: .6em; background: var(--kv-cached); vertical-align: middle; margin-right: .25rem; }
@@ -45,6 +46,7 @@ class KvRouter extends withHandlers(KvWidget) {
     this.rows = [];            // [{ rid, prompt, route, finished }]
     this.byId = new Map();
     this.routes = new Map();   // request id -> its route event (it comes before the submit's ack)
+    this.early = new Map();    // request id -> request.finished that beat the ack
     this.runs = 0;
     this.running = false;
     this.modeBadge = h('span', { class: 'kvw-mode' });
@@ -76,12 +78,13 @@ class KvRouter extends withHandlers(KvWidget) {
       h('div', { class: 'kvw-row' }, h('strong', {}, 'Where each prompt goes'), this.modeBadge),
       this.noteEl, this.policyBox, this.policyNote, this.tokenForm,
       h('div', { class: 'kvw-row' }, this.runButton), this.freeForm, this.errorEl,
-      h('table', { 'data-policies': '' }, h('caption', {}, 'Per policy, as the vLLM servers counted it while the policy routed'),
+      h('div', { class: 'krt-scroll' }, h('table', { 'data-policies': '' }, h('caption', {}, 'Per policy, as the vLLM servers counted it while the policy routed'),
         h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'policy'), h('th', { scope: 'col' }, 'requests'),
           h('th', { scope: 'col' }, 'prefix-cache hits / tokens looked up'), h('th', { scope: 'col' }, 'hit rate'),
-          h('th', { scope: 'col' }, 'mean TTFT'))), this.policiesBody),
-      h('table', { 'data-requests': '' }, h('caption', {}, 'Per request: each pool’s cached prefix of the prompt (blocks), and the choice'),
-        this.requestsHead, this.requestsBody),
+          h('th', { scope: 'col' }, 'mean TTFT'))), this.policiesBody)),
+      h('div', { class: 'krt-scroll', tabindex: '0', role: 'region', 'aria-label': 'Routed requests' },
+        h('table', { 'data-requests': '' }, h('caption', {}, 'Per request: each pool’s cached prefix of the prompt (blocks), and the choice'),
+          this.requestsHead, this.requestsBody)),
     );
     this.handlers = clientHandlers(this, {
       route: (e) => this.onRoute(e),
@@ -153,6 +156,7 @@ class KvRouter extends withHandlers(KvWidget) {
     const row = this.rowOf(ack.request_id);
     row.prompt = prompt;
     row.route = row.route || this.routes.get(ack.request_id) || null;
+    row.finished = row.finished || this.early.get(ack.request_id) || null;
     this.requestRender();
     return new Promise((resolve) => { row.done = resolve; if (row.finished) resolve(row); });
   }
@@ -200,7 +204,11 @@ class KvRouter extends withHandlers(KvWidget) {
 
   onFinished(event) {
     const row = this.byId.get(event.request_id);
-    if (!row) return;
+    if (!row) {
+      this.early.set(event.request_id, event);
+      if (this.early.size > 64) this.early.delete(this.early.keys().next().value);
+      return;
+    }
     row.finished = event;
     row.done?.(row);
     this.requestRender();

@@ -483,11 +483,11 @@ def sum_figures(per_pool: list[dict]) -> dict:
     out: dict = {}
     for key in per_pool[0]:
         values = [f.get(key) for f in per_pool if f.get(key) is not None]
-        if key in ("ttft_s", "itl_s", "e2e_s"):
+        if key in ("ttft_s", "itl_s", "e2e_s", "ttft_mean_s", "itl_mean_s", "e2e_mean_s"):
             out[key] = round(sum(values) / len(values), 5) if values else None
         elif key == "kv_usage":
             out[key] = round(sum(values) / len(values), 4) if values else 0.0
-        elif key == "prefix_cache_hit_rate":
+        elif key in ("prefix_cache_hit_rate", "block_lifetimes"):   # per pool only
             continue
         else:
             out[key] = (round(sum(values), 1) if any(isinstance(v, float) for v in values) else sum(values)) if values else None

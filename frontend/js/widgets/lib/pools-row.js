@@ -96,8 +96,8 @@ export class PoolsRow {
       fig('Hit rate', opt(m.prefix_cache_hit_rate, (x) => `${(x * 100).toFixed(1)} %`), 'hit_rate'),
       fig('Evictions', formatInt(p.totals.evictions), 'evictions'),
       fig('Running / waiting', `${formatInt(m.running ?? 0)} / ${formatInt(m.waiting ?? 0)}`, 'queues'),
-      fig('TTFT', opt(m.ttft_s, formatSeconds), 'ttft_s'),
-      fig('ITL', opt(m.itl_s, formatSeconds), 'itl_s'),
+      fig('TTFT (mean)', opt(m.ttft_mean_s, formatSeconds), 'ttft_s'),
+      fig('ITL (mean)', opt(m.itl_mean_s, formatSeconds), 'itl_s'),
     );
   }
 }
@@ -108,6 +108,6 @@ kv-pages .kvp-poolcard { border: 1px solid var(--kv-border); border-radius: var(
 kv-pages .kvp-poolcard[data-connected=false] { border-color: var(--kv-danger, #b00020); }
 kv-pages .kvp-poolcard[data-connected=false] [data-pool-status], kv-pages .kvp-poolcard[data-events=silent] [data-pool-status] { color: var(--kv-danger, #b00020); font-weight: 600; }
 kv-pages .kvp-poolcard-canvas { display: block; max-width: 100%; }
-kv-pages .kvp-poolcard-figures { font-size: .8rem; }
+kv-pages .kvp-poolcard-figures { font-size: .8rem; display: grid; grid-template-columns: 1fr 1fr; gap: .1rem .5rem; }
 kv-pages .kvp-poolcard .kvw-row { justify-content: space-between; }
 `;
