@@ -182,7 +182,7 @@ def test_two_pools_side_by_side_and_what_the_router_decides(attached2, servers, 
 def test_block_lifetimes_beside_the_pool_of_the_server_that_measures_them(attached2, servers, page, screenshot):
     measured = servers[0]["url"]
     for i in range(10):   # 10 prompts of 30 blocks each, straight to vLLM: past its 256-block pool
-        ids = [100 + (i * 997 + k * 31) % 8000 for k in range(960)]
+        ids = [50 + (i * 997 + k * 31) % 1900 for k in range(960)]   # a vocabulary of 2,048
         vllm_post(measured, "/v1/completions", {"model": str(MODEL), "prompt": ids, "max_tokens": 1})
     evicted = vllm_metric(measured, "vllm:kv_block_lifetime_seconds_count")
     assert evicted > 0
