@@ -67,7 +67,7 @@ class KvRouter extends withHandlers(KvWidget) {
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runPairs() },
       `Send ${PAIRS.length} shared-prefix pairs`);
     this.freeInput = h('input', { class: 'kvw-input', type: 'text', value: PAIRS[0][0], 'aria-label': 'Your own prompt' });
-    this.freeButton = h('button', { type: 'button', class: 'kvw-btn' }, 'Route my prompt');
+    this.freeButton = h('button', { type: 'submit', class: 'kvw-btn' }, 'Route my prompt');
     this.freeForm = h('form', { class: 'kvw-row', 'aria-label': 'Route a prompt of your own', onsubmit: (e) => { e.preventDefault(); this.send(this.freeInput.value); } },
       h('label', {}, 'Or your own prompt ', this.freeInput), this.freeButton);
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
