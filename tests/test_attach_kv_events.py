@@ -311,3 +311,18 @@ def test_block_lifetimes_are_read_only_where_vllm_reports_them():
     assert set(life) == {"lifetime", "idle_before_evict", "reuse_gap"}
     assert figures(parse(text), None, 1.0)["block_lifetimes"]["reuse_gap"]["counts"] == [4, 6, 2]   # both ranks
     assert figures(parse('vllm:num_requests_running{engine="0"} 1.0\n'), None, 1.0)["block_lifetimes"] is None
+
+
+def test_a_late_joiner_gets_one_kv_snapshot_per_pool(batches):
+    from kvscope.server.classroom.stream_state import StreamState
+    state = StreamState(lambda: 1.0)
+    pools = [AttachedPool(64, BLOCK), AttachedPool(64, BLOCK)]
+    for i, pool in enumerate(pools):
+        state.observe({**pool.snapshot(0.0), "pool": i})
+    pools[1].apply(batches[0])
+    state.observe({**pools[1].delta(0.5), "pool": 1})
+    snaps = state.snapshots(["kv"])
+    assert [(s["pool"], s["num_cached"]) for s in snaps] == [(0, 0), (1, 3)]
+    for s in snaps:
+        check_event(s)
+    assert len(state.snapshot_texts("kv")) == 2 and state.kv.meta["num_cached"] == 0   # pool 0 first
