@@ -30,6 +30,7 @@ kv-router table { border-collapse: collapse; font-size: .82rem; font-variant-num
 kv-router th, kv-router td { padding: .15rem .35rem; border-bottom: 1px solid var(--kv-border); text-align: right; vertical-align: top; }
 kv-router th:first-child, kv-router td:first-child, kv-router td.krt-prompt { text-align: left; }
 kv-router .krt-scroll { overflow-x: auto; }
+kv-router caption { text-align: left; font-weight: 600; padding: .2rem 0; }
 kv-router td.krt-prompt { max-width: 9rem; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
 kv-router td[data-chosen=true] { font-weight: 700; outline: 2px solid var(--kv-focus); outline-offset: -2px; }
 kv-router tr[data-current=true] th { text-decoration: underline; }
