@@ -204,6 +204,7 @@ class KvPages extends withHandlers(KvWidget) {
   moveWindow(start) {
     const n = this.pool.numBlocks;
     this.windowStart = Math.max(0, Math.min(Math.max(0, n - this.windowSize), Math.round(start)));
+    this.strip.setAttribute('aria-valuenow', String(this.windowStart));   // at once, not at the next frame
     if (this.cursor >= 0 && (this.cursor < this.windowStart || this.cursor >= this.windowStart + this.windowSize)) this.cursor = this.windowStart;
     this.requestRender();
   }
