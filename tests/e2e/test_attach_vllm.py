@@ -169,7 +169,9 @@ def test_a_large_pool_is_a_density_strip_and_a_detail_window(attached, page, scr
     strip.focus()
     page.keyboard.press("End")
     assert strip.get_attribute("aria-valuenow") == str(NUM_BLOCKS - 1024)
-    assert widget.locator(".kvp-window").inner_text().startswith(f"Detail: blocks {NUM_BLOCKS - 1024:,}–{NUM_BLOCKS - 1:,} of {NUM_BLOCKS:,}")
+    window = widget.locator(".kvp-window")   # redrawn at the next animation frame
+    wait_until(lambda: window.inner_text().startswith(f"Detail: blocks {NUM_BLOCKS - 1024:,}–{NUM_BLOCKS - 1:,} of {NUM_BLOCKS:,}"),
+               what="the detail window's text")
     # the earlier tests left blocks cached from place 0 on: the jump wraps round to them
     widget.get_by_role("button", name="Next blocks in use").click()
     assert strip.get_attribute("aria-valuenow") == "0"

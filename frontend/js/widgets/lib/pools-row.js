@@ -27,9 +27,9 @@ export class PoolsRow {
   /** From hello.deployment: one card per pool. */
   setDeployment(deployment, selected) {
     const pools = deployment?.pools || [];
-    this.el.hidden = pools.length < 2;
+    this.el.hidden = pools.length < 2;   // one pool: the big view alone draws it
     this.cards.clear();
-    this.listEl.replaceChildren(...pools.map((p) => this.card(p, selected)));
+    this.listEl.replaceChildren(...(pools.length < 2 ? [] : pools.map((p) => this.card(p, selected))));
   }
 
   card(p, selected) {
