@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("round_robin", "least_loaded", "prefix")
-POLICY_NAMES = {"round_robin": "round robin", "least_loaded": "least loaded", "prefix": "longest cached prefix"}
 
 
 @dataclass
