@@ -149,7 +149,8 @@ class KvRouter extends withHandlers(KvWidget) {
     this.errorEl.textContent = '';
     let ack;
     try {
-      ack = await this.client.command('submit', { prompt, params: { temperature: 0, max_tokens: 8 } });
+      // eight tokens each, EOS or not: the small model often ends at once, leaving no inter-token latency to read
+      ack = await this.client.command('submit', { prompt, params: { temperature: 0, max_tokens: 8, ignore_eos: true } });
     } catch (error) {
       this.errorEl.textContent = this.describeError(error);
       return null;
