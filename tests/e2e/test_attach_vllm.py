@@ -6,68 +6,22 @@ clients' hits, ch20's measured run. One vLLM start for the module (cold start 35
 plus one restart for the disconnect test."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import INSTRUCTOR_TOKEN, REPO, free_port, stop_server, _wait_for_health
+from conftest import REPO, free_port
 from vllm_env import require_vllm
+from vllm_server import MODEL, NUM_BLOCKS, attach, start_vllm, stop_vllm, vllm_metric, vllm_post, wait_for_vllm, wait_until
 
-MODEL = REPO / "backend" / "kvscope" / "assets" / "kvscope-mini"
-VLLM_START_TIMEOUT_S = 300
 CHAPTER = "/chapters/16-prefix-caching"
-NUM_BLOCKS = 8192   # over kv-pages' LARGE_POOL: drawn as a strip and a window (512 MiB of KV here)
-
-
-def start_vllm(python: str, port: int, folder: Path, kv_events: bool = True) -> subprocess.Popen:
-    args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--host", "127.0.0.1",
-            "--port", str(port), "--block-size", "32", "--num-gpu-blocks-override", str(NUM_BLOCKS), "--max-model-len", "1024",
-            "--enable-prompt-tokens-details"]
-    if kv_events:
-        args += ["--kv-events-config", json.dumps({
-            "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"ipc://{folder}/kv.sock",
-            "replay_endpoint": f"ipc://{folder}/kv-replay.sock", "topic": "kv-events"})]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1"}
-    log = (folder / "vllm.log").open("a")
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
-
-
-def wait_for_vllm(url: str, process: subprocess.Popen, folder: Path) -> None:
-    deadline = time.monotonic() + VLLM_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{(folder / 'vllm.log').read_text()[-3000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
-            if r.status == 200:
-                return
-        time.sleep(1)   # not up yet: the port refuses until vLLM has loaded the model
-    raise RuntimeError(f"vLLM did not start in {VLLM_START_TIMEOUT_S} s")
-
-
-def stop_vllm(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def vllm_metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.M))
 
 
 @pytest.fixture(scope="module")
@@ -85,25 +39,6 @@ def vllm(chromium_path):
     finally:
         stop_vllm(state["process"])
         shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def attach(vllm_url: str, workdir: Path):
-    """`kvscope serve --attach` on a free port; yields its URL."""
-    port = free_port()
-    log_path = workdir / f"server-{port}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "backend"), os.environ.get("PYTHONPATH")]))}
-    with log_path.open("w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "kvscope.cli", "serve", "--attach", vllm_url,
-                                    "--port", str(port), "--instructor-token", INSTRUCTOR_TOKEN, "--log-level", "warning"],
-                                   cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_health(url, process, log_path)
-        yield url
-    finally:
-        stop_server(process)
 
 
 @pytest.fixture(scope="module")
@@ -177,20 +112,6 @@ def test_the_allocator_draws_vllms_blocks_and_its_hits(attached, vllm, page, scr
     assert_clean(page)
 
 
-def vllm_post(url: str, path: str, body: dict) -> dict:
-    """Another client of the vLLM server, not kvscope: its own HTTP request."""
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as r:
-        return json.loads(r.read())
-
-
-def wait_until(check, timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.25)
-
-
 def test_the_header_names_vllm_its_model_and_address_on_every_page(attached, vllm, page):
     for chapter in ("/chapters/04-attention", CHAPTER):   # a recorded page and a live one
         page.goto(attached + chapter)
@@ -248,7 +169,9 @@ def test_a_large_pool_is_a_density_strip_and_a_detail_window(attached, page, scr
     strip.focus()
     page.keyboard.press("End")
     assert strip.get_attribute("aria-valuenow") == str(NUM_BLOCKS - 1024)
-    assert widget.locator(".kvp-window").inner_text().startswith(f"Detail: blocks {NUM_BLOCKS - 1024:,}–{NUM_BLOCKS - 1:,} of {NUM_BLOCKS:,}")
+    window = widget.locator(".kvp-window")   # redrawn at the next animation frame
+    wait_until(lambda: window.inner_text().startswith(f"Detail: blocks {NUM_BLOCKS - 1024:,}–{NUM_BLOCKS - 1:,} of {NUM_BLOCKS:,}"),
+               what="the detail window's text")
     # the earlier tests left blocks cached from place 0 on: the jump wraps round to them
     widget.get_by_role("button", name="Next blocks in use").click()
     assert strip.get_attribute("aria-valuenow") == "0"

@@ -3,6 +3,7 @@ received, each request's cells are what its `request.*` events say, and the stat
 comparison is computed from those same requests."""
 from __future__ import annotations
 
+from playwright.sync_api import expect
 from widget_checks import check_exports, wait_idle
 
 MIN_CELL_PX = 18
@@ -53,8 +54,9 @@ def check_readable_and_keyboard(page, widget) -> None:
     assert widget.locator(".kbt-detail").inner_text().startswith(f"step {kept[0]} ·")
     if len(kept) > len(shown):
         assert widget.get_by_role("button", name="Follow the newest").is_enabled()
-    page.keyboard.press("End")
-    assert "following the newest" in widget.locator("[data-range]").inner_text()
+    page.keyboard.press("End")   # drawn on the next frame: read it with the retrying expect
+    expect(widget.locator("[data-range]")).to_contain_text("following the newest")
+    expect(widget.locator(".kbt-detail")).to_contain_text(f"step {kept[-1]} ·")
     assert widget.locator(".kbt-detail").inner_text().startswith(f"step {kept[-1]} ·")
 
 

@@ -69,12 +69,19 @@ BACKEND = obj({"engine": {"enum": ["kvscope", "vllm"]}, "version": STR, "attache
                "capabilities": arr({"enum": list(CAPABILITIES)}, uniqueItems=True)},
               # serve --attach: hello keys the attached server does not report (stand-ins kept the shape)
               {"unreported": arr(STR, uniqueItems=True)})
+# serve --attach URL [URL ...]: the servers, each data-parallel rank's pool (numbered as `kv.pool`)
+DEPLOYMENT = obj({"model": STR, "block_size": NAT, "num_servers": NAT, "num_pools": NAT,
+                  "servers": arr(obj({"server": NAT, "url": STR, "version": STR, "model": STR, "block_size": NAT,
+                                      "num_blocks": NAT, "data_parallel_size": NAT, "pools": arr(NAT)})),
+                  "pools": arr(obj({"pool": NAT, "name": STR, "server": NAT, "rank": NAT, "url": STR,
+                                    "num_blocks": NAT, "block_size": NAT, "kv_events": NULL_STR})),
+                  "policies": arr({"enum": ["round_robin", "least_loaded", "prefix"]})})
 HELLO = event("hello", {"schema_version": {"enum": READABLE_VERSIONS}, "server": STR,
                         "started_at": STR, "backend": BACKEND, "model": MODEL, "device": DEVICE,
-                        "engine": ENGINE, "h100": H100})
+                        "engine": ENGINE, "h100": H100}, {"deployment": DEPLOYMENT})
 
 FAMILIES = ["hello", "engine", "tokens", "request", "step", "kv", "attention", "sampling", "internals",
-            "memory", "spec", "sandbox", "kv_quant", "viewers", "ack", "error"]
+            "memory", "spec", "sandbox", "kv_quant", "viewers", "route", "ack", "error"]
 SUBSCRIBABLE = ["request", "step", "kv", "attention", "sampling", "internals", "memory", "spec"]
 FILTER = obj({}, {"request_id": {"oneOf": [STR, arr(STR, maxItems=64)]},
                   "layer": {"oneOf": [NAT, arr(NAT, maxItems=256)]},
@@ -99,7 +106,15 @@ ENGINE_STATE = event("engine", {
      # serve --attach: the vLLM server drawn, whether it answers, and its /metrics figures
      "vllm": obj({"url": STR, "version": STR, "model": STR, "connected": BOOL, "kv_events": STR,
                   "metrics": {"type": "object"}},
-                 {"retry_s": NNUM, "kv_cache_report_mode": {"enum": ["full", "incremental"]}})})
+                 {"retry_s": NNUM, "kv_cache_report_mode": {"enum": ["full", "incremental"]},
+                  "servers": arr(obj({"server": NAT, "url": STR, "connected": BOOL})),
+                  "pools": arr(obj({"pool": NAT, "name": STR, "connected": BOOL,
+                                    "events": {"enum": ["off", "waiting", "live", "silent"]}, "events_note": STR,
+                                    "metrics": {"type": "object"}})),
+                  "router": obj({"policy": {"enum": ["round_robin", "least_loaded", "prefix"]},
+                                 "totals": {"type": "object", "additionalProperties": obj({
+                                     "requests": NAT, "prefix_cache_hits": NAT, "prefix_cache_queries": NAT,
+                                     "hit_rate": NULL_NUM, "ttft_s": NULL_NUM})}})})})
 
 TOKEN = obj({"id": NAT, "piece": STR, "text": STR, "start": NAT, "end": NAT, "special": BOOL,
              "complete": BOOL})
@@ -122,7 +137,7 @@ REQUEST_FINISHED = event("request.finished", {
     "request_id": STR, "reason": {"enum": ["stop", "length", "abort", "error"]},
     "error": NULL_STR, "text": STR, "num_prompt_tokens": NAT, "num_output_tokens": NAT,
     "num_cached_tokens": NAT, "num_preemptions": NAT, "ttft_s": NULL_NUM, "e2e_s": NNUM,
-    "itl_s": arr(NNUM)})
+    "itl_s": arr(NNUM)}, {"pool": NAT})
 REQUEST_SNAPSHOT = event("request.snapshot", {"requests": arr(obj({
     "request_id": STR, "source": SOURCE, "owner": NULL_STR,
     "status": {"enum": ["waiting", "running", "held"]}, "num_prompt_tokens": NAT,
@@ -150,13 +165,18 @@ KV_TOTALS = {"num_free": NAT, "num_cached": NAT, "prefix_hits": NAT, "evictions"
 KV_SNAPSHOT = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "snapshot"}, "step": NAT,
                    "block_size": NAT, "num_blocks": NAT, "blocks": arr(BLOCK),
                    "tables": {"type": "object", "additionalProperties": arr(NAT)}, **KV_TOTALS},
-                  {"ref": REF})
+                  {"ref": REF, "pool": NAT})
 KV_DELTA = obj({"type": {"const": "kv"}, "ts": NNUM, "kind": {"const": "delta"}, "step": NAT,
                 "blocks": arr(BLOCK), "tables": {"type": "object", "additionalProperties": arr(NAT)},
                 "removed_tables": arr(STR),
                 "events": arr(obj({"op": {"enum": ["alloc", "free", "hit", "evict", "share", "cow"]}, "block": NAT,
                                    "request_id": NULL_STR})), **KV_TOTALS},
-               {"ref": REF})
+               {"ref": REF, "pool": NAT})
+# serve --attach with several pools: where a prompt went and why (server/attach/router.py)
+ROUTE = event("route", {"request_id": STR, "policy": {"enum": ["round_robin", "least_loaded", "prefix"]},
+                        "num_prompt_tokens": NAT, "block_size": NAT, "choice": NAT,
+                        "candidates": arr(obj({"pool": NAT, "matched_blocks": NAT, "matched_tokens": NAT,
+                                               "load": NAT, "up": BOOL}))})
 
 PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 # Version 2 sends the weights as arrays after the header (`tensors` says their names, dtypes
@@ -260,7 +280,8 @@ EVENTS = {
     "kv_snapshot": KV_SNAPSHOT, "kv_delta": KV_DELTA, "attention": ATTENTION, "sampling": SAMPLING,
     "internals.embeddings": INTERNALS_EMBEDDINGS, "internals.rope": INTERNALS_ROPE,
     "internals.residual": INTERNALS_RESIDUAL, "internals.mlp": INTERNALS_MLP, "internals.logit_lens": INTERNALS_LENS,
-    "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "kv_quant": KV_QUANT, "viewers": VIEWERS, "ack": ACK,
+    "memory": MEMORY, "spec": SPEC, "sandbox": SANDBOX, "kv_quant": KV_QUANT, "viewers": VIEWERS, "route": ROUTE,
+    "ack": ACK,
     "error": ERROR,
 }
 
@@ -312,6 +333,7 @@ COMMANDS = {
         "prefill_chunk_tokens": {"type": "integer", "minimum": 1, "maximum": 8192},
         "cache_salt": CACHE_SALT, "structured_outputs": STRUCTURED_OUTPUTS}),
     "cancel": command("cancel", {"request_id": RID}),
+    "route_policy": command("route_policy", {"policy": {"enum": ["round_robin", "least_loaded", "prefix"]}}),
     "watch": command("watch", {"request_id": RID}, {"layers": arr(NAT, maxItems=256),
                                                     "heads": arr(NAT, maxItems=256), "sampling": BOOL}),
     "unwatch": command("unwatch", {"request_id": RID}),
@@ -354,7 +376,7 @@ COMMANDS = {
                       {"speed": {"type": "number", "exclusiveMinimum": 0, "maximum": 100}}),
 }
 INSTRUCTOR_COMMANDS = {"pause", "resume", "step", "reset", "set_knobs", "inject", "record_start",
-                       "record_stop", "viewers", "slow_motion"}
+                       "record_stop", "viewers", "slow_motion", "route_policy"}
 
 
 def event_schema_key(event: dict) -> str:

@@ -40,11 +40,13 @@ def add_cpu_compile_argument(p: argparse.ArgumentParser) -> None:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint dir or hub id (default: the embedded kvscope-mini)")
-    p.add_argument("--attach", default=None, metavar="URL",
-                   help="draw a running vLLM server (e.g. http://127.0.0.1:8000) instead of loading a model: "
-                        "its KV events, /metrics and OpenAI API feed the pages (docs/vllm.md)")
+    p.add_argument("--attach", default=None, nargs="+", metavar="URL",
+                   help="draw running vLLM servers (e.g. http://127.0.0.1:8000) instead of loading a model: "
+                        "their KV events (every data-parallel rank's pool), /metrics and OpenAI API feed the "
+                        "pages; with several URLs, side by side, and prompts are routed between them (docs/vllm.md)")
     p.add_argument("--kv-events", default=None, metavar="ENDPOINT",
-                   help="with --attach: vLLM's KV-event ZeroMQ endpoint (default: what its /kv_event_sources says)")
+                   help="with one --attach URL: its rank 0's KV-event ZeroMQ endpoint (default: what its "
+                        "/kv_event_sources says)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--instructor-token", default=None,

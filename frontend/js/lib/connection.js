@@ -13,13 +13,20 @@ const REPLAY_TEXT = 'Replaying a recording — no live engine';
 
 /** The header while attached to vLLM (`serve --attach`): who answers (vLLM, its version,
  *  its model, its address) and whether it does now (engine.vllm.connected, updated by every
- *  `engine` event; while it is away the server retries every engine.vllm.retry_s). */
+ *  `engine` event; while it is away the server retries every engine.vllm.retry_s). Attached
+ *  to several servers (engine.vllm.servers), it names them, and the ones not answering. */
 export function attachedText(hello, vllm) {
   const model = (vllm?.model || hello.model?.name || '').split('/').filter(Boolean).pop() || 'its model';
   const url = vllm?.url || hello.backend.attached_url;
-  const head = `Attached: vLLM ${vllm?.version || hello.backend.version} serving ${model} at ${url}`;
+  const servers = vllm?.servers || [];
+  const where = servers.length > 1 ? `${servers.length} servers (${servers.map((x) => x.url).join(', ')})` : url;
+  const head = `Attached: vLLM ${vllm?.version || hello.backend.version} serving ${model} at ${where}`;
   if (!vllm) return { text: `${head} — connecting…`, state: 'connecting' };
   if (vllm.connected) return { text: `${head} — connected`, state: 'connected' };
+  const down = servers.filter((x) => !x.connected);
+  if (servers.length > 1 && down.length < servers.length) {   // the others keep working
+    return { text: `${head} — ${down.map((x) => x.url).join(', ')} not answering, reconnecting; the others connected`, state: 'disconnected' };
+  }
   const every = vllm.retry_s ? ` every ${vllm.retry_s} s` : '';
   return { text: `${head} — disconnected, reconnecting${every}…`, state: 'disconnected' };
 }

@@ -16,6 +16,8 @@ import { PrefixDemo, PREFIX_CSS } from './lib/prefix-demo.js';
 import { PrefixLessons, LESSONS_CSS } from './lib/prefix-lessons.js';
 import { EvictionDemo, EVICTION_CSS } from './lib/eviction-demo.js';
 import { AttachedPanel, ATTACHED_CSS } from './lib/attached-panel.js';
+import { PoolsRow, POOLS_ROW_CSS } from './lib/pools-row.js';
+import { BlockLifetimes, LIFETIMES_CSS } from './lib/block-lifetimes.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { LoadMaker } from '../lib/load-maker.js';
 
@@ -23,7 +25,7 @@ const MAX_TABLES = 24;
 const LARGE_POOL = 4096;                 // more blocks than this: the strip and a detail window
 const DETAIL_SIZES = [256, 1024, 4096];  // blocks the detail window draws, the learner's pick
 
-const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}
+const STYLE = `${SANDBOX_CSS}${PREFIX_CSS}${LESSONS_CSS}${EVICTION_CSS}${ATTACHED_CSS}${POOLS_ROW_CSS}${LIFETIMES_CSS}
 kv-pages .kvp-pool { display: block; border-radius: 4px; cursor: crosshair; }
 kv-pages .kvp-density { display: block; cursor: pointer; border-radius: 4px; }
 kv-pages .kvp-density:focus-visible, kv-pages .kvp-pool:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
@@ -46,8 +48,14 @@ class KvPages extends withHandlers(KvWidget) {
 
   setup() {
     injectStyle('kv-pages', STYLE);
-    this.pool = new KvPool();
+    // attached to several vLLM pools (servers, data-parallel ranks) the `kv` events carry
+    // `pool`; the big view draws the one picked in the row of pools above it
+    this.pools = new Map([[0, new KvPool()]]);
+    this.selectedPool = 0;
     this.palette = new OwnerPalette();
+    this.poolsRow = new PoolsRow({ onPick: (i) => this.pickPool(i), colourOf: (owner) => this.palette.resolved(owner) });
+    this.poolTitle = h('strong', {}, 'The engine’s pool');
+    this.lifetimes = new BlockLifetimes();
     this.cursor = -1;
     this.highlightSeq = null;
     this.pinnedSeq = null;
@@ -83,13 +91,15 @@ class KvPages extends withHandlers(KvWidget) {
     this.handlers.attach();
     this.body.append(
       ...(this.demo ? [this.demo.el, this.lessons.el] : []),
-      h('div', { class: 'kvw-row' }, h('strong', {}, 'The engine’s pool'), this.modeBadge),
+      h('div', { class: 'kvw-row' }, this.poolTitle, this.modeBadge),
       this.attached.el,
+      this.poolsRow.el,
       ...(this.poolOnly ? [] : [h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus)]),
       this.figuresEl,
       this.largeEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
       this.detailEl, this.eventsEl,
+      this.lifetimes.el,
       this.attached.blocksEl,
       h('h4', {}, 'Block tables (logical → physical)'),
       this.tablesEl,
@@ -120,6 +130,29 @@ class KvPages extends withHandlers(KvWidget) {
     this.updateMode(this.client.mode);
     this.showLoad();
     this.sandbox?.start();
+    this.poolsRow.setDeployment(this.client.hello?.deployment, this.selectedPool);
+  }
+
+  /** The pool the big view draws (the first, unless one is picked in the row of pools). */
+  get pool() {
+    return this.pools.get(this.selectedPool) ?? this.pools.get(0);
+  }
+
+  pickPool(index) {
+    if (!this.pools.has(index)) this.pools.set(index, new KvPool());
+    this.selectedPool = index;
+    this.cursor = -1;
+    this.windowStart = 0;
+    this.poolsRow.select(index);
+    this.showLifetimes();
+    this.requestRender();
+  }
+
+  /** The drawn pool's block lifetimes (attached to vLLM only). */
+  showLifetimes() {
+    const pools = this.client.engine?.vllm?.pools;
+    const state = pools?.find((p) => p.pool === this.selectedPool);
+    this.lifetimes.show(state ? state.metrics || {} : null, state?.name ?? 'This server');
   }
 
   /** The whole of a large pool (a density strip) and the controls of the detail window. */
@@ -171,6 +204,7 @@ class KvPages extends withHandlers(KvWidget) {
   moveWindow(start) {
     const n = this.pool.numBlocks;
     this.windowStart = Math.max(0, Math.min(Math.max(0, n - this.windowSize), Math.round(start)));
+    this.strip.setAttribute('aria-valuenow', String(this.windowStart));   // at once, not at the next frame
     if (this.cursor >= 0 && (this.cursor < this.windowStart || this.cursor >= this.windowStart + this.windowSize)) this.cursor = this.windowStart;
     this.requestRender();
   }
@@ -254,14 +288,23 @@ class KvPages extends withHandlers(KvWidget) {
 
   onEvent(event) {
     if (event.type === 'kv') {
-      if (!this.pool.apply(event)) return;
+      const index = event.pool ?? 0;
+      if (!this.pools.has(index)) this.pools.set(index, new KvPool());
+      if (!this.pools.get(index).apply(event)) return;
+      this.dirtyPools = (this.dirtyPools || new Set()).add(index);
       this.dataset.step = String(this.pool.step);
       this.requestRender();
     } else if (event.type === 'engine' && event.reason === 'reset') {
       this.requestRender();
     }
-    if (event.type === 'engine') this.attached.onEngine(event);
+    if (event.type === 'engine') {
+      this.attached.onEngine(event);
+      this.poolsRow.onEngine(event.vllm);
+      this.showLifetimes();
+    }
     if (event.type === 'hello') {
+      this.poolsRow.setDeployment(event.deployment, this.selectedPool);
+      this.dirtyPools = new Set(this.pools.keys());
       this.demo?.showEngine();
       this.showLoad();
       this.lessons?.showBlockSize();
@@ -303,6 +346,7 @@ class KvPages extends withHandlers(KvWidget) {
   render() {
     const p = this.pool;
     const counts = p.counts();
+    this.renderPoolsRow();
     const fig = (label, value, key) => h('div', {}, h('dt', {}, label), h('dd', { 'data-figure': key }, value));
     this.figuresEl.replaceChildren(
       fig('Blocks', p.ready ? `${formatInt(p.numBlocks)} × ${p.blockSize} slots` : '—', 'num_blocks'),
@@ -349,6 +393,20 @@ class KvPages extends withHandlers(KvWidget) {
     if (this.cursor >= 0) this.describeBlock(this.cursor);
     else this.detailEl.textContent = 'Hover a block, or Tab to the pool and use the arrow keys, to read its state.';
     this.renderTables();
+  }
+
+  /** The cards of the pools that changed (attached to several pools only). */
+  renderPoolsRow() {
+    const dirty = this.dirtyPools;
+    this.dirtyPools = null;
+    const names = this.client.hello?.deployment?.pools;
+    this.poolTitle.textContent = names?.length > 1
+      ? `The pool of ${names.find((x) => x.pool === this.selectedPool)?.name ?? 'server 1'}`
+      : 'The engine’s pool';
+    if (this.poolsRow.el.hidden || !dirty) return;
+    const cols = Math.max(1, Math.min(this.poolsRow.cards.size, Math.floor((this.body.clientWidth || 700) / 240)));
+    const width = Math.floor((this.body.clientWidth || 700) / cols) - 40;
+    for (const index of dirty) if (this.pools.has(index)) this.poolsRow.draw(index, this.pools.get(index), width);
   }
 
   /** The strip of a large pool, and what its window holds, in words for every reader. */

@@ -168,6 +168,11 @@ async def submit(s: Session, msg: dict) -> None:
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
 
 
+async def route_policy(s: Session, msg: dict) -> None:
+    raise CommandError("attach", "a router picks among several servers: start kvscope with "
+                                 "`kvscope serve --attach URL URL ...` to route prompts between vLLM replicas")
+
+
 async def cancel(s: Session, msg: dict) -> None:
     s.own(msg["request_id"])
     if not await s.service.cancel(msg["request_id"]):
@@ -368,7 +373,7 @@ async def viewers(s: Session, msg: dict) -> None:
 
 HANDLERS = {
     "subscribe": subscribe, "unsubscribe": unsubscribe, "snapshot": snapshot, "tokenize": tokenize,
-    "submit": submit, "cancel": cancel, "watch": watch, "unwatch": unwatch, "hold": steer("hold"),
+    "submit": submit, "cancel": cancel, "route_policy": route_policy, "watch": watch, "unwatch": unwatch, "hold": steer("hold"),
     "next": steer("next_token"), "release": steer("release"), "pace": pace, "sweep": sweep,
     "slow_motion": slow_motion, "sandbox": sandbox, "auth": auth, "ping": ping, "kv_quant": kv_quant,
     "pause": pause, "resume": resume, "step": step, "reset": reset, "set_knobs": set_knobs,

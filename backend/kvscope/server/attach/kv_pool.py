@@ -154,7 +154,7 @@ class AttachedPool:
             self._removed_tables.append(rid)
             self._retable()
 
-    def _walk(self, ids: list[int]) -> list[int]:
+    def walk(self, ids: list[int]) -> list[int]:
         table, parent, bs = [], None, self.block_size
         for start in range(0, len(ids) - bs + 1, bs):
             h = self.child.get((parent, tuple(ids[start:start + bs])))
@@ -167,7 +167,7 @@ class AttachedPool:
     def _retable(self) -> None:
         owners: dict[int, list[str]] = {}
         for rid, r in self.requests.items():
-            table = self._walk(r.token_ids)
+            table = self.walk(r.token_ids)
             if table != r.table:
                 r.table = table
                 self._changed.add(-1)   # tables changed

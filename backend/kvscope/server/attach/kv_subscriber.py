@@ -1,11 +1,14 @@
 """A thread that reads vLLM's KV events from ZeroMQ and hands each batch to a callback:
 first whatever the publisher still buffers (its replay socket, so a late attach sees the
 blocks already cached), then the live stream, asking for a replay again when a sequence
-number is skipped."""
+number is skipped. It tells whether the publisher answers (`on_state`): "live" once its
+replay socket or its stream has said anything, "silent" while the replay socket does not
+answer (a closed port, a firewall), retried every SILENT_RETRY_S."""
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import zmq
 
@@ -15,13 +18,17 @@ from kvscope.server.attach.probe import KVEventSource
 log = logging.getLogger("kvscope.attach")
 POLL_MS = 200
 REPLAY_TIMEOUT_MS = 3000
+SILENT_RETRY_S = 5.0
 
 
 class KVSubscriber:
-    def __init__(self, source: KVEventSource, on_batch, context: zmq.Context | None = None):
+    def __init__(self, source: KVEventSource, on_batch, context: zmq.Context | None = None, on_state=None):
         self.source, self.on_batch = source, on_batch
+        self.on_state = on_state or (lambda state: None)
+        self.state = "waiting"
         self.ctx = context or zmq.Context.instance()
         self.last_seq = -1
+        self._asked = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvscope-kv-events", daemon=True)
 
@@ -41,7 +48,10 @@ class KVSubscriber:
             self._replay(0)
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
+                    self._heard()
                     self._take(sub.recv_multipart())
+                elif self.state == "silent" and time.monotonic() - self._asked >= SILENT_RETRY_S:
+                    self._replay(self.last_seq + 1)
         except Exception:   # the lecture goes on without live blocks; say why in the log
             log.exception("kvscope: the KV-event subscriber stopped")
         finally:
@@ -57,6 +67,14 @@ class KVSubscriber:
                 return
         self._deliver(batch)
 
+    def _heard(self) -> None:
+        if self.state != "live":
+            self._set_state("live")
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        self.on_state(state)
+
     def _deliver(self, batch: Batch) -> None:
         self.last_seq = batch.seq
         self.on_batch(batch)
@@ -66,17 +84,23 @@ class KVSubscriber:
         [empty, topic, seq, payload] messages, then an end marker)."""
         if not self.source.replay_endpoint:
             return
+        self._asked = time.monotonic()
+        answered = False
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.source.replay_endpoint)
         try:
             sock.send_multipart([b"", start.to_bytes(8, "big")])
             while not self._stop.is_set() and sock.poll(REPLAY_TIMEOUT_MS):
+                answered = True
+                self._heard()
                 _empty, *frames = sock.recv_multipart()
                 batch = decode_frames(frames)
                 if batch is None:
                     return
                 if batch.seq > self.last_seq:
                     self._deliver(batch)
+            if not answered and not self._stop.is_set() and self.state != "live":
+                self._set_state("silent")
         finally:
             sock.close(linger=0)

@@ -13,6 +13,11 @@ COUNTERS = {"prefix_cache_queries": "vllm:prefix_cache_queries", "prefix_cache_h
             "generation_tokens": "vllm:generation_tokens"}
 HISTOGRAMS = {"ttft_s": "vllm:time_to_first_token_seconds", "itl_s": "vllm:inter_token_latency_seconds",
               "e2e_s": "vllm:e2e_request_latency_seconds"}
+# With --kv-cache-metrics only (vllm/v1/metrics/loggers.py), observed when a block is evicted,
+# for a sample of blocks (--kv-cache-metrics-sample, 1 % by default)
+LIFETIMES = {"lifetime": "vllm:kv_block_lifetime_seconds",
+             "idle_before_evict": "vllm:kv_block_idle_before_evict_seconds",
+             "reuse_gap": "vllm:kv_block_reuse_gap_seconds"}
 
 
 @dataclass
@@ -21,16 +26,20 @@ class Sample:
     values: dict[str, float]
     hist: dict[str, tuple[float, float]]
     cache_config: dict[str, str]
+    lifetimes: dict[str, dict] | None = None   # None: vLLM runs without --kv-cache-metrics
 
 
-def parse(text: str) -> Sample:
-    """Sum over label sets (one per engine/model), so a data-parallel server reads as one."""
+def parse(text: str, engine: str | None = None) -> Sample:
+    """Sum over label sets (one per engine/model), so a data-parallel server reads as one;
+    `engine` keeps one data-parallel rank's samples only (vLLM labels them engine="RANK")."""
     values: dict[str, float] = {}
     hist: dict[str, list[float]] = {}
     cache_config: dict[str, str] = {}
     names = {**GAUGES, **COUNTERS}
     wanted = {v: k for k, v in names.items()}
     wanted_hist = {v: k for k, v in HISTOGRAMS.items()}
+    wanted_life = {v: k for k, v in LIFETIMES.items()}
+    lifetimes: dict[str, dict] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "vllm:cache_config_info":
             for s in family.samples:
@@ -38,17 +47,46 @@ def parse(text: str) -> Sample:
         elif family.name.removesuffix("_total") in wanted:   # untyped exposition keeps the suffix
             key = wanted[family.name.removesuffix("_total")]
             for s in family.samples:
-                if not s.name.endswith("_created"):
+                if not s.name.endswith("_created") and _ours(s, engine):
                     values[key] = values.get(key, 0.0) + s.value
+        elif family.name in wanted_life:
+            lifetimes[wanted_life[family.name]] = histogram(family.samples, engine)
         elif family.name in wanted_hist:
             key = wanted_hist[family.name]
             acc = hist.setdefault(key, [0.0, 0.0])
             for s in family.samples:
+                if not _ours(s, engine):
+                    continue
                 if s.name.endswith("_sum"):
                     acc[0] += s.value
                 elif s.name.endswith("_count"):
                     acc[1] += s.value
-    return Sample(values, {k: (v[0], v[1]) for k, v in hist.items()}, cache_config)
+    return Sample(values, {k: (v[0], v[1]) for k, v in hist.items()}, cache_config, lifetimes or None)
+
+
+def histogram(samples, engine: str | None) -> dict:
+    """A histogram's buckets as counts per bucket (not cumulative): {"le": upper bounds,
+    "counts": per bucket, "count", "sum"}, summed over label sets."""
+    cumulative: dict[float, float] = {}
+    count = total = 0.0
+    for s in samples:
+        if not _ours(s, engine):
+            continue
+        if s.name.endswith("_bucket"):
+            le = float(s.labels["le"])
+            cumulative[le] = cumulative.get(le, 0.0) + s.value
+        elif s.name.endswith("_count"):
+            count += s.value
+        elif s.name.endswith("_sum"):
+            total += s.value
+    bounds = sorted(cumulative)
+    counts = [int(cumulative[b] - (cumulative[bounds[i - 1]] if i else 0)) for i, b in enumerate(bounds)]
+    return {"le": [b if b != float("inf") else None for b in bounds], "counts": counts,
+            "count": int(count), "sum": round(total, 6)}
+
+
+def _ours(sample, engine: str | None) -> bool:
+    return engine is None or sample.labels.get("engine", engine) == engine
 
 
 def figures(now: Sample, before: Sample | None, interval_s: float) -> dict:
@@ -70,4 +108,6 @@ def figures(now: Sample, before: Sample | None, interval_s: float) -> dict:
         p_total, p_count = (before.hist.get(key, (0.0, 0.0)) if before else (0.0, 0.0))
         n = count - p_count
         out[key] = round((total - p_total) / n, 5) if n > 0 else None
+        out[f"{key.removesuffix('_s')}_mean_s"] = round(total / count, 5) if count else None   # since vLLM started
+    out["block_lifetimes"] = now.lifetimes
     return out

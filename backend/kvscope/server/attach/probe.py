@@ -38,9 +38,13 @@ class VllmServer:
     num_blocks: int
     enable_prefix_caching: bool
     kv_cache_bytes: int
-    kv_events: KVEventSource | None
+    kv_events: list[KVEventSource]                            # one per data-parallel rank; [] without KV events
     scheduler: dict[str, int] = field(default_factory=dict)   # from /server_info, when vLLM shows it
     device: str | None = None                                 # "cuda", "cpu", ... (ditto)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return max(1, len(self.kv_events))
 
     @property
     def supports_full_kv_report(self) -> bool:
@@ -73,7 +77,7 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
         except AttachError:
             sources = {}
         scheduler, device = server_info(http)
-    source = event_source(sources, kv_events, urlsplit(url).hostname)
+    source = event_sources(sources, kv_events, urlsplit(url).hostname)
     return VllmServer(url=url, version=version, model=models[0]["id"],
                       max_model_len=int(models[0].get("max_model_len") or 0),
                       block_size=int(config.get("block_size", 0)), num_blocks=int(config.get("num_gpu_blocks", 0)),
@@ -153,16 +157,22 @@ def reachable(endpoint: str | None, host: str) -> str | None:
     return endpoint.replace("tcp://*:", f"tcp://{host}:").replace("tcp://[::]:", f"tcp://{host}:")
 
 
-def event_source(sources: dict, override: str | None, host: str) -> KVEventSource | None:
-    """Rank 0's publisher from /kv_event_sources; --kv-events replaces its address."""
-    config = sources.get("0") or sources.get(0) or next(iter(sources.values()), None) if sources else None
-    if config is None and override is None:
-        return None
-    config = config or {}
-    published = config.get("endpoint") or override
-    endpoint = override or reachable(published, host)
-    return KVEventSource(endpoint=endpoint, bind=not is_bind_endpoint(published),
-                         replay_endpoint=reachable(config.get("replay_endpoint"), host), topic=config.get("topic", ""))
+def event_sources(sources: dict, override: str | None, host: str) -> list[KVEventSource]:
+    """Every data-parallel rank's publisher from /kv_event_sources (keyed by rank; vLLM has
+    already offset each rank's ports), rank 0 first; --kv-events replaces rank 0's address."""
+    ranks = sorted(sources.items(), key=lambda kv: int(kv[0])) if sources else []
+    configs = [config for _rank, config in ranks if isinstance(config, dict)]
+    if not configs and override is None:
+        return []
+    configs = configs or [{}]
+    out = []
+    for rank, config in enumerate(configs):
+        published = config.get("endpoint") or override
+        endpoint = override if (override and rank == 0) else reachable(published, host)
+        out.append(KVEventSource(endpoint=endpoint, bind=not is_bind_endpoint(published),
+                                 replay_endpoint=reachable(config.get("replay_endpoint"), host),
+                                 topic=config.get("topic", "")))
+    return out
 
 
 def local_model_facts(model: str, block_size: int) -> dict | None:

@@ -11,11 +11,16 @@ from kvscope.server.errors import CommandError
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-async def run_request(service, rid: str, ids: list[int], params, source: str, label, extra: dict) -> None:
-    """Stream one completion (`extra`: more /v1/completions fields, such as cache_salt);
-    every outcome ends in exactly one `request.finished`."""
-    publish, clock, pool = service.publish, service.clock, service.pool
+async def run_request(service, target, rid: str, ids: list[int], params, source: str, label, extra: dict) -> None:
+    """Stream one completion to `target` (a RankPool: its server, and its data-parallel rank
+    through vLLM's X-data-parallel-rank header) (`extra`: more /v1/completions fields, such
+    as cache_salt); every outcome ends in exactly one `request.finished`, a server that dies
+    mid-request included (its error line; requests to other servers go on)."""
+    clock, pool, replica = service.clock, target.mirror, target.replica
     p = params
+
+    def publish(events):
+        service.publish(events, target)
     publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source, "owner": label.owner,
               "prompt": label.prompt[:300] if label.prompt is not None else None, "prompt_token_ids": list(ids),
               "num_prompt_tokens": len(ids),
@@ -25,10 +30,12 @@ async def run_request(service, rid: str, ids: list[int], params, source: str, la
               "watched": False, "held": False}])
     if pool is not None:
         pool.track(rid, ids)
+    service.in_flight[target.index] = service.in_flight.get(target.index, 0) + 1
+    rank = {"X-data-parallel-rank": str(target.rank)} if replica.server.data_parallel_size > 1 else {}
     start, last, index = time.perf_counter(), None, 0
     text, itl, ttft, reason, error, cached = [], [], None, "abort", None, None
     try:
-        async for chunk in service.vllm.stream(ids, {**service.completion_params(p), **extra}, rid):
+        async for chunk in replica.client.stream(ids, {**service.completion_params(p), **extra}, rid, rank):
             for choice in chunk.get("choices") or []:
                 new = list(choice.get("token_ids") or [])
                 now = time.perf_counter()
@@ -58,8 +65,9 @@ async def run_request(service, rid: str, ids: list[int], params, source: str, la
     except CommandError as exc:
         reason, error = "error", exc.message
     except Exception as exc:   # the server went away mid-stream
-        reason, error = "error", f"the vLLM server stopped answering: {type(exc).__name__}"
+        reason, error = "error", f"the vLLM server at {replica.server.url} stopped answering: {type(exc).__name__}"
     finally:
+        service.in_flight[target.index] -= 1
         hits = pool.hit(rid, cached) if pool is not None else 0
         if pool is not None:
             pool.finish(rid)
@@ -68,4 +76,5 @@ async def run_request(service, rid: str, ids: list[int], params, source: str, la
                   "text": "".join(text), "num_prompt_tokens": len(ids), "num_output_tokens": index,
                   "num_cached_tokens": num_cached, "num_preemptions": 0,
                   "ttft_s": None if ttft is None else round(ttft, 6),
-                  "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl}])
+                  "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl,
+                  **({"pool": target.index} if len(service.pools) > 1 else {})}])

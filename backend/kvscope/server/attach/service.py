@@ -15,7 +15,9 @@ from kvscope.instrumentation.observer import Clock, RequestLabel
 from kvscope.instrumentation.schema import SCHEMA_VERSION
 from kvscope.server.attach.kv_pool import AttachedPool
 from kvscope.server.attach.kv_subscriber import KVSubscriber
-from kvscope.server.attach.metrics import figures, parse
+from kvscope.server.attach.metrics import Sample, figures, parse
+from kvscope.server.attach.replica import RankPool, Replica
+from kvscope.server.attach.router import POLICIES, Candidate, Router
 from kvscope.server.attach.probe import AttachError, VllmServer, local_model_facts, probe
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.attach.requests import run_request
@@ -41,33 +43,62 @@ NEEDS_ENGINE = ("watch", "unwatch", "hold", "next", "release", "pace", "pause", 
 
 
 class AttachService(SweepAccounts):
-    def __init__(self, server: VllmServer, config: ServerConfig, kv_events_override: str | None = None):
+    def __init__(self, servers: VllmServer | list[VllmServer], config: ServerConfig,
+                 kv_events_override: str | None = None):
         super().__init__()
-        self.server, self.config = server, config
+        servers = [servers] if isinstance(servers, VllmServer) else list(servers)
+        self.config = config
         self.kv_events_override = kv_events_override
         self.clock = Clock()
         self.started_at = time.time()
         self.metrics = Metrics()
         self.policy = Policy(config)
         self.hub = Hub(self.clock, self.metrics)
-        self.vllm = VllmClient(server.url, server.model)
-        self.block_size = server.block_size
-        self.model_name = server.model
-        self.connected = True
-        self.figures: dict = {}
-        self.pool: AttachedPool | None = None
-        self.subscriber: KVSubscriber | None = None
+        self.replicas: list[Replica] = []
+        for server in servers:
+            self.replicas.append(Replica(len(self.replicas), server, len(self.pools)))
+        self.block_size = self.server.block_size
+        self.model_name = self.server.model
+        self.router = Router()
+        self.policy_totals = {p: dict(POLICY_ZERO) for p in POLICIES}
+        self.in_flight: dict[int, int] = {}      # pool -> requests kvscope sent and has not heard back about
         self.tasks: dict[str, asyncio.Task] = {}
         self._ids = itertools.count(1)
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-attach")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._poller: asyncio.Task | None = None
-        self._sample = None
-        self._sample_t = 0.0
+        self._pollers: list[asyncio.Task] = []
         self._runs: set[asyncio.Task] = set()   # sweeps (commands.sweep), until done
         self._synthetic_ids: list[list[int]] | None = None
         self.hello = self._hello()
-        self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE}}
+        self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE},
+                         "route_policy": self._route_policy}
+
+    # -- the deployment ------------------------------------------------------------------
+    @property
+    def pools(self) -> list[RankPool]:
+        return [p for r in self.replicas for p in r.pools]
+
+    @property
+    def server(self) -> VllmServer:
+        """The first server: the one the pages' single-server text names."""
+        return self.replicas[0].server
+
+    @property
+    def vllm(self) -> VllmClient:
+        return self.replicas[0].client
+
+    @property
+    def connected(self) -> bool:
+        return all(r.connected for r in self.replicas)
+
+    @property
+    def pool(self) -> AttachedPool | None:
+        return self.pools[0].mirror
+
+    @property
+    def figures(self) -> dict:
+        """The whole deployment's figures: every server's /metrics summed."""
+        return sum_figures([p.figures for p in self.pools])
 
     # -- facts ---------------------------------------------------------------------------
     def _hello(self) -> dict:
@@ -78,136 +109,228 @@ class AttachService(SweepAccounts):
         capabilities = ["requests", "kv", "sandbox"]
         sched = s.scheduler
         device = s.device if s.device in ("cpu", "cuda") else "cpu"
+        where = s.url if len(self.replicas) == 1 else f"{len(self.replicas)} vLLM servers ({', '.join(r.server.url for r in self.replicas)})"
         return {"type": "hello", "ts": 0.0, "schema_version": SCHEMA_VERSION,
                 "server": f"kvscope {__version__} attached to vLLM {s.version}",
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at)),
                 "backend": {**backend_facts("vllm", s.version, capabilities, attached_url=s.url),
                             "unreported": unreported(s, local is not None)},
                 "model": model,
-                "device": {"type": device, "name": f"the vLLM server at {s.url}" + (f" ({s.device})" if s.device else ""),
+                "device": {"type": device, "name": f"the vLLM server at {where}" + (f" ({s.device})" if s.device else ""),
                            "total_memory_bytes": 0, "peak_bandwidth_bytes_per_s": 0.0, "peak_flops": 0.0},
                 "engine": {"block_size": s.block_size, "num_blocks": s.num_blocks, "kv_cache_bytes": s.kv_cache_bytes,
                            "max_num_batched_tokens": sched.get("max_num_batched_tokens", 0),
                            "max_num_seqs": sched.get("max_num_seqs", 0), "max_model_len": s.max_model_len,
                            "enable_prefix_caching": s.enable_prefix_caching, "attention_backend": "vllm",
                            "decode": f"vLLM {s.version}", "speculative": None, "tensor_parallel_size": 1},
+                "deployment": self.deployment(),
                 "h100": h100_reference()}
+
+    def deployment(self) -> dict:
+        """The shape a page draws: servers, their ranks' pools, the one model and block size."""
+        pools = self.pools
+        return {"model": self.server.model, "block_size": self.server.block_size,
+                "num_servers": len(self.replicas), "num_pools": len(pools),
+                "servers": [r.describe() for r in self.replicas], "pools": [p.describe() for p in pools],
+                "policies": list(POLICIES)}
 
     def engine_state(self, reason: str) -> dict:
         s = self.server
+        fig = self.figures
         return {"type": "engine", "ts": self.clock(), "reason": reason, "paused": False,
-                "step": self.pool.step if self.pool else 0, "slow_motion_s": 0.0,
+                "step": max((p.mirror.step for p in self.pools if p.mirror), default=0), "slow_motion_s": 0.0,
                 "knobs": {"max_num_batched_tokens": s.scheduler.get("max_num_batched_tokens", 0),
                           "max_num_seqs": s.scheduler.get("max_num_seqs", 0), "prefill_chunk_size": None,
                           "enable_chunked_prefill": True},
-                "num_running": self.figures.get("running", 0), "num_waiting": self.figures.get("waiting", 0),
+                "num_running": fig.get("running", 0), "num_waiting": fig.get("waiting", 0),
                 "num_viewers": len(self.hub.viewers), "recording": None,
                 "vllm": {"url": s.url, "version": s.version, "model": s.model, "connected": self.connected,
                          "retry_s": POLL_S, "kv_events": self.kv_events_note(),
                          "kv_cache_report_mode": "full" if s.supports_full_kv_report else "incremental",
-                         "metrics": self.figures}}
+                         "metrics": fig,
+                         "servers": [{"server": r.index, "url": r.server.url, "connected": r.connected}
+                                     for r in self.replicas],
+                         "pools": [p.state(KV_EVENTS_HINT) for p in self.pools],
+                         "router": {"policy": self.router.policy, "totals": self.policy_figures()}}}
 
     def kv_events_note(self) -> str:
-        source = self.server.kv_events
-        if source is None:
-            return KV_EVENTS_HINT
-        return f"subscribed to {source.endpoint}" + (f" (replay {source.replay_endpoint})" if source.replay_endpoint else "")
+        return "; ".join(f"{p.name}: {p.events_note(KV_EVENTS_HINT)}" if len(self.pools) > 1 else p.events_note(KV_EVENTS_HINT)
+                         for p in self.pools)
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.hub.bind(self._loop)
-        self._start_pool()
-        self._poller = self._loop.create_task(self._poll())
+        for replica in self.replicas:
+            for pool in replica.pools:
+                self._start_pool(pool)
+            self._pollers.append(self._loop.create_task(self._poll(replica)))
 
     def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-        for task in [*self.tasks.values(), *self._runs]:
+        for task in [*self._pollers, *self.tasks.values(), *self._runs]:
             task.cancel()
-        if self.subscriber is not None:
-            self.subscriber.stop()
+        for pool in self.pools:
+            pool.stop()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    def _start_pool(self) -> None:
+    def _start_pool(self, pool: RankPool) -> None:
         """A fresh pool (a new or restarted vLLM), filled from the publisher's replay."""
-        if self.subscriber is not None:
-            self.subscriber.stop()
-            self.subscriber = None
-        self.pool = AttachedPool(self.server.num_blocks, self.server.block_size)
-        self.hub.dispatch([self.pool.snapshot(self.clock())])   # a restarted vLLM's cache is empty
-        if self.server.kv_events is None:
-            self.pool = None   # nothing to draw: the panel says which flag turns events on
+        pool.stop()
+        s = pool.replica.server
+        pool.mirror = AttachedPool(s.num_blocks, s.block_size)
+        self.hub.dispatch([{**pool.mirror.snapshot(self.clock()), "pool": pool.index}])   # a restarted vLLM's cache is empty
+        if pool.source is None:
+            pool.mirror, pool.events = None, "off"   # nothing to draw: the panel says which flag turns events on
             return
-        self.subscriber = KVSubscriber(self.server.kv_events,
-                                       lambda batch: self._loop.call_soon_threadsafe(self._on_batch, batch))
-        self.subscriber.start()
+        pool.events = "waiting"
+        loop = self._loop
+        pool.subscriber = KVSubscriber(pool.source, lambda batch: loop.call_soon_threadsafe(self._on_batch, pool, batch),
+                                       on_state=lambda state: loop.call_soon_threadsafe(self._on_events_state, pool, state))
+        pool.subscriber.start()
 
-    def _on_batch(self, batch) -> None:
-        pool = self.pool
-        if pool is None:
+    def _on_events_state(self, pool: RankPool, state: str) -> None:
+        if pool.events != state and pool.source is not None:
+            pool.events = state
+            if state == "silent":
+                log.warning("kvscope: %s: %s", pool.name, pool.events_note(KV_EVENTS_HINT))
+            self.hub.broadcast(self.engine_state("step"))
+
+    def _on_batch(self, pool: RankPool, batch) -> None:
+        mirror = pool.mirror
+        if mirror is None:
             return
-        for h, tokens in pool.apply(batch):
-            self._loop.create_task(self._label(pool, h, tokens))
-        self.publish([])
+        for h, tokens in mirror.apply(batch):
+            self._loop.create_task(self._label(pool, mirror, h, tokens))
+        self.publish([], pool)
 
-    async def _label(self, pool: AttachedPool, h, tokens) -> None:
+    async def _label(self, pool: RankPool, mirror: AttachedPool, h, tokens) -> None:
         try:
-            pool.label(h, await self.vllm.detokenize(list(tokens)))
+            mirror.label(h, await pool.replica.client.detokenize(list(tokens)))
         except CommandError:
             return
-        self.publish([])
+        self.publish([], pool)
 
-    def publish(self, events: list[dict]) -> None:
+    def publish(self, events: list[dict], pool: RankPool | None = None) -> None:
         """Request events, then the pool's delta (if anything changed)."""
-        delta = self.pool.delta(self.clock()) if self.pool is not None else None
-        self.hub.dispatch(events + ([delta] if delta else []))
+        mirror = pool.mirror if pool is not None else None
+        delta = mirror.delta(self.clock()) if mirror is not None else None
+        self.hub.dispatch(events + ([{**delta, "pool": pool.index}] if delta else []))
 
-    async def _poll(self) -> None:
-        """Scrape /metrics once a second; notice vLLM going away (DOWN_AFTER failed scrapes
-        in a row, so one slow answer on a busy server is not a disconnect) and coming back."""
+    async def _poll(self, replica: Replica) -> None:
+        """Scrape one server's /metrics once a second; notice it going away (DOWN_AFTER
+        failed scrapes in a row, so one slow answer on a busy server is not a disconnect)
+        and coming back. Each server is polled on its own, so one gone leaves the rest drawn."""
         failures = 0
         while True:
             await asyncio.sleep(POLL_S)
             try:
-                r = await self.vllm.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
+                r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
                 r.raise_for_status()
-                sample = parse(r.text)
+                text = r.text
             except Exception:
                 failures += 1
-                if self.connected and failures >= DOWN_AFTER:
-                    self.connected = False
-                    log.warning("kvscope: lost the vLLM server at %s; retrying every %.0f s", self.server.url, POLL_S)
+                if replica.connected and failures >= DOWN_AFTER:
+                    replica.connected = False
+                    log.warning("kvscope: lost the vLLM server at %s; retrying every %.0f s", replica.server.url, POLL_S)
                     self.hub.broadcast(self.engine_state("step"))
                 continue
             failures = 0
-            if not self.connected and not await self._reconnect(sample):
+            samples = {p.rank: parse(text, engine=str(p.rank) if replica.server.data_parallel_size > 1 else None)
+                       for p in replica.pools}
+            if not replica.connected and not await self._reconnect(replica, samples):
                 continue
-            now = time.perf_counter()
-            new = figures(sample, self._sample, now - self._sample_t)
-            self._sample, self._sample_t = sample, now
-            if new != self.figures:
-                self.figures = new
+            if self._take_samples(replica, samples):
                 self.hub.broadcast(self.engine_state("step"))
 
-    async def _reconnect(self, sample) -> bool:
-        """The server answers again: the same process after a blip keeps the pool (the
-        subscriber fetches what it missed); a restarted one (its counters went back, or
-        its KV events moved) starts from an empty pool."""
+    def _take_samples(self, replica: Replica, samples: dict) -> bool:
+        """The ranks' figures from a scrape, and the deltas credited to the router's policy;
+        True when anything a page shows changed."""
+        now = time.perf_counter()
+        before = replica.sample or {}
+        changed = False
+        totals = self.policy_totals[self.router.policy]
+        for pool in replica.pools:
+            sample, prev = samples[pool.rank], before.get(pool.rank)
+            new = figures(sample, prev, now - replica.sample_t)
+            if prev is not None:
+                for key, delta in policy_deltas(sample, prev).items():
+                    totals[key] += delta
+                    changed = changed or delta != 0
+            if new != pool.figures:
+                pool.figures, changed = new, True
+        replica.sample, replica.sample_t = samples, now
+        return changed
+
+    async def _reconnect(self, replica: Replica, samples: dict) -> bool:
+        """The server answers again: the same process after a blip keeps its pools (the
+        subscribers fetch what they missed); a restarted one (its counters went back, or
+        its KV events moved) starts from empty pools."""
         try:
             server = await asyncio.get_running_loop().run_in_executor(
-                self._threads, probe, self.server.url, self.kv_events_override)
+                self._threads, probe, replica.server.url, self.kv_events_override if replica.index == 0 else None)
         except AttachError:
             return False
-        before = self._sample.values.get("prompt_tokens", 0) if self._sample else 0
-        restarted = sample.values.get("prompt_tokens", 0) < before or server.kv_events != self.server.kv_events
-        self.server, self.connected = server, True
+        before = sum(s.values.get("prompt_tokens", 0) for s in (replica.sample or {}).values())
+        now = sum(s.values.get("prompt_tokens", 0) for s in samples.values())
+        restarted = now < before or server.kv_events != replica.server.kv_events
+        replica.server, replica.connected = server, True
         log.warning("kvscope: the vLLM server at %s is back%s", server.url, " (restarted)" if restarted else "")
         if restarted:
-            self._sample = None
-            self._start_pool()
+            replica.sample = None
+            for pool, source in zip(replica.pools, server.kv_events or [None] * len(replica.pools)):
+                pool.source = source
+                self._start_pool(pool)
         self.hub.broadcast(self.engine_state("reset" if restarted else "step"))
         return True
+
+    # -- the router ----------------------------------------------------------------------
+    def route(self, ids: list[int]) -> tuple[RankPool | None, dict]:
+        """The pool a prompt goes to under the current policy, and the `route` event telling
+        why: each pool's matched prefix (llm-d's longest-prefix score), its load, the choice."""
+        candidates = []
+        for pool in self.pools:
+            matched = len(pool.mirror.walk(ids)) if pool.mirror is not None else 0
+            load = pool.figures.get("running", 0) + pool.figures.get("waiting", 0)
+            candidates.append(Candidate(pool.index, matched, max(load, self.in_flight.get(pool.index, 0)),
+                                        pool.replica.connected))
+        choice = self.router.choose(candidates)
+        event = {"type": "route", "ts": self.clock(), "request_id": None, "policy": self.router.policy,
+                 "num_prompt_tokens": len(ids), "block_size": self.block_size, "choice": choice,
+                 "candidates": [{"pool": c.pool, "matched_blocks": c.matched_blocks,
+                                 "matched_tokens": c.matched_blocks * self.block_size, "load": c.load, "up": c.up}
+                                for c in candidates]}
+        return (self.pools[choice] if choice is not None else None), event
+
+    async def _route_policy(self, session, msg: dict) -> None:
+        """The instructor picks the router's policy; what the servers report from now on
+        counts for it (the last scrape under the old one is taken first)."""
+        policy = msg.get("policy")
+        if policy not in POLICIES:
+            raise CommandError("invalid_field", f"policy: one of {', '.join(POLICIES)}")
+        for replica in self.replicas:
+            await self._scrape_now(replica)
+        self.router.policy = policy
+        self.hub.broadcast(self.engine_state("knobs"))
+        session.ack(msg, policy=policy)
+
+    async def _scrape_now(self, replica: Replica) -> None:
+        try:
+            r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
+            r.raise_for_status()
+        except Exception:
+            return
+        dp = replica.server.data_parallel_size > 1
+        self._take_samples(replica, {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools})
+
+    def policy_figures(self) -> dict:
+        """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""
+        out = {}
+        for policy, t in self.policy_totals.items():
+            out[policy] = {"requests": int(t["requests"]), "prefix_cache_hits": int(t["hits"]),
+                           "prefix_cache_queries": int(t["queries"]),
+                           "hit_rate": round(t["hits"] / t["queries"], 4) if t["queries"] else None,
+                           "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
+        return out
 
     # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:
@@ -271,13 +394,18 @@ class AttachService(SweepAccounts):
                      prefill_chunk_tokens=None, cache_salt=None, *engine_only) -> Submitted:
         """EngineService.submit's arguments; vLLM takes the cache salt too, the rest of what
         steers kvscope's scheduler (`engine_only`: options added there later) is refused."""
-        if not self.connected:
-            return Submitted(rid, len(ids), f"the vLLM server at {self.server.url} is not answering")
         if label.held or pace_s or watch or prefill_chunk_tokens or any(x is not None for x in engine_only):
             return Submitted(rid, len(ids), "holding, pacing, watching or chunking a request needs kvscope's own "
                                             "engine; attached to vLLM a prompt runs as vLLM schedules it")
+        target, decision = self.route(ids)
+        if target is None:
+            where = ", ".join(r.server.url for r in self.replicas)
+            return Submitted(rid, len(ids), f"no vLLM server is answering ({where})")
         extra = {"cache_salt": cache_salt} if cache_salt else {}
-        task = asyncio.get_running_loop().create_task(run_request(self, rid, ids, params, source, label, extra))
+        if len(self.pools) > 1:
+            self.hub.broadcast({**decision, "request_id": rid})
+        task = asyncio.get_running_loop().create_task(
+            run_request(self, target, rid, ids, params, source, label, extra))
         self.tasks[rid] = task
         task.add_done_callback(lambda _t: self.tasks.pop(rid, None))
         await asyncio.sleep(0)   # request.added reaches the hub before the ack
@@ -324,9 +452,48 @@ class AttachService(SweepAccounts):
                 params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
                 rid = self.new_request_id()
                 sweep.request_ids.add(rid)
-                await run_request(self, rid, self._synthetic_ids[i % len(SYNTHETIC_PROMPTS)], params, "ws",
-                                  RequestLabel(owner=sweep.owner, prompt=prompt), {})
+                ids = self._synthetic_ids[i % len(SYNTHETIC_PROMPTS)]
+                target, _decision = self.route(ids)
+                if target is None:
+                    target = self.pools[0]   # the request then ends with the server's own error line
+                await run_request(self, target, rid, ids, params, "ws", RequestLabel(owner=sweep.owner, prompt=prompt), {})
         await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+POLICY_ZERO = {"hits": 0.0, "queries": 0.0, "ttft_sum": 0.0, "requests": 0.0}
+
+
+def policy_deltas(now: Sample, before: Sample) -> dict[str, float]:
+    """What one rank reported between two scrapes: prefix-cache hits and queries (tokens),
+    TTFT sum and count (requests that got a first token)."""
+    ttft, p_ttft = now.hist.get("ttft_s", (0.0, 0.0)), before.hist.get("ttft_s", (0.0, 0.0))
+    return {"hits": max(0.0, now.values.get("prefix_cache_hits", 0) - before.values.get("prefix_cache_hits", 0)),
+            "queries": max(0.0, now.values.get("prefix_cache_queries", 0) - before.values.get("prefix_cache_queries", 0)),
+            "ttft_sum": max(0.0, ttft[0] - p_ttft[0]), "requests": max(0.0, ttft[1] - p_ttft[1])}
+
+
+def sum_figures(per_pool: list[dict]) -> dict:
+    """The deployment's figures from its pools': counts and rates add; the hit rate is
+    recomputed from the summed counters; a latency is the mean of the pools that have one."""
+    per_pool = [f for f in per_pool if f]
+    if not per_pool:
+        return {}
+    if len(per_pool) == 1:
+        return dict(per_pool[0])
+    out: dict = {}
+    for key in per_pool[0]:
+        values = [f.get(key) for f in per_pool if f.get(key) is not None]
+        if key in ("ttft_s", "itl_s", "e2e_s", "ttft_mean_s", "itl_mean_s", "e2e_mean_s"):
+            out[key] = round(sum(values) / len(values), 5) if values else None
+        elif key == "kv_usage":
+            out[key] = round(sum(values) / len(values), 4) if values else 0.0
+        elif key in ("prefix_cache_hit_rate", "block_lifetimes"):   # per pool only
+            continue
+        else:
+            out[key] = (round(sum(values), 1) if any(isinstance(v, float) for v in values) else sum(values)) if values else None
+    queries = out.get("prefix_cache_queries") or 0
+    out["prefix_cache_hit_rate"] = round(out.get("prefix_cache_hits", 0) / queries, 4) if queries else None
+    return out
 
 
 MODEL_FIELDS = ("architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",

@@ -39,14 +39,15 @@ class VllmClient:
     async def detokenize(self, token_ids: list[int]) -> str:
         return (await self._post("/detokenize", {"tokens": list(token_ids)}))["prompt"]
 
-    async def stream(self, prompt_ids: list[int], params: dict, request_id: str) -> AsyncIterator[dict]:
+    async def stream(self, prompt_ids: list[int], params: dict, request_id: str,
+                     headers: dict | None = None) -> AsyncIterator[dict]:
         """The server-sent chunks of /v1/completions for a token-id prompt, each as a dict;
         the last one carries `usage` (with `prompt_tokens_details.cached_tokens` when vLLM
         runs with --enable-prompt-tokens-details)."""
         body = {"model": self.model, "prompt": prompt_ids, "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True}, **params}
         async with self.http.stream("POST", "/v1/completions", json=body,
-                                    headers={"X-Request-Id": request_id}) as r:
+                                    headers={"X-Request-Id": request_id, **(headers or {})}) as r:
             if r.status_code != 200:
                 raise CommandError("engine", f"vLLM answered {r.status_code}: {(await r.aread()).decode()[:300]}")
             async for line in r.aiter_lines():

@@ -235,8 +235,8 @@ class Hub:
     def set_held(self, rid: str, held: bool) -> None:
         self.state.set_held(rid, held)
 
-    def snapshot_text(self, kind: str) -> str | None:
-        return self.state.snapshot_text(kind)
+    def snapshot_text(self, kind: str) -> list[str]:
+        return self.state.snapshot_texts(kind)
 
     def snapshots(self, families) -> list[dict]:
         """What a viewer subscribing to `families` needs before deltas."""

@@ -13,6 +13,7 @@ class KVMirror:
         self.blocks: list[dict] = []
         self.tables: dict[str, list[int]] = {}
         self.meta: dict = {}
+        self.pool: int | None = None   # attached to several pools: which one this mirrors
         self._text: str | None = None
 
     def apply(self, e: dict) -> None:
@@ -20,6 +21,7 @@ class KVMirror:
         if e["kind"] == "snapshot":
             self.blocks, self.tables = list(e["blocks"]), dict(e["tables"])
             self.meta = {"block_size": e["block_size"], "num_blocks": e["num_blocks"]}
+            self.pool = e.get("pool")
         else:
             for b in e["blocks"]:
                 self.blocks[b["id"]] = b
@@ -33,7 +35,8 @@ class KVMirror:
         m = self.meta
         return {"type": "kv", "ts": ts, "kind": "snapshot", "step": m["step"], "block_size": m["block_size"],
                 "num_blocks": m["num_blocks"], "blocks": self.blocks, "tables": self.tables,
-                **{k: m[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")}}
+                **{k: m[k] for k in ("num_free", "num_cached", "prefix_hits", "evictions")},
+                **({"pool": self.pool} if self.pool is not None else {})}
 
     def snapshot_text(self, ts: float) -> str:
         if self._text is None:
@@ -45,7 +48,7 @@ class StreamState:
     def __init__(self, clock, metrics=None):
         self.clock = clock
         self.metrics = metrics
-        self.kv = KVMirror()
+        self.kvs: dict[int, KVMirror] = {}   # by `pool` (kvscope's own engine: one, pool 0)
         self.memory: dict | None = None
         self.requests: dict[str, dict] = {}                      # in flight, for request.snapshot
         self.owners: dict[str, str] = {}                         # request id -> viewer id
@@ -53,7 +56,7 @@ class StreamState:
     def observe(self, e: dict) -> None:
         kind = e["type"]
         if kind == "kv":
-            self.kv.apply(e)
+            self.kvs.setdefault(e.get("pool", 0), KVMirror()).apply(e)
         elif kind == "memory":
             self.memory = e
         elif kind == "request.added":
@@ -92,18 +95,24 @@ class StreamState:
             if held or r["status"] == "held":
                 r["status"] = "held" if held else "running"
 
-    def snapshot_text(self, kind: str) -> str | None:
+    @property
+    def kv(self) -> KVMirror:
+        """The first pool (kvscope's own engine has only this one)."""
+        return self.kvs.get(0) or KVMirror()
+
+    def snapshot_texts(self, kind: str) -> list[str]:
         if kind == "kv":
-            return self.kv.snapshot_text(self.clock()) if self.kv.meta else None
+            ts = self.clock()
+            return [m.snapshot_text(ts) for _pool, m in sorted(self.kvs.items()) if m.meta]
         if kind == "memory":
-            return dumps(self.memory) if self.memory is not None else None
-        return None
+            return [dumps(self.memory)] if self.memory is not None else []
+        return []
 
     def snapshots(self, families) -> list[dict]:
         """What a viewer subscribing to `families` needs before deltas."""
         out, ts = [], self.clock()
-        if "kv" in families and self.kv.meta:
-            out.append(self.kv.snapshot(ts))
+        if "kv" in families:
+            out.extend(m.snapshot(ts) for _pool, m in sorted(self.kvs.items()) if m.meta)
         if "memory" in families and self.memory is not None:
             out.append(self.memory)
         if "request" in families:

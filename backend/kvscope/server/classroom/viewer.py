@@ -165,13 +165,12 @@ class Viewer:
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
         """What is queued as one frame (an object, or an array of objects) of about
         max_frame_out_bytes at most, or one binary frame, and whether it held essential
-        events; the rest waits for the next frame. `snapshots(kind)` gives a fresh
-        `kv`/`memory` text."""
+        events; the rest waits for the next frame. `snapshots(kind)` gives fresh
+        `kv`/`memory` texts."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:
-                text = snapshots(kind)
-                if text:
+                for text in snapshots(kind):   # attached to several pools: one kv snapshot each
                     texts.append(text)
                     count += 1
         self.need_kv = self.need_memory = False

@@ -38,7 +38,12 @@ export class AttachedPanel {
     this.statusEl.textContent = v.connected
       ? `vLLM ${v.version} at ${v.url}, serving ${v.model}.`
       : `Disconnected: the vLLM server at ${v.url} is not answering. The page reconnects when it returns.`;
-    this.hintEl.textContent = v.kv_events.startsWith('subscribed') ? '' : v.kv_events;
+    // only the pools whose events do not come (vLLM without them, or a publisher that does
+    // not answer); with several pools, each named
+    const troubled = (v.pools || []).filter((p) => p.events === 'off' || p.events === 'silent');
+    this.hintEl.textContent = v.pools
+      ? troubled.map((p) => (v.pools.length > 1 ? `${p.name}: ${p.events_note}` : p.events_note)).join(' ')
+      : (v.kv_events.startsWith('subscribed') ? '' : v.kv_events);
     this.hintEl.hidden = !this.hintEl.textContent;
     this.reportEl.dataset.reportMode = v.kv_cache_report_mode || 'incremental';
     this.reportEl.textContent = v.kv_cache_report_mode === 'full'

@@ -16,11 +16,12 @@ export class PoolCanvas {
     this.count = 0;
   }
 
-  /** Cell size so the pool fits `width` and about 380 px of height. */
-  layout(numBlocks, width) {
-    const w = Math.max(width, 280);
-    let cell = Math.floor(Math.sqrt((w * 380) / Math.max(numBlocks, 1)));
-    cell = Math.max(6, Math.min(26, cell));
+  /** Cell size so the pool fits `width` and about `height` px (a pool card: less). */
+  layout(numBlocks, width, height = 380) {
+    const small = height < 380;
+    const w = Math.max(width, small ? 120 : 280);
+    let cell = Math.floor(Math.sqrt((w * height) / Math.max(numBlocks, 1)));
+    cell = Math.max(small ? 3 : 6, Math.min(26, cell));
     this.gap = cell >= 12 ? 2 : 1;
     this.cell = cell;
     this.cols = Math.max(1, Math.floor((w + this.gap) / (cell + this.gap)));
@@ -44,10 +45,10 @@ export class PoolCanvas {
    * logical: Map(block id → logical index) for the highlighted sequence; offset, count: the
    * run of blocks to draw (all of them by default).
    */
-  draw({ blocks, blockSize, colourOf, highlight, cursor, logical, width, offset = 0, count = blocks.length }) {
+  draw({ blocks, blockSize, colourOf, highlight, cursor, logical, width, height, offset = 0, count = blocks.length }) {
     this.offset = offset;
     this.count = Math.max(0, Math.min(count, blocks.length - offset));
-    const { width: W, height: H } = this.layout(this.count, width);
+    const { width: W, height: H } = this.layout(this.count, width, height);
     const ratio = window.devicePixelRatio || 1;
     const c = this.canvas;
     c.width = Math.ceil(W * ratio);
