@@ -107,17 +107,33 @@ def test_prompt_longer_than_the_model_fails_with_a_reason(checkpoint):
     assert out[1].outputs[0].finish_reason in ("length", "stop")
 
 
-def test_matrices_are_stored_input_major_with_the_checkpoints_values(checkpoint):
-    """Every linear weight keeps the checkpoint's [out, in] shape and values but is stored
-    transposed (BLAS reads an untransposed [in, out] matrix faster at decode batch sizes)."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matrices_keep_the_checkpoints_values_in_the_layout_their_kernels_read_fastest(checkpoint, dtype):
+    """Every linear weight keeps the checkpoint's [out, in] shape and values; in float32 it is
+    stored transposed (sgemm reads an untransposed [in, out] matrix faster at decode batch
+    sizes), in bfloat16 row-major as the checkpoint has it (oneDNN's matmul and torch.mv)."""
     from kvscope.layers.parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-    with LLM(str(checkpoint), device="cpu", dtype="float32") as llm:
+    with LLM(str(checkpoint), device="cpu", dtype=dtype) as llm:
         model = llm.engine.model
         layers = [m for m in model.modules()
                   if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding))]
         assert len(layers) >= 4 * model.config.num_layers
         for layer in layers:
-            assert layer.weight.t().is_contiguous() and not layer.weight.is_contiguous()
+            assert layer.weight.dtype == getattr(torch, dtype)
+            assert layer.weight.is_contiguous() == (dtype == "bfloat16") != layer.weight.t().is_contiguous()
         saved = load_file(str(checkpoint / "model.safetensors"))
         down = model.model.layers[0].mlp.down_proj.weight
-        assert torch.equal(down, saved["model.layers.0.mlp.down_proj.weight"])
+        assert torch.equal(down, saved["model.layers.0.mlp.down_proj.weight"].to(down.dtype))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_of_16_bit_weights_matches_float32_on_one_row_and_on_several(bias):
+    from kvscope.layers.parallel import linear
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 64, generator=gen).bfloat16()
+    b = torch.randn(48, generator=gen).bfloat16() if bias else None
+    for rows in (1, 3):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        got, want = linear(x, weight, b), torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
+        assert got.shape == (rows, 48) and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)

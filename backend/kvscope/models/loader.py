@@ -18,7 +18,8 @@ import torch
 from safetensors import safe_open
 
 from kvscope.hardware import cpu_bf16_flags
-from kvscope.layers.parallel import ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding
+from kvscope.layers.parallel import (ColumnParallelLinear, RowParallelLinear, TPGroup, VocabParallelEmbedding,
+                                     store_for_cpu_kernels)
 from kvscope.models.decoder import CausalLM
 
 IGNORED_TENSORS = ("rotary_emb.inv_freq",)
@@ -275,7 +276,9 @@ def build_model(path: Path, cfg: ModelConfig, load_format: str, dtype: torch.dty
         init_dummy_weights(model, seed)
     else:
         load_weights(model, path)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    store_for_cpu_kernels(model)
+    return model
 
 
 def load_tokenizer(path: Path):
