@@ -13,6 +13,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle, modeText } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { seededRandom } from './lib/sampling-math.js';
 
 const RECORDING = 'spec-sampling';
 const PROMPT = 'Once upon a time, a little fox found a shiny stone near the river. She was kind, and she loved telling '
@@ -42,18 +43,6 @@ kv-spec-sampling .kss-history { font-size: .88rem; margin: .3rem 0; font-variant
 
 const pct = (x) => (x >= 0.995 ? '100 %' : x > 0 && x < 0.005 ? '<1 %' : `${Math.round(100 * x)} %`);
 const show = (text) => JSON.stringify(text).slice(1, -1);
-
-/** A small seeded generator (mulberry32): the same draws each time the page is opened. */
-function generator(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6D2B79F5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 function pick(weights, u) {
   const total = weights.reduce((a, b) => a + b, 0);
@@ -218,7 +207,7 @@ class KvSpecSampling extends KvWidget {
     this.total = 0;
     this.kept = 0;
     this.history = [];
-    this.random = generator(SEED + this.index);
+    this.random = seededRandom(SEED + this.index);   // the same draws each time the page is opened
     this.requestRender();
   }
 

@@ -25,10 +25,10 @@ from kvscope.server.attach.vllm_client import VllmClient, completion_params
 from kvscope.server.api.commands import HANDLERS
 from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.hub import Hub
-from kvscope.server.classroom.sweeps import Sweep, SweepAccounts
+from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
 from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy
-from kvscope.server.service.engine_service import SYNTHETIC_PROMPTS, Submitted
+from kvscope.server.service.engine_service import Submitted
 from kvscope.server.errors import CommandError
 
 log = logging.getLogger("kvscope.attach")
@@ -432,32 +432,22 @@ class AttachService(SweepAccounts):
         self._runs.add(task)
         task.add_done_callback(self._runs.discard)
 
-    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
-        """EngineService.measure against vLLM: the same story prompts (tokenized by vLLM's
-        tokenizer), the same sampling, `concurrency` requests in flight and the next one sent
-        the moment one finishes. Every request ends in one request.finished, an error
-        included, so the page's run always completes."""
+    async def sweep_prompt_ids(self) -> list[list[int]]:
+        """The story prompts tokenized by vLLM's tokenizer, once."""
         if self._synthetic_ids is None:
             try:
                 self._synthetic_ids = [await self.vllm.tokenize(p) for p in SYNTHETIC_PROMPTS]
             except CommandError:
                 self._synthetic_ids = [[] for _ in SYNTHETIC_PROMPTS]   # each request then fails with vLLM's own line
-        numbers = iter(range(total))
+        return self._synthetic_ids
 
-        async def worker():
-            for i in numbers:   # one iterator shared by the workers: each number is taken once
-                if sweep.owner not in self.hub.viewers:
-                    return
-                prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
-                params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
-                rid = self.new_request_id()
-                sweep.request_ids.add(rid)
-                ids = self._synthetic_ids[i % len(SYNTHETIC_PROMPTS)]
-                target, _decision = self.route(ids)
-                if target is None:
-                    target = self.pools[0]   # the request then ends with the server's own error line
-                await run_request(self, target, rid, ids, params, "ws", RequestLabel(owner=sweep.owner, prompt=prompt), {})
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    async def run_sweep_request(self, rid: str, ids: list[int], params: SamplingParams, label: RequestLabel) -> None:
+        """One request of a sweep, routed as a learner's would be; every request ends in one
+        request.finished, an error included, so the page's sweep always completes."""
+        target, _decision = self.route(ids)
+        if target is None:
+            target = self.pools[0]   # the request then ends with the server's own error line
+        await run_request(self, target, rid, ids, params, "ws", label, {})
 
 
 POLICY_ZERO = {"hits": 0.0, "queries": 0.0, "ttft_sum": 0.0, "requests": 0.0}

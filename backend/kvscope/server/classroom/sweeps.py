@@ -1,12 +1,27 @@
 """A learner's throughput sweep (chapter 20): rising levels of requests in flight run one after
-the other as one job. How it counts against the class's limits is decided here, once, for
-both services that run sweeps (kvscope's own engine and an attached vLLM); each service
-supplies `measure` (one level's run), `hub`, `config` and `learner_share`."""
+the other as one job. How it counts against the class's limits and how one level runs are
+decided here, once, for both services that run sweeps (kvscope's own engine and an attached
+vLLM); each service supplies `hub`, `config`, `learner_share`, `new_request_id`, the prompts'
+token ids (`sweep_prompt_ids`) and how one request runs to its end (`run_sweep_request`)."""
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
+from kvscope.instrumentation.observer import RequestLabel
+from kvscope.sampling_params import SamplingParams
+
+# the story prompts a sweep (and the instructor's inject) cycles through, each request with its own seed
+SYNTHETIC_PROMPTS = [
+    "Once upon a time, a little fox found a shiny stone by the river.",
+    "The old lighthouse keeper climbed the stairs every evening and",
+    "Mia wanted to bake a cake for her grandmother, so she",
+    "In a small village by the sea, there lived a curious cat named",
+    "Tom looked out of the window and saw that the snow had",
+    "The robot woke up in the empty garden and wondered why",
+    "Every morning the baker opened his shop and the first customer was",
+    "A tiny dragon who was afraid of fire asked the wise owl",
+]
 SWEEP_PAUSE_S = 0.5   # between two levels of a sweep: a recording's runs are told apart by this gap
 
 
@@ -61,3 +76,23 @@ class SweepAccounts:
                 await self.measure(sweep, level, sweep_requests(level), max_tokens)
         finally:
             self.sweeps.pop(sweep.owner, None)
+
+    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
+        """One level: `total` requests of `max_tokens` tokens each (the story prompts),
+        `concurrency` of them in flight at any time, the next one added the moment one
+        finishes. Owned by the sweep's owner, so its page gets every request's events; it
+        stops adding requests once that page has gone."""
+        prompt_ids = await self.sweep_prompt_ids()
+        numbers = iter(range(total))
+
+        async def worker():
+            for i in numbers:   # one iterator shared by the workers: each number is taken once
+                if sweep.owner not in self.hub.viewers:
+                    return
+                k = i % len(SYNTHETIC_PROMPTS)
+                params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
+                rid = self.new_request_id()
+                sweep.request_ids.add(rid)
+                await self.run_sweep_request(rid, prompt_ids[k], params, RequestLabel(owner=sweep.owner,
+                                                                                     prompt=SYNTHETIC_PROMPTS[k]))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))

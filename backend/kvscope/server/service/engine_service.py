@@ -25,19 +25,9 @@ from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.hub import Hub
 from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy, message_texts
-from kvscope.server.classroom.sweeps import Sweep, SweepAccounts
+from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
 from kvscope.server.errors import CommandError
 
-SYNTHETIC_PROMPTS = [
-    "Once upon a time, a little fox found a shiny stone by the river.",
-    "The old lighthouse keeper climbed the stairs every evening and",
-    "Mia wanted to bake a cake for her grandmother, so she",
-    "In a small village by the sea, there lived a curious cat named",
-    "Tom looked out of the window and saw that the snow had",
-    "The robot woke up in the empty garden and wondered why",
-    "Every morning the baker opened his shop and the first customer was",
-    "A tiny dragon who was afraid of fire asked the wise owl",
-]
 
 
 @dataclass
@@ -310,26 +300,13 @@ class EngineService(SweepAccounts):
                 raise CommandError("invalid_field", str(exc)) from None
         return await self.aengine.call(apply)
 
-    async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
-        """One throughput run driven here, next to the engine: `total` requests of `max_tokens`
-        tokens each (the synthetic prompts), `concurrency` of them in flight at any time, the
-        next one added the moment one finishes. Owned by the sweep's owner, so its page gets
-        every request's events; it stops adding requests once that page has gone."""
+    async def sweep_prompt_ids(self) -> list[list[int]]:
         tok = self._tokenizer()
-        numbers = iter(range(total))
+        return [tok.encode(p, add_special_tokens=False) for p in SYNTHETIC_PROMPTS]
 
-        async def worker():
-            for i in numbers:   # one iterator shared by the workers: each number is taken once
-                if sweep.owner not in self.hub.viewers:
-                    return
-                prompt = SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)]
-                params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i, ignore_eos=True)
-                label = RequestLabel(owner=sweep.owner, prompt=prompt)
-                rid = self.new_request_id()
-                sweep.request_ids.add(rid)
-                async for _ in self.stream(rid, tok.encode(prompt, add_special_tokens=False), params, "ws", label):
-                    pass
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    async def run_sweep_request(self, rid: str, ids: list[int], params: SamplingParams, label: RequestLabel) -> None:
+        async for _ in self.stream(rid, ids, params, "ws", label):
+            pass
 
     async def measure_kv_cache_dtype(self, ids: list[int], kv_cache_dtype: str, max_tokens: int) -> dict:
         """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
