@@ -171,9 +171,13 @@ def test_two_pools_side_by_side_and_what_the_router_decides(attached2, servers, 
         texts = pages.locator(".kvp-attached-blocks tr[data-hash] td:last-child")
         wait_until(lambda: any(tag in t for t in texts.all_inner_texts()), what=f"pool {i}'s blocks")
         here = {first["prompt"][:40] for first in cached_first[::2] if first["choice"] == i}
-        drawn = {p for p in (first["prompt"][:40] for first in cached_first[::2])
-                 if any(p.split(". ", 1)[1][:20] in t and tag in t for t in texts.all_inner_texts())}
-        assert drawn == here, f"pool {i} draws {drawn}, its server holds {here}"
+
+        def drawn() -> set[str]:
+            return {p for p in (first["prompt"][:40] for first in cached_first[::2])
+                    if any(p.split(". ", 1)[1][:20] in t and tag in t for t in texts.all_inner_texts())}
+        # the table is redrawn for the picked pool on a later frame: until then it shows the last one's
+        wait_until(lambda: drawn() == here, what=f"pool {i}'s own blocks drawn")
+        assert drawn() == here, f"pool {i} draws {drawn()}, its server holds {here}"
     cards.nth(1).scroll_into_view_if_needed()
     screenshot(page.locator("kv-pages .kvp-poolsrow"), "scale-two-pools")
     assert_clean(page)
