@@ -96,11 +96,17 @@ def test_live_chunks_and_decodes(page, live_server, screenshot, assert_clean):
     long_rid = mine[-1]
     wait_idle(live_server, timeout=60)
     page.wait_for_timeout(500)
-    steps = page.evaluate("() => window.steps")
-    mixed = next(e for e in steps if any(s["request_id"] == long_rid and s["reason"] == "prefill chunk" for s in e["seqs"])
+    # the widget keeps the last LIVE_STEPS_KEPT steps: look for the mix among those it still holds
+    kept = {s["step"] for s in widget.evaluate("el => el.exportData()")["steps"]}
+    every = page.evaluate("() => window.steps")
+    chunks = {e["step"]: s for e in every for s in e["seqs"] if s["request_id"] == long_rid and s["reason"] == "prefill chunk"}
+    prompt_end = max(s["start"] + s["num_tokens"] for s in chunks.values())
+    mixed = next(e for e in every if e["step"] in kept and e["step"] in chunks
+                 and chunks[e["step"]]["start"] + chunks[e["step"]]["num_tokens"] < prompt_end   # a chunk, not the last
                  and any(s["request_id"] in mine and s["reason"] == "decode" for s in e["seqs"]))
     widget.locator(".kcu-plan").focus()
     page.keyboard.press("Home")
+    page.wait_for_function("([el, s]) => Number(el.dataset.step) === s", arg=[handle, min(kept)])
     while (current := int(widget.get_attribute("data-step"))) < mixed["step"]:
         page.keyboard.press("ArrowRight")
         page.wait_for_function("([el, s]) => Number(el.dataset.step) > s", arg=[handle, current])
