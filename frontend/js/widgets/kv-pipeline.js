@@ -5,8 +5,9 @@
 
 import { KvWidget, formatInt, formatSeconds, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { RequestTrace } from './lib/request-trace.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const PACE_S = 0.2;
 const MAX_TOKENS = 12;
@@ -44,7 +45,7 @@ class KvPipeline extends KvWidget {
     this.trace = new RequestTrace(null);
     this.tokenize = null;          // { ids, seconds } measured here
     this.streamed = null;          // { first, last } seconds after submit, in this browser
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.promptInput = h('input', { class: 'kvw-input', type: 'text', size: 30, value: this.getAttribute('prompt') || 'Once upon a time', 'aria-label': 'Prompt' });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Send it through');
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
@@ -72,8 +73,7 @@ class KvPipeline extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runButton.disabled = mode !== 'live';
   }
 

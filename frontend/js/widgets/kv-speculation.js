@@ -11,9 +11,10 @@
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { visibleText } from './lib/tokens.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const PRESETS = {
   repetitive: 'Once upon a time, a little fox found a shiny stone near the river. She was kind, and she loved '
@@ -59,7 +60,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
       h('option', { value: 'greedy' }, 'greedy (temperature 0)'),
       h('option', { value: 'sampled' }, 'sampled (temperature 0.8, seed 1)'));
     this.runBtn = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Generate');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.configEl = h('p', { class: 'kvw-note' });
     this.shownEl = h('p', { class: 'kvw-note', 'data-shown': '' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
@@ -132,8 +133,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
   }
 
   onModeChange(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runBtn.disabled = mode !== 'live';
     // in replay the decoding and the prompt are the recorded request's, not a choice
     this.samplingEl.disabled = mode === 'replay';
