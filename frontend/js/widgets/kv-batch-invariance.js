@@ -14,7 +14,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { runBusy } from './lib/busy.js';
-import { SourcePicker, controlRow, modeBadge, showMode } from './lib/controls.js';
+import { SourcePicker, controlRow } from './lib/controls.js';
 
 const RECORDING = 'batch-invariance';
 const PROMPT = 'Once upon a time';   // as the recording's (INVARIANCE_PROMPT)
@@ -100,7 +100,6 @@ class KvBatchInvariance extends KvWidget {
       recorded: 'Recorded: alone, then beside 8 in flight', live: 'Live: your two runs' });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Run it alone, then in a crowd');
-    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.chart = svg('svg', { class: 'kvw-svg kbi-chart', role: 'img', viewBox: `0 0 ${CHART.w} ${CHART.h}`, width: CHART.w, height: CHART.h });
     this.figures = h('dl', { class: 'kvw-figures' });
@@ -108,7 +107,7 @@ class KvBatchInvariance extends KvWidget {
     this.tableEl = h('div', { class: 'kvw-scroll' });
     this.body.append(
       h('p', {}, `The prompt “${PROMPT}”, drawn greedily for ${PARAMS.max_tokens} tokens, twice.`),
-      controlRow('Your own runs', this.runButton, this.modeBadge),
+      controlRow('Your own runs', this.runButton, this.picker.badge),
       this.errorEl,
       this.picker.row('Which runs'),
       h('div', { class: 'kbi-figure' }, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.lessonEl, this.tableEl));
@@ -117,7 +116,7 @@ class KvBatchInvariance extends KvWidget {
       { label: 'the first position whose token differs (a flip)', color: 'var(--kv-cat-4)', shape: 'line' },
       { label: 'after a flip: different texts, not compared', color: 'var(--kv-border)' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       const runs = runsOf(events);
       this.recorded = runs && compare(runs.alone, runs.crowd, runs.others);
@@ -128,10 +127,7 @@ class KvBatchInvariance extends KvWidget {
 
   get comparison() { return this.source === 'live' ? this.live : this.recorded; }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    showMode(this.modeBadge, mode);
+  onModeChange(mode) {
     this.runButton.disabled = mode !== 'live';
     this.picker.followMode(mode, Boolean(this.live));
   }
@@ -189,7 +185,7 @@ class KvBatchInvariance extends KvWidget {
         if (!runs) throw new Error('the two runs did not both report their tokens');
         this.live = compare(runs.alone, runs.crowd, runs.others);
         this.dataset.liveRuns = String(Number(this.dataset.liveRuns || 0) + 1);
-        this.updateMode(this.client.mode);
+        this.onModeChange(this.client.mode);
         this.show('live');
         this.announce(this.summary(this.live));
       } finally {

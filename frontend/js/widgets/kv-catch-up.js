@@ -15,7 +15,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { runBusy } from './lib/busy.js';
-import { SourcePicker, Stepper, controlRow, modeBadge, showMode } from './lib/controls.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 
 const RECORDING = 'catch-up';
 const LIVE_STEPS_KEPT = 60;
@@ -112,7 +112,6 @@ class KvCatchUp extends KvWidget {
       onclick: () => this.jump(m) }, m.label));
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Send two short prompts and a long one in chunks');
-    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.headEl = h('p', { class: 'kcu-head', 'data-head': '' });
     this.chart = svg('svg', { class: 'kvw-svg kcu-chart', role: 'img' });
@@ -122,7 +121,7 @@ class KvCatchUp extends KvWidget {
     // drawn at the plan's own width, so its text keeps its size: drawn again when that changes
     new ResizeObserver(() => { if (this.plan.clientWidth !== this.drawnWidth) this.requestRender(); }).observe(this.plan);
     this.body.append(
-      controlRow('Your own run', this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.errorEl,
       this.picker.row('Which steps', ...this.stepper.buttons),
       controlRow('Jump to the first step with', h('span', { class: 'kvw-note' }, 'First step with:'), ...this.momentButtons),
@@ -132,7 +131,7 @@ class KvCatchUp extends KvWidget {
       { label: 'computed before this step', color: 'var(--kv-cat-8)' },
       { label: 'still missing (or budget left)', color: 'var(--kv-free)' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       for (const e of events) this.recorded.apply(e);
       this.dataset.recordedSteps = String(this.recorded.list.length);
@@ -142,10 +141,7 @@ class KvCatchUp extends KvWidget {
 
   get steps() { return (this.source === 'live' ? this.live : this.recorded).list; }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    showMode(this.modeBadge, mode);
+  onModeChange(mode) {
     this.runButton.disabled = mode !== 'live';
     this.picker.followMode(mode);
   }

@@ -13,7 +13,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { runBusy } from './lib/busy.js';
-import { SourcePicker, controlRow, modeBadge, showMode } from './lib/controls.js';
+import { SourcePicker, controlRow } from './lib/controls.js';
 
 const RECORDING = 'roofline';
 const MAX_TOKENS = 10;   // as the recording's (scripts/make_recordings.py, roofline)
@@ -77,13 +77,12 @@ class KvRoofline extends KvWidget {
     this.slider = h('input', { type: 'range', id: `${uid}-batch`, min: 0, max: 0, step: 1, value: 0, oninput: () => this.pick() });
     this.batchOut = h('output', { for: this.slider.id });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() }, 'Run them together');
-    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.chart = svg('svg', { class: 'kvw-svg krl-chart', role: 'img', viewBox: `0 0 ${PLOT.w} ${PLOT.h}`, width: PLOT.w, height: PLOT.h });
     this.figures = h('dl', { class: 'kvw-figures' });
     this.lessonEl = h('p', { class: 'krl-lesson', 'data-lesson': '' });
     this.body.append(
-      this.picker.row('Which steps', this.modeBadge),
+      this.picker.row('Which steps', this.picker.badge),
       controlRow('Batch size', h('label', { for: this.slider.id }, 'Requests decoded together'), this.slider, this.batchOut, this.runButton),
       this.errorEl,
       h('div', { class: 'krl-figure' }, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.lessonEl));
@@ -92,7 +91,7 @@ class KvRoofline extends KvWidget {
       { label: 'one decode step', color: 'var(--kv-cat-8)', shape: 'circle' },
       { label: 'a batch size, at its fastest step (the chosen one ringed)', color: 'var(--kv-cat-1)', shape: 'circle' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       this.recordedDevice = events.find((e) => e.type === 'hello').device;
       for (const e of events) if (e.type === 'step') this.recorded.add(e);
@@ -132,10 +131,7 @@ class KvRoofline extends KvWidget {
     this.requestRender();
   }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    showMode(this.modeBadge, mode);
+  onModeChange(mode) {
     this.runButton.hidden = this.source !== 'live';
     this.picker.followMode(mode);
   }

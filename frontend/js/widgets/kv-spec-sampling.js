@@ -13,7 +13,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { runBusy } from './lib/busy.js';
-import { SourcePicker, Stepper, controlRow, modeBadge, showMode } from './lib/controls.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 import { seededRandom } from './lib/sampling-math.js';
 
 const RECORDING = 'spec-sampling';
@@ -97,7 +97,6 @@ class KvSpecSampling extends KvWidget {
       index: () => this.index, count: () => this.passes.length, go: (i) => this.select(i) });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Sample a story with speculation');
-    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.drawButtons = BATCHES.map((n) => h('button', { type: 'button', class: 'kvw-btn', 'data-draws': n, onclick: () => this.draw(n) },
       `Run the rule ${formatInt(n)} times`));
@@ -110,13 +109,13 @@ class KvSpecSampling extends KvWidget {
       'aria-label': 'One verify pass. Left and right arrows: earlier and later pass; Home and End: first and last; D: run the rule 1,000 more times.' },
     this.headEl, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.historyEl);
     this.body.append(
-      controlRow('Your own run', this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.errorEl,
       this.picker.row('Which pass', ...this.stepper.buttons),
       controlRow('Run the rule in this page', ...this.drawButtons, this.resetButton),
       this.figure);
     this.setLegend(COLUMNS.map((c) => ({ label: c.label, color: c.color })));
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       this.recorded = events.filter((e) => e.type === 'spec' && e.distribution).map(passOf);
       this.dataset.recordedPasses = String(this.recorded.length);
@@ -132,10 +131,7 @@ class KvSpecSampling extends KvWidget {
     return best;
   }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    showMode(this.modeBadge, mode);
+  onModeChange(mode) {
     this.runButton.disabled = mode !== 'live';
     this.picker.followMode(mode);
   }

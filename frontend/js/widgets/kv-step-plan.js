@@ -14,7 +14,7 @@ import { h, svg } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
-import { SourcePicker, Stepper, controlRow, modeBadge, showMode } from './lib/controls.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 
 const RECORDING = 'step-plan';
 const LIVE_STEPS_KEPT = 80;
@@ -160,7 +160,6 @@ class KvStepPlan extends KvWidget {
     this.pinned = null;       // the step number shown; null: the newest (live, until the learner steps back)
     this.run = null;          // the learner's run: { mine: Set, longRid, done }
     const uid = this.getAttribute('aria-labelledby');
-    this.modeBadge = modeBadge();
     this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Steps from', onChange: (source) => this.show(source),
       recorded: 'Recorded: budget 32 tokens', live: 'Live engine' });
     this.stepper = new Stepper({ earlier: '◀ Earlier step', later: 'Later step ▶',
@@ -193,7 +192,7 @@ class KvStepPlan extends KvWidget {
     });
     this.resizer.observe(this.plan);
     this.body.append(
-      controlRow('Your own run', this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.liveNote, this.errorEl,
       this.picker.row('Which steps', ...this.stepper.buttons),
       this.plan);
@@ -231,7 +230,6 @@ class KvStepPlan extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    showMode(this.modeBadge, mode);
     const live = mode === 'live';
     this.picker.followMode(mode);
     this.runButton.disabled = !live;

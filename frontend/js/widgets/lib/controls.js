@@ -31,11 +31,13 @@ export function controlRow(label, ...controls) {
 }
 
 /** Where a widget's data comes from: its chapter's recording, or the live engine (offered
- *  only while the page is live). `onChange(source)` runs when the learner picks one, and when
- *  the page stops being live while the live one is shown. */
+ *  only while the page is live), with the badge of the page's mode (`badge`, placed by the
+ *  widget). `onChange(source)` runs when the learner picks one, and when the page stops being
+ *  live while the live one is shown. */
 export class SourcePicker {
   constructor({ id, label, recorded, live, onChange }) {
     this.onChange = onChange;
+    this.badge = modeBadge();
     this.select = h('select', { class: 'kvw-select', id, onchange: () => onChange(this.select.value) },
       h('option', { value: 'recorded' }, recorded), this.liveOption = h('option', { value: 'live' }, live));
     this.label = h('label', { for: id }, label);
@@ -50,8 +52,10 @@ export class SourcePicker {
     return controlRow(groupLabel, this.label, this.select, ...extra);
   }
 
-  /** Offer the live source only when `mode` is live (and `ready`); fall back to the recording. */
+  /** Show `mode` on the badge; offer the live source only when it is live (and `ready`), else
+   *  fall back to the recording. */
   followMode(mode, ready = true) {
+    showMode(this.badge, mode);
     const live = mode === 'live';
     this.liveOption.disabled = !live || !ready;
     if (!live && this.value === 'live') this.onChange('recorded');
@@ -75,12 +79,12 @@ export class Stepper {
 
   /** A focusable group answering the keys; its `aria-label` should say what they do. */
   panel(attrs, ...children) {
-    const el = h('div', { ...attrs, class: `${attrs.class} kvw-keys`, tabindex: '0', role: 'group' }, ...children);
+    const el = h('div', { ...attrs, class: [attrs.class, 'kvw-keys'].filter(Boolean).join(' '), tabindex: '0', role: 'group' }, ...children);
     el.addEventListener('keydown', (e) => {
-      if (e.key in MOVES) this.go(this.index() + MOVES[e.key]);
+      if (Object.hasOwn(MOVES, e.key)) this.go(this.index() + MOVES[e.key]);
       else if (e.key === 'Home') this.go(0);
       else if (e.key === 'End') this.go(this.count() - 1);
-      else if (e.key in this.keys) this.keys[e.key]();
+      else if (Object.hasOwn(this.keys, e.key)) this.keys[e.key]();
       else return;
       e.preventDefault();
     });
