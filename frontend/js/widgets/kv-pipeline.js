@@ -7,6 +7,7 @@ import { KvWidget, formatInt, formatSeconds, pausedText } from '../widget-base.j
 import { h } from './lib/svg.js';
 import { injectStyle } from './lib/style.js';
 import { RequestTrace } from './lib/request-trace.js';
+import { runBusy } from './lib/busy.js';
 import { modeBadge, showMode } from './lib/controls.js';
 
 const PACE_S = 0.2;
@@ -84,11 +85,9 @@ class KvPipeline extends KvWidget {
     this.requestRender();
   }
 
-  async run() {
-    this.errorEl.textContent = '';
-    this.runButton.disabled = true;
+  run() {
     const prompt = this.promptInput.value;
-    try {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
       this.restart(this.client.session.client_id);
       let t0 = performance.now();
       const tokens = await this.client.command('tokenize', { text: prompt });
@@ -97,11 +96,7 @@ class KvPipeline extends KvWidget {
       t0 = performance.now();
       this.submittedAt = t0;
       await this.client.command('submit', { prompt, params: { temperature: 0.7, seed: 1, max_tokens: MAX_TOKENS }, pace_s: PACE_S });
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      this.runButton.disabled = !this.isLive;
-    }
+    });
   }
 
   onEvent(event) {
