@@ -1,14 +1,14 @@
 // The controls many widgets set up alike, built one way so they look, read and answer the
 // keyboard the same everywhere:
 //   modeBadge() / showMode(badge, mode)   the "live engine" / "recording" badge
-//   new SourcePicker({...})               a <select> between a recording and the live engine
+//   new SourcePicker({...})               a <select> between a recording and the live engine, with its badge
 //   new Stepper({...})                    earlier/later buttons and the arrow, Home and End keys
 //   controlRow(label, ...controls)        a row of controls, a labelled group
 
 import { h } from './svg.js';
 
 /** What the badge says for a client mode. */
-export function modeText(mode) {
+function modeText(mode) {
   if (mode === 'live') return 'live engine';
   if (mode === 'replay') return 'recording';
   return 'connecting…';
@@ -38,8 +38,9 @@ export class SourcePicker {
   constructor({ id, label, recorded, live, onChange }) {
     this.onChange = onChange;
     this.badge = modeBadge();
+    this.liveOption = h('option', { value: 'live' }, live);
     this.select = h('select', { class: 'kvw-select', id, onchange: () => onChange(this.select.value) },
-      h('option', { value: 'recorded' }, recorded), this.liveOption = h('option', { value: 'live' }, live));
+      h('option', { value: 'recorded' }, recorded), this.liveOption);
     this.label = h('label', { for: id }, label);
   }
 
