@@ -79,6 +79,16 @@ def test_the_recording_converges_to_p(new_page, static_site, screenshot):
         moved = widget.evaluate(SHOWN)
         assert moved["draws"] == 0
         check_pass(moved, passes[moved["step"]])
+        # Home and End: the first and the last pass (the buttons say where the ends are); D draws there
+        order = list(passes)   # the recording's order
+        page.keyboard.press("End")
+        page.wait_for_function("([el, s]) => Number(el.dataset.step) === s", arg=[handle, order[-1]])
+        assert widget.get_by_role("button", name="Later pass ▶").is_disabled()
+        page.keyboard.press("Home")
+        page.wait_for_function("([el, s]) => Number(el.dataset.step) === s", arg=[handle, order[0]])
+        assert widget.get_by_role("button", name="◀ Earlier pass").is_disabled()
+        page.keyboard.press("d")
+        page.wait_for_function("el => el.dataset.draws === '1000'", arg=handle)
         assert widget.evaluate("el => el.scrollWidth - el.clientWidth") <= 1, f"the widget scrolls sideways at {width}px"
         assert page.evaluate(UNNAMED_CONTROLS) == []
         page.close()

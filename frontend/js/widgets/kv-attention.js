@@ -10,12 +10,13 @@
 
 import { KvWidget, heatColor, formatInt, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { drawHeatmap, drawHeatmapCanvas, weightsOverText, CANVAS_ROWS, HEATMAP_CSS } from './lib/heatmap.js';
 import { tokenLabel, idLabel, visibleText } from './lib/tokens.js';
 import { recordedPromptTokens } from './lib/recording.js';
 import { AttentionStore } from './lib/attention-store.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const DEFAULT_PROMPT = 'The little cat sat on the mat because it was';
 const DEFAULT_MAX_TOKENS = 8;
@@ -50,7 +51,7 @@ class KvAttention extends withHandlers(KvWidget) {
     this.scaleSel = h('select', { class: 'kvw-select', id: `${uid}-scale`, onchange: () => { this.rowScale = this.scaleSel.value === 'row'; this.requestRender(); } },
       h('option', { value: 'map' }, 'whole map: 0 to its largest weight'), h('option', { value: 'row' }, 'each row: 0 to that row’s largest'));
     this.rowScale = false;
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.ramp = h('span', { class: 'kva-ramp' });
     this.rampMax = h('span', {}, '1');
     this.mapEl = h('div', { class: 'kvw-scroll' });
@@ -147,8 +148,7 @@ class KvAttention extends withHandlers(KvWidget) {
   updateMode(mode) {
     this.runBtn.disabled = mode === 'replay' || this.pending;
     this.runBtn.title = mode === 'replay' ? 'Running a prompt needs the live engine' : '';
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
   }
 
   async run() {

@@ -11,9 +11,10 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { SourcePicker, controlRow } from './lib/controls.js';
 
 const RECORDING = 'batch-invariance';
 const PROMPT = 'Once upon a time';   // as the recording's (INVARIANCE_PROMPT)
@@ -95,11 +96,10 @@ class KvBatchInvariance extends KvWidget {
     this.mine = new Set();
     this.source = 'recorded';
     const uid = this.getAttribute('aria-labelledby');
-    this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: alone, then beside 8 in flight'), h('option', { value: 'live' }, 'Live: your two runs'));
+    this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Runs from', onChange: (source) => this.show(source),
+      recorded: 'Recorded: alone, then beside 8 in flight', live: 'Live: your two runs' });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Run it alone, then in a crowd');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.chart = svg('svg', { class: 'kvw-svg kbi-chart', role: 'img', viewBox: `0 0 ${CHART.w} ${CHART.h}`, width: CHART.w, height: CHART.h });
     this.figures = h('dl', { class: 'kvw-figures' });
@@ -107,17 +107,16 @@ class KvBatchInvariance extends KvWidget {
     this.tableEl = h('div', { class: 'kvw-scroll' });
     this.body.append(
       h('p', {}, `The prompt “${PROMPT}”, drawn greedily for ${PARAMS.max_tokens} tokens, twice.`),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own runs' }, this.runButton, this.modeBadge),
+      controlRow('Your own runs', this.runButton, this.picker.badge),
       this.errorEl,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which runs' },
-        h('label', { for: this.sourceSelect.id }, 'Runs from'), this.sourceSelect),
+      this.picker.row('Which runs'),
       h('div', { class: 'kbi-figure' }, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.lessonEl, this.tableEl));
     this.setLegend([
       { label: '|crowd − alone| logprob at a position where both runs read the same text', color: 'var(--kv-cat-1)' },
       { label: 'the first position whose token differs (a flip)', color: 'var(--kv-cat-4)', shape: 'line' },
       { label: 'after a flip: different texts, not compared', color: 'var(--kv-border)' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       const runs = runsOf(events);
       this.recorded = runs && compare(runs.alone, runs.crowd, runs.others);
@@ -128,15 +127,9 @@ class KvBatchInvariance extends KvWidget {
 
   get comparison() { return this.source === 'live' ? this.live : this.recorded; }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
-    const live = mode === 'live';
-    this.sourceSelect.querySelector('option[value=live]').disabled = !live || !this.live;
-    this.runButton.disabled = !live;
-    if (!live && this.source === 'live') this.show('recorded');
+  onModeChange(mode) {
+    this.runButton.disabled = mode !== 'live';
+    this.picker.followMode(mode, Boolean(this.live));
   }
 
   onEvent(event) {
@@ -166,49 +159,45 @@ class KvBatchInvariance extends KvWidget {
     return ack.request_id;
   }
 
-  async runLive() {
-    if (isBusy(this.runButton) || !this.isLive) return;
-    setBusy(this.runButton, true);
-    this.errorEl.textContent = '';
-    this.liveEvents = [];
-    this.collecting = true;
-    const salt = `invariance-${Date.now()}`;   // neither run may reuse blocks cached by an earlier one
-    const waits = [];
-    try {
-      const alone = this.finishes(1);
-      waits.push(alone);
-      await this.submitPrompt(`${salt}-alone`);
-      this.announce('Running the prompt alone…');
-      await alone.done;
-      const limits = this.client.session && this.client.session.limits;
-      const instructor = this.client.session && this.client.session.role === 'instructor';
-      const level = instructor ? CROWD : Math.min(CROWD, (limits && limits.max_sweep_in_flight) || CROWD);
-      const crowd = this.finishes(1);   // the prompt, and then the sweep's requests
-      waits.push(crowd);
-      const sweep = await this.client.command('sweep', { levels: [level], max_tokens: CROWD_TOKENS });
-      crowd.add(sweep.requests[0]);
-      await this.submitPrompt(`${salt}-crowd`);
-      this.announce(`Running it again beside ${level} of your requests in flight…`);
-      await crowd.done;
-      const runs = runsOf(this.liveEvents);
-      if (!runs) throw new Error('the two runs did not both report their tokens');
-      this.live = compare(runs.alone, runs.crowd, runs.others);
-      this.dataset.liveRuns = String(Number(this.dataset.liveRuns || 0) + 1);
-      this.updateMode(this.client.mode);
-      this.show('live');
-      this.announce(this.summary(this.live));
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      this.collecting = false;
-      for (const w of waits) w.off();
-      setBusy(this.runButton, false);
-    }
+  runLive() {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
+      this.liveEvents = [];
+      this.collecting = true;
+      const salt = `invariance-${Date.now()}`;   // neither run may reuse blocks cached by an earlier one
+      const waits = [];
+      try {
+        const alone = this.finishes(1);
+        waits.push(alone);
+        await this.submitPrompt(`${salt}-alone`);
+        this.announce('Running the prompt alone…');
+        await alone.done;
+        const limits = this.client.session && this.client.session.limits;
+        const instructor = this.client.session && this.client.session.role === 'instructor';
+        const level = instructor ? CROWD : Math.min(CROWD, (limits && limits.max_sweep_in_flight) || CROWD);
+        const crowd = this.finishes(1);   // the prompt, and then the sweep's requests
+        waits.push(crowd);
+        const sweep = await this.client.command('sweep', { levels: [level], max_tokens: CROWD_TOKENS });
+        crowd.add(sweep.requests[0]);
+        await this.submitPrompt(`${salt}-crowd`);
+        this.announce(`Running it again beside ${level} of your requests in flight…`);
+        await crowd.done;
+        const runs = runsOf(this.liveEvents);
+        if (!runs) throw new Error('the two runs did not both report their tokens');
+        this.live = compare(runs.alone, runs.crowd, runs.others);
+        this.dataset.liveRuns = String(Number(this.dataset.liveRuns || 0) + 1);
+        this.onModeChange(this.client.mode);
+        this.show('live');
+        this.announce(this.summary(this.live));
+      } finally {
+        this.collecting = false;
+        for (const w of waits) w.off();
+      }
+    });
   }
 
   show(source) {
     this.source = source;
-    this.sourceSelect.value = source;
+    this.picker.value = source;
     this.requestRender();
   }
 

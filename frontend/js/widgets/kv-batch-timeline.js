@@ -11,10 +11,11 @@
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
 import { h, svg, uniqueId } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { BatchModel, staticBatching, continuousBatching } from './lib/batch-model.js';
 import { LoadMaker } from '../lib/load-maker.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { controlRow, modeBadge, showMode } from './lib/controls.js';
 
 const CELL_W = 22;   // px at 1:1; the grid shows fewer steps rather than narrower cells
 const CELL_H = 20;
@@ -50,7 +51,7 @@ class KvBatchTimeline extends KvWidget {
     this.cursor = null;              // { row, col } of the focused cell
     this.load = new LoadMaker(this.client, { onChange: () => this.showControls(), onFinished: (rid) => this.onMineFinished(rid) });
     this.late = null;                // the burst request whose finish lets the late one join
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.burstButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => { if (!isBusy(this.burstButton)) this.burst(); } },
       'Send a burst of my requests');
     this.loadStatus = h('span', { class: 'kvw-note', 'aria-live': 'polite' });
@@ -67,7 +68,7 @@ class KvBatchTimeline extends KvWidget {
     this.verdictEl = h('p', { class: 'kvw-note' });
     this.body.append(
       h('div', { class: 'kvw-row' }, this.burstButton, this.modeBadge, this.loadStatus),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which steps the grid shows' }, this.earlierButton, this.laterButton, this.latestButton, this.rangeEl),
+      controlRow('Which steps the grid shows', this.earlierButton, this.laterButton, this.latestButton, this.rangeEl),
       this.gridWrap,
       this.detailEl,
       h('section', { class: 'kvw-panel', 'aria-label': 'Static batching of the same requests' },
@@ -96,8 +97,7 @@ class KvBatchTimeline extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.showControls();
   }
 

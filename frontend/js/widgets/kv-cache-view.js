@@ -7,12 +7,13 @@
 
 import { KvWidget, formatInt, formatBytes } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { drawCacheGrid, CACHE_GRID_CSS } from './lib/cache-grid.js';
 import { visibleText, tokenLabel, idLabel } from './lib/tokens.js';
 import { setBusy } from './lib/busy.js';
 import { recordedPromptTokens } from './lib/recording.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const DEFAULT_PROMPT = 'Once upon a time, a little fox';
 const DEFAULT_MAX_TOKENS = 24;
@@ -40,7 +41,7 @@ class KvCacheView extends withHandlers(KvWidget) {
       onclick: () => this.next(),
     }, 'Next token');
     this.stopBtn = h('button', { type: 'button', class: 'kvw-btn', disabled: true, onclick: () => this.stop() }, 'Stop');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'KV cache figures' });
     this.gridEl = h('div', { class: 'kvw-scroll' });
     this.textEl = h('p', { class: 'kvc-text', 'aria-label': 'Text so far' });
@@ -96,8 +97,7 @@ class KvCacheView extends withHandlers(KvWidget) {
   }
 
   onModeChange(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.updateButtons();
   }
 

@@ -12,9 +12,10 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 
 const RECORDING = 'catch-up';
 const LIVE_STEPS_KEPT = 60;
@@ -43,7 +44,6 @@ const BAR_H = 16;
 
 const STYLE = `
 kv-catch-up .kcu-plan { border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: .5rem .6rem; }
-kv-catch-up .kcu-plan:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 kv-catch-up .kcu-head { margin: 0 0 .3rem; font-size: .95rem; }
 kv-catch-up .kcu-chart text { font-size: 11px; }
 kv-catch-up .kcu-chart .kcu-rid { font-family: var(--kv-font-mono); }
@@ -104,36 +104,34 @@ class KvCatchUp extends KvWidget {
     this.index = 0;
     this.following = false;
     const uid = this.getAttribute('aria-labelledby');
-    this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: budget 32, prompt lookup, 11 blocks'), h('option', { value: 'live' }, 'Live engine'));
-    this.prevButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.setIndex(this.index - 1) }, '◀ Earlier step');
-    this.nextButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.setIndex(this.index + 1) }, 'Later step ▶');
+    this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Steps from', onChange: (source) => this.show(source),
+      recorded: 'Recorded: budget 32, prompt lookup, 11 blocks', live: 'Live engine' });
+    this.stepper = new Stepper({ earlier: '◀ Earlier step', later: 'Later step ▶',
+      index: () => this.index, count: () => this.steps.length, go: (i) => this.setIndex(i) });
     this.momentButtons = MOMENTS.map((m) => h('button', { type: 'button', class: 'kvw-btn', 'data-moment': m.key, 'aria-pressed': 'false',
       onclick: () => this.jump(m) }, m.label));
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Send two short prompts and a long one in chunks');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.headEl = h('p', { class: 'kcu-head', 'data-head': '' });
     this.chart = svg('svg', { class: 'kvw-svg kcu-chart', role: 'img' });
-    this.plan = h('div', { class: 'kcu-plan', tabindex: '0', role: 'group', 'aria-roledescription': 'step',
-      'aria-label': 'One step. Left and right arrows: earlier and later step.' }, this.headEl, h('div', { class: 'kvw-scroll' }, this.chart));
-    this.plan.addEventListener('keydown', (e) => this.onKey(e));
+    this.plan = this.stepper.panel({ class: 'kcu-plan', 'aria-roledescription': 'step',
+      'aria-label': 'One step. Left and right arrows: earlier and later step; Home and End: first and last.' },
+    this.headEl, h('div', { class: 'kvw-scroll' }, this.chart));
     // drawn at the plan's own width, so its text keeps its size: drawn again when that changes
     new ResizeObserver(() => { if (this.plan.clientWidth !== this.drawnWidth) this.requestRender(); }).observe(this.plan);
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' }, this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.errorEl,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which steps' },
-        h('label', { for: this.sourceSelect.id }, 'Steps from'), this.sourceSelect, this.prevButton, this.nextButton),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Jump to the first step with' }, h('span', { class: 'kvw-note' }, 'First step with:'), ...this.momentButtons),
+      this.picker.row('Which steps', ...this.stepper.buttons),
+      controlRow('Jump to the first step with', h('span', { class: 'kvw-note' }, 'First step with:'), ...this.momentButtons),
       this.plan);
     this.setLegend([
       ...Object.entries(REASONS).map(([reason, { color }]) => ({ label: reason, color })),
       { label: 'computed before this step', color: 'var(--kv-cat-8)' },
       { label: 'still missing (or budget left)', color: 'var(--kv-free)' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       for (const e of events) this.recorded.apply(e);
       this.dataset.recordedSteps = String(this.recorded.list.length);
@@ -143,15 +141,9 @@ class KvCatchUp extends KvWidget {
 
   get steps() { return (this.source === 'live' ? this.live : this.recorded).list; }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
-    const live = mode === 'live';
-    this.sourceSelect.querySelector('option[value=live]').disabled = !live;
-    this.runButton.disabled = !live;
-    if (!live && this.source === 'live') this.show('recorded');
+  onModeChange(mode) {
+    this.runButton.disabled = mode !== 'live';
+    this.picker.followMode(mode);
   }
 
   onEvent(event) {
@@ -163,42 +155,26 @@ class KvCatchUp extends KvWidget {
     }
   }
 
-  async runLive() {
-    if (isBusy(this.runButton) || !this.isLive) return;
-    setBusy(this.runButton, true);
-    this.errorEl.textContent = '';
-    this.show('live');
-    this.following = true;
-    try {
+  runLive() {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
+      this.show('live');
+      this.following = true;
       const params = { temperature: 0, ignore_eos: true };
       const acks = await Promise.all([
         ...SHORT.map((prompt) => this.client.command('submit', { prompt, params: { ...params, max_tokens: 12 } })),
         this.client.command('submit', { prompt: `Story ${Date.now() % 100000}. ${LONG}`, params: { ...params, max_tokens: 2 }, prefill_chunk_tokens: CHUNK })]);
       this.dataset.lastRun = acks.map((a) => a.request_id).join(' ');
       this.announce(`Sent ${acks.map((a) => a.request_id).join(', ')}; the long prompt at most ${CHUNK} tokens a step.`);
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.runButton, false);
-    }
+    });
   }
 
   show(source) {
     this.source = source;
-    this.sourceSelect.value = source;
+    this.picker.value = source;
     this.following = source === 'live';
     this.index = source === 'live' ? this.live.list.length - 1 : 0;
     if (source === 'recorded') this.jump(MOMENTS[2]);
     this.requestRender();
-  }
-
-  onKey(e) {
-    const moves = { ArrowLeft: -1, ArrowUp: -1, ArrowRight: 1, ArrowDown: 1 };
-    if (e.key in moves) this.setIndex(this.index + moves[e.key]);
-    else if (e.key === 'Home') this.setIndex(0);
-    else if (e.key === 'End') this.setIndex(this.steps.length - 1);
-    else return;
-    e.preventDefault();
   }
 
   jump(moment) {
@@ -228,8 +204,7 @@ class KvCatchUp extends KvWidget {
   render() {
     const steps = this.steps;
     const p = steps[this.index];
-    this.prevButton.disabled = !p || this.index === 0;
-    this.nextButton.disabled = !p || this.index >= steps.length - 1;
+    this.stepper.update();
     this.dataset.source = this.source;
     for (const b of this.momentButtons) b.setAttribute('aria-pressed', String(Boolean(p && MOMENTS.find((m) => m.key === b.dataset.moment).test(p))));
     if (!p) {

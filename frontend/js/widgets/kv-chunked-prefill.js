@@ -8,10 +8,11 @@
 
 import { KvWidget, formatInt, formatSeconds } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { percentile } from './lib/request-trace.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { controlRow, modeBadge, showMode } from './lib/controls.js';
 
 const RECORDED = [
   ['chunked-prefill', 'Recorded: chunked, chunks of 16, budget 24'],
@@ -76,7 +77,7 @@ class KvChunkedPrefill extends KvWidget {
     this.runs = new Map();       // name -> { label, summary }
     this.live = null;            // the run under way: { name, chunk, mine: Set, events: [], longRid }
     this.runNumber = 0;
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     const uid = this.getAttribute('aria-labelledby') || 'kcp';
     this.chunkSelect = h('select', { class: 'kvw-select', id: `${uid}-chunk` },
       ...CHUNKS.map((n) => h('option', { value: String(n), ...(n === 32 ? { selected: '' } : {}) }, `${n} tokens`)));
@@ -86,8 +87,7 @@ class KvChunkedPrefill extends KvWidget {
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.panelsEl = h('div', { class: 'kcp-panels' });
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' },
-        h('label', { for: this.chunkSelect.id }, 'Chunks of'), this.chunkSelect, this.chunkedButton, this.wholeButton, this.modeBadge),
+      controlRow('Your own run', h('label', { for: this.chunkSelect.id }, 'Chunks of'), this.chunkSelect, this.chunkedButton, this.wholeButton, this.modeBadge),
       this.liveNote, this.errorEl, this.panelsEl);
     this.setLegend([
       { label: 'prompt chunk (prefill tokens in the step)', color: 'var(--kv-prefill)' },
@@ -106,8 +106,7 @@ class KvChunkedPrefill extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     const running = Boolean(this.live && !this.live.done);
     const knobs = this.client.engine && this.client.engine.knobs;
     const chunkingOff = Boolean(knobs && !knobs.enable_chunked_prefill);

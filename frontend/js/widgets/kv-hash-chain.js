@@ -11,9 +11,10 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { controlRow, modeBadge, showMode } from './lib/controls.js';
 
 const RECORDING = 'hash-chain';
 // The recording's prompt and salts (scripts/make_recordings.py, CHAIN_PROMPT and CHAIN_SALTS).
@@ -109,10 +110,10 @@ class KvHashChain extends KvWidget {
     this.lengthOut = h('output', { for: this.slider.id });
     this.saltInput = h('input', { type: 'text', class: 'kvw-input', id: `${uid}-salt`, value: RECORDED_SALTS[0], maxlength: 64,
       spellcheck: 'false', oninput: () => this.requestRender() });
-    this.presets = h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Prompt lengths around two blocks' });
+    this.presets = controlRow('Prompt lengths around two blocks');
     this.sendButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.sendTwice() },
       'Send it twice to the engine');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.figures = h('dl', { class: 'kvw-figures', id: `${uid}-figures` });
     this.verdictEl = h('p', { class: 'khc-verdict', 'data-verdict': '' });
@@ -160,8 +161,7 @@ class KvHashChain extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.sendButton.disabled = mode !== 'live';
     this.sendButton.title = mode === 'live' ? '' : 'Needs the live engine; the recorded runs are shown.';
   }
@@ -186,11 +186,8 @@ class KvHashChain extends KvWidget {
     return this.liveTokens;
   }
 
-  async sendTwice() {
-    if (isBusy(this.sendButton) || !this.isLive) return;
-    setBusy(this.sendButton, true);
-    this.errorEl.textContent = '';
-    try {
+  sendTwice() {
+    return runBusy(this, this.sendButton, this.errorEl, async () => {
       const tokens = await this.promptTokens();
       const n = Number(this.slider.value);
       const salt = this.saltInput.value.trim();
@@ -208,11 +205,7 @@ class KvHashChain extends KvWidget {
       this.requestRender();
       const run = this.runFor(n, salt);
       if (run) this.announce(this.verdict(n, run));
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.sendButton, false);
-    }
+    });
   }
 
   /** Submit; when the per-learner limit says to wait a few seconds, wait and submit again. */

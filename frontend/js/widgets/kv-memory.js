@@ -6,10 +6,11 @@
 
 import { KvWidget, formatBytes, formatInt, formatSeconds, formatFloat } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { hierarchy } from './lib/memory-model.js';
 import { drawHierarchy, rate, HIERARCHY_CSS } from './lib/hierarchy-svg.js';
 import { Estimator, ESTIMATOR_CSS } from './lib/estimator.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const DEMO_PROMPT = 'The fox ran across the field and';
 
@@ -40,7 +41,7 @@ class KvMemory extends KvWidget {
     this.hello = null;
     this.step = null;
     this.memory = null;
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.hierEl = h('div', { class: 'kvw-scroll' });
     this.deviceNote = h('p', { class: 'kvw-note' });
     this.runBtn = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.sendDemo() }, 'Send a prompt to make steps');
@@ -74,8 +75,7 @@ class KvMemory extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runBtn.disabled = mode === 'replay';
   }
 

@@ -7,7 +7,7 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { KvPool } from './lib/kv-pool.js';
 import { PoolCanvas, OwnerPalette } from './lib/pool-canvas.js';
 import { DensityStrip } from './lib/pool-density.js';
@@ -20,6 +20,7 @@ import { PoolsRow, POOLS_ROW_CSS } from './lib/pools-row.js';
 import { BlockLifetimes, LIFETIMES_CSS } from './lib/block-lifetimes.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { LoadMaker } from '../lib/load-maker.js';
+import { controlRow, modeBadge, showMode } from './lib/controls.js';
 
 const MAX_TABLES = 24;
 const LARGE_POOL = 4096;                 // more blocks than this: the strip and a detail window
@@ -59,7 +60,7 @@ class KvPages extends withHandlers(KvWidget) {
     this.cursor = -1;
     this.highlightSeq = null;
     this.pinnedSeq = null;
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Pool figures' });
     this.canvas = h('canvas', {
       class: 'kvp-pool', tabindex: '0', role: 'application', 'aria-roledescription': 'block pool',
@@ -94,7 +95,7 @@ class KvPages extends withHandlers(KvWidget) {
       h('div', { class: 'kvw-row' }, this.poolTitle, this.modeBadge),
       this.attached.el,
       this.poolsRow.el,
-      ...(this.poolOnly ? [] : [h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Load of your own' }, this.loadButton, this.loadStatus)]),
+      ...(this.poolOnly ? [] : [controlRow('Load of your own', this.loadButton, this.loadStatus)]),
       this.figuresEl,
       this.largeEl,
       h('div', { class: 'kvp-poolwrap' }, this.canvas),
@@ -282,8 +283,7 @@ class KvPages extends withHandlers(KvWidget) {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
   }
 
   onEvent(event) {

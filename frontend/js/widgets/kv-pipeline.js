@@ -5,8 +5,10 @@
 
 import { KvWidget, formatInt, formatSeconds, pausedText } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { RequestTrace } from './lib/request-trace.js';
+import { runBusy } from './lib/busy.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const PACE_S = 0.2;
 const MAX_TOKENS = 12;
@@ -44,7 +46,7 @@ class KvPipeline extends KvWidget {
     this.trace = new RequestTrace(null);
     this.tokenize = null;          // { ids, seconds } measured here
     this.streamed = null;          // { first, last } seconds after submit, in this browser
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.promptInput = h('input', { class: 'kvw-input', type: 'text', size: 30, value: this.getAttribute('prompt') || 'Once upon a time', 'aria-label': 'Prompt' });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Send it through');
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
@@ -72,8 +74,7 @@ class KvPipeline extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runButton.disabled = mode !== 'live';
   }
 
@@ -84,11 +85,9 @@ class KvPipeline extends KvWidget {
     this.requestRender();
   }
 
-  async run() {
-    this.errorEl.textContent = '';
-    this.runButton.disabled = true;
+  run() {
     const prompt = this.promptInput.value;
-    try {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
       this.restart(this.client.session.client_id);
       let t0 = performance.now();
       const tokens = await this.client.command('tokenize', { text: prompt });
@@ -97,11 +96,7 @@ class KvPipeline extends KvWidget {
       t0 = performance.now();
       this.submittedAt = t0;
       await this.client.command('submit', { prompt, params: { temperature: 0.7, seed: 1, max_tokens: MAX_TOKENS }, pace_s: PACE_S });
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      this.runButton.disabled = !this.isLive;
-    }
+    });
   }
 
   onEvent(event) {

@@ -9,9 +9,10 @@
 
 import { KvWidget, formatInt, formatFloat, formatBytes, CATEGORICAL } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { recordedOfType } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const FORMATS = [
   ['fp8_e4m3', 'fp8 (e4m3): 8-bit float, 4 exponent and 3 precision bits, one scale per layer', CATEGORICAL[0]],
@@ -79,7 +80,7 @@ class KvQuantCache extends KvWidget {
     this.recorded = null;
     const uid = this.getAttribute('aria-labelledby');
 
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.promptInput = h('textarea', { class: 'kvw-textarea', id: `${uid}-prompt`, rows: 2, spellcheck: 'false', maxlength: 2000 });
     this.promptInput.value = this.getAttribute('prompt') || DEFAULT_PROMPT;
     this.boxes = FORMATS.map(([name, label, color]) => {
@@ -121,8 +122,7 @@ class KvQuantCache extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runButton.disabled = mode !== 'live';
     setBusy(this.runButton, this.running);
   }

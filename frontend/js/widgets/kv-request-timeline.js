@@ -7,9 +7,10 @@
 
 import { KvWidget, formatInt, formatSeconds, formatSI, formatBytes, formatFloat, pausedText } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { RequestTrace, percentile } from './lib/request-trace.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const WIDTH = 720;
 const LEFT = 70;
@@ -37,10 +38,10 @@ class KvRequestTimeline extends KvWidget {
   setup() {
     injectStyle('kv-request-timeline', STYLE);
     this.trace = new RequestTrace(null);
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.promptInput = h('input', { class: 'kvw-input', type: 'text', value: this.getAttribute('prompt') || 'The cat sat on the', 'aria-label': 'Prompt', size: 30 });
     this.slowBox = h('input', { type: 'checkbox', id: `${this.getAttribute('aria-labelledby')}-slow` });
-    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => { if (!isBusy(this.runButton)) this.run(); } }, 'Run');
+    this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Run');
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Measured latencies' });
     this.slowedEl = h('p', { class: 'krt-slowed', hidden: '' });
@@ -67,8 +68,7 @@ class KvRequestTimeline extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runButton.disabled = mode !== 'live';
   }
 
@@ -80,21 +80,15 @@ class KvRequestTimeline extends KvWidget {
     this.requestRender();
   }
 
-  async run() {
-    this.errorEl.textContent = '';
-    setBusy(this.runButton, true);   // busy, not disabled: focus stays on Run
-    try {
+  run() {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
       // Its events may arrive before the ack: follow this page's next request from the start.
       const paceS = this.slowBox.checked ? PACE_S : 0;
       this.follow(null, this.client.session.client_id, paceS);
       await this.client.command('submit', {
         prompt: this.promptInput.value, params: { temperature: 0, max_tokens: 16, ignore_eos: true }, pace_s: paceS,
       });
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.runButton, false);
-    }
+    });
   }
 
   onEvent(event) {

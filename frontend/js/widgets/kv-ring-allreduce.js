@@ -10,15 +10,15 @@
 
 import { KvWidget, formatBytes, formatInt, heatColor, heatTextColor } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { Stepper, controlRow, modeBadge, showMode } from './lib/controls.js';
 
 const RECORDING = 'ring';
 const SIZE = 380;
 const STYLE = `
 kv-ring-allreduce .kra-ring { border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: .5rem .6rem; }
-kv-ring-allreduce .kra-ring:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 kv-ring-allreduce .kra-layout { display: flex; flex-wrap: wrap; gap: .5rem 1rem; align-items: flex-start; }
 kv-ring-allreduce .kra-layout > svg { flex: 0 1 ${SIZE}px; }
 kv-ring-allreduce .kra-side { flex: 1 1 16rem; min-width: 0; }
@@ -78,27 +78,25 @@ class KvRingAllreduce extends KvWidget {
     this.markerId = `${uid}-head`;
     this.nSelect = h('select', { class: 'kvw-select', id: `${uid}-n`, onchange: () => this.setN(Number(this.nSelect.value)) },
       ...[2, 3, 4, 5, 6, 7, 8].map((n) => h('option', { value: n, selected: n === this.n }, `${n} GPUs`)));
-    this.prevButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.setRound(this.round - 1) }, '◀ Round back');
-    this.nextButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.setRound(this.round + 1) }, 'Next round ▶');
+    this.stepper = new Stepper({ earlier: '◀ Round back', later: 'Next round ▶',
+      index: () => this.round, count: () => this.rounds + 1, go: (r) => this.setRound(r) });
     this.playButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.play() }, 'Play all rounds');
     this.sendButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.sendLive() }, 'Send a request to the ranks');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.phaseEl = h('p', { class: 'kra-phase', 'data-phase': '' });
     this.ringSvg = svg('svg', { class: 'kvw-svg', role: 'img', viewBox: `0 0 ${SIZE} ${SIZE}`, width: SIZE, height: SIZE });
     this.figures = h('dl', { class: 'kvw-figures' });
     this.scaling = h('table', {});
     this.engineEl = h('div', { class: 'kvw-panel' });
-    this.ring = h('div', { class: 'kra-ring', tabindex: '0', role: 'group', 'aria-roledescription': 'ring all-reduce',
+    this.ring = this.stepper.panel({ class: 'kra-ring', 'aria-roledescription': 'ring all-reduce',
       'aria-label': 'The ring. Left and right arrows: a round back or forward; Home and End: the start and the end.' },
     this.phaseEl, h('div', { class: 'kra-layout' }, this.ringSvg, h('div', { class: 'kra-side' }, this.figures,
       h('div', { class: 'kvw-scroll' }, this.scaling))));
-    this.ring.addEventListener('keydown', (e) => this.onKey(e));
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'The ring' },
-        h('label', { for: this.nSelect.id }, 'Ring of'), this.nSelect, this.prevButton, this.nextButton, this.playButton),
+      controlRow('The ring', h('label', { for: this.nSelect.id }, 'Ring of'), this.nSelect, ...this.stepper.buttons, this.playButton),
       this.ring,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' }, this.sendButton, this.modeBadge),
+      controlRow('Your own run', this.sendButton, this.modeBadge),
       this.errorEl, this.engineEl);
     this.setLegend([
       { label: 'a piece holding one GPU’s own values (light) … summed over all GPUs (dark)', color: heatColor(0.6) },
@@ -123,8 +121,7 @@ class KvRingAllreduce extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.sendButton.disabled = !this.tensorParallel;
     this.requestRender();
   }
@@ -139,19 +136,13 @@ class KvRingAllreduce extends KvWidget {
     this.requestRender();
   }
 
-  async sendLive() {
-    if (isBusy(this.sendButton) || !this.tensorParallel) return;
-    setBusy(this.sendButton, true);
-    this.errorEl.textContent = '';
-    try {
+  sendLive() {
+    if (!this.tensorParallel) return;
+    runBusy(this, this.sendButton, this.errorEl, async () => {
       const ack = await this.client.command('submit', { prompt: 'Two ranks share one model and every step they', params: { temperature: 0, max_tokens: 8, ignore_eos: true } });
       this.mine.add(ack.request_id);
       this.announce(`Request ${ack.request_id} sent: its steps’ bytes appear below.`);
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.sendButton, false);
-    }
+    });
   }
 
   // -- the ring ------------------------------------------------------------------------------
@@ -168,15 +159,6 @@ class KvRingAllreduce extends KvWidget {
     this.round = Math.max(0, Math.min(this.rounds, r));
     this.announce(this.phaseText());
     this.requestRender();
-  }
-
-  onKey(e) {
-    const moves = { ArrowLeft: -1, ArrowUp: -1, ArrowRight: 1, ArrowDown: 1 };
-    if (e.key in moves) this.setRound(this.round + moves[e.key]);
-    else if (e.key === 'Home') this.setRound(0);
-    else if (e.key === 'End') this.setRound(this.rounds);
-    else return;
-    e.preventDefault();
   }
 
   play() {
@@ -221,8 +203,7 @@ class KvRingAllreduce extends KvWidget {
     this.dataset.n = String(n);
     this.dataset.rounds = String(this.rounds);
     this.dataset.round = String(this.round);
-    this.prevButton.disabled = this.round === 0;
-    this.nextButton.disabled = this.round >= this.rounds;
+    this.stepper.update();
     this.phaseEl.textContent = this.phaseText();
     this.drawRing();
     const { bytes, from } = this.payload;

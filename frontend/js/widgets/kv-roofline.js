@@ -10,9 +10,10 @@
 
 import { KvWidget, formatInt, formatSI } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { SourcePicker, controlRow } from './lib/controls.js';
 
 const RECORDING = 'roofline';
 const MAX_TOKENS = 10;   // as the recording's (scripts/make_recordings.py, roofline)
@@ -71,21 +72,18 @@ class KvRoofline extends KvWidget {
     this.source = 'recorded';
     this.batch = 1;
     const uid = this.getAttribute('aria-labelledby');
-    this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: batches of 1 to 128'), h('option', { value: 'live' }, 'Live: your requests'));
+    this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Steps from', onChange: (source) => this.show(source),
+      recorded: 'Recorded: batches of 1 to 128', live: 'Live: your requests' });
     this.slider = h('input', { type: 'range', id: `${uid}-batch`, min: 0, max: 0, step: 1, value: 0, oninput: () => this.pick() });
     this.batchOut = h('output', { for: this.slider.id });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() }, 'Run them together');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.chart = svg('svg', { class: 'kvw-svg krl-chart', role: 'img', viewBox: `0 0 ${PLOT.w} ${PLOT.h}`, width: PLOT.w, height: PLOT.h });
     this.figures = h('dl', { class: 'kvw-figures' });
     this.lessonEl = h('p', { class: 'krl-lesson', 'data-lesson': '' });
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which steps' },
-        h('label', { for: this.sourceSelect.id }, 'Steps from'), this.sourceSelect, this.modeBadge),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Batch size' },
-        h('label', { for: this.slider.id }, 'Requests decoded together'), this.slider, this.batchOut, this.runButton),
+      this.picker.row('Which steps', this.picker.badge),
+      controlRow('Batch size', h('label', { for: this.slider.id }, 'Requests decoded together'), this.slider, this.batchOut, this.runButton),
       this.errorEl,
       h('div', { class: 'krl-figure' }, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.lessonEl));
     this.setLegend([
@@ -93,7 +91,7 @@ class KvRoofline extends KvWidget {
       { label: 'one decode step', color: 'var(--kv-cat-8)', shape: 'circle' },
       { label: 'a batch size, at its fastest step (the chosen one ringed)', color: 'var(--kv-cat-1)', shape: 'circle' },
     ]);
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       this.recordedDevice = events.find((e) => e.type === 'hello').device;
       for (const e of events) if (e.type === 'step') this.recorded.add(e);
@@ -133,15 +131,9 @@ class KvRoofline extends KvWidget {
     this.requestRender();
   }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
-    const live = mode === 'live';
-    this.sourceSelect.querySelector('option[value=live]').disabled = !live;
+  onModeChange(mode) {
     this.runButton.hidden = this.source !== 'live';
-    if (!live && this.source === 'live') this.show('recorded');
+    this.picker.followMode(mode);
   }
 
   onEvent(event) {
@@ -156,17 +148,14 @@ class KvRoofline extends KvWidget {
 
   show(source) {
     this.source = source;
-    this.sourceSelect.value = source;
+    this.picker.value = source;
     this.runButton.hidden = source !== 'live';
     this.fitSlider();
   }
 
-  async runLive() {
-    if (isBusy(this.runButton) || !this.isLive) return;
-    setBusy(this.runButton, true);
-    this.errorEl.textContent = '';
+  runLive() {
     const n = this.batch;
-    try {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
       let finished = 0;
       let expected = Infinity;   // the server says how many requests its one level runs
       let resolveDone;
@@ -192,11 +181,7 @@ class KvRoofline extends KvWidget {
       this.requestRender();
       const p = this.live.points(1).find((q) => q.batch === n);
       if (p) this.announce(`${n} together: ${p.intensity.toFixed(2)} FLOP per byte, ${fmtFlops(p.flops)}.`);
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.runButton, false);
-    }
+    });
   }
 
   render() {

@@ -10,8 +10,9 @@
 
 import { KvWidget, formatInt, formatSeconds } from '../widget-base.js';
 import { h } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const MAX_ROWS = 24;
 const POLICY_NAMES = { round_robin: 'Round robin', least_loaded: 'Least loaded', prefix: 'Longest cached prefix' };
@@ -50,7 +51,7 @@ class KvRouter extends withHandlers(KvWidget) {
     this.early = new Map();    // request id -> request.finished that beat the ack
     this.runs = 0;
     this.running = false;
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.noteEl = h('p', { class: 'kvw-note', 'data-router-note': '' });
     this.policyBox = h('fieldset', { class: 'krt-policies' }, h('legend', {}, 'Routing policy'));
     this.radios = new Map();
@@ -117,8 +118,7 @@ class KvRouter extends withHandlers(KvWidget) {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
   }
 
   onEvent(event) {

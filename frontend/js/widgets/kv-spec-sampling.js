@@ -10,9 +10,10 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
-import { setBusy, isBusy } from './lib/busy.js';
+import { runBusy } from './lib/busy.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 import { seededRandom } from './lib/sampling-math.js';
 
 const RECORDING = 'spec-sampling';
@@ -34,7 +35,6 @@ const height0 = (pass) => TOP + (pass.tokens.length + 1) * ROW_H;   // the rows 
 
 const STYLE = `
 kv-spec-sampling .kss-figure { border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: .5rem .6rem; }
-kv-spec-sampling .kss-figure:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 kv-spec-sampling .kss-head { margin: 0 0 .3rem; font-size: .95rem; }
 kv-spec-sampling .kss-chart text { font-size: 11px; }
 kv-spec-sampling .kss-chart .kss-token { font-family: var(--kv-font-mono); }
@@ -90,13 +90,13 @@ class KvSpecSampling extends KvWidget {
     this.index = 0;
     this.mine = new Set();
     const uid = this.getAttribute('aria-labelledby');
-    this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: prompt lookup, k = 3'), h('option', { value: 'live' }, 'Live: your request'));
-    this.prevButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.move(-1) }, '◀ Earlier pass');
-    this.nextButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.move(1) }, 'Later pass ▶');
+    this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Passes from', onChange: (source) => this.show(source),
+      recorded: 'Recorded: prompt lookup, k = 3', live: 'Live: your request' });
+    const drawMore = () => this.draw(1000);
+    this.stepper = new Stepper({ earlier: '◀ Earlier pass', later: 'Later pass ▶', keys: { d: drawMore, D: drawMore },
+      index: () => this.index, count: () => this.passes.length, go: (i) => this.select(i) });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Sample a story with speculation');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
     this.drawButtons = BATCHES.map((n) => h('button', { type: 'button', class: 'kvw-btn', 'data-draws': n, onclick: () => this.draw(n) },
       `Run the rule ${formatInt(n)} times`));
@@ -105,19 +105,17 @@ class KvSpecSampling extends KvWidget {
     this.chart = svg('svg', { class: 'kvw-svg kss-chart', role: 'img' });
     this.figures = h('dl', { class: 'kvw-figures' });
     this.historyEl = h('p', { class: 'kss-history', 'data-history': '' });
-    this.figure = h('div', { class: 'kss-figure', tabindex: '0', role: 'group', 'aria-roledescription': 'verify pass',
-      'aria-label': 'One verify pass. Left and right arrows: earlier and later pass; D: run the rule 1,000 more times.' },
+    this.figure = this.stepper.panel({ class: 'kss-figure', 'aria-roledescription': 'verify pass',
+      'aria-label': 'One verify pass. Left and right arrows: earlier and later pass; Home and End: first and last; D: run the rule 1,000 more times.' },
     this.headEl, h('div', { class: 'kvw-scroll' }, this.chart), this.figures, this.historyEl);
-    this.figure.addEventListener('keydown', (e) => this.onKey(e));
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' }, this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.errorEl,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which pass' },
-        h('label', { for: this.sourceSelect.id }, 'Passes from'), this.sourceSelect, this.prevButton, this.nextButton),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Run the rule in this page' }, ...this.drawButtons, this.resetButton),
+      this.picker.row('Which pass', ...this.stepper.buttons),
+      controlRow('Run the rule in this page', ...this.drawButtons, this.resetButton),
       this.figure);
     this.setLegend(COLUMNS.map((c) => ({ label: c.label, color: c.color })));
-    this.updateMode(this.client.mode);
+    this.onModeChange(this.client.mode);
     namedRecordingEvents(RECORDING).then((events) => {
       this.recorded = events.filter((e) => e.type === 'spec' && e.distribution).map(passOf);
       this.dataset.recordedPasses = String(this.recorded.length);
@@ -133,15 +131,9 @@ class KvSpecSampling extends KvWidget {
     return best;
   }
 
-  onModeChange(mode) { this.updateMode(mode); }
-
-  updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
-    const live = mode === 'live';
-    this.sourceSelect.querySelector('option[value=live]').disabled = !live;
-    this.runButton.disabled = !live;
-    if (!live && this.source === 'live') this.show('recorded');
+  onModeChange(mode) {
+    this.runButton.disabled = mode !== 'live';
+    this.picker.followMode(mode);
   }
 
   onEvent(event) {
@@ -150,12 +142,9 @@ class KvSpecSampling extends KvWidget {
     this.dataset.livePasses = String(this.live.length);
   }
 
-  async runLive() {
-    if (isBusy(this.runButton) || !this.isLive) return;
-    setBusy(this.runButton, true);
-    this.errorEl.textContent = '';
-    this.live = [];
-    try {
+  runLive() {
+    return runBusy(this, this.runButton, this.errorEl, async () => {
+      this.live = [];
       const finished = new Promise((resolve) => {
         const off = this.client.on('request.finished', (e) => {
           if (this.mine.has(e.request_id)) { off(); resolve(); }
@@ -168,29 +157,15 @@ class KvSpecSampling extends KvWidget {
       await finished;
       this.show('live', true);
       this.announce(`Your request ${ack.request_id}: ${this.live.length} verify passes with their p and q.`);
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      setBusy(this.runButton, false);
-    }
+    });
   }
 
   show(source, fresh = false) {
     if (source === this.source && !fresh) return;
     this.source = source;
-    this.sourceSelect.value = source;
+    this.picker.value = source;
     this.select(this.bestIndex(this.passes));
   }
-
-  onKey(e) {
-    if (e.key === 'ArrowLeft' || e.key === 'ArrowUp') this.move(-1);
-    else if (e.key === 'ArrowRight' || e.key === 'ArrowDown') this.move(1);
-    else if (e.key === 'd' || e.key === 'D') this.draw(1000);
-    else return;
-    e.preventDefault();
-  }
-
-  move(delta) { this.select(this.index + delta); }
 
   /** Show pass i, its draws started afresh. */
   select(i) {
@@ -237,8 +212,7 @@ class KvSpecSampling extends KvWidget {
 
   render() {
     const pass = this.passes[this.index];
-    this.prevButton.disabled = !pass || this.index === 0;
-    this.nextButton.disabled = !pass || this.index >= this.passes.length - 1;
+    this.stepper.update();
     for (const b of [...this.drawButtons, this.resetButton]) b.disabled = !pass;
     this.dataset.source = this.source;
     if (!pass) {

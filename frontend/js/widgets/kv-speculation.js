@@ -11,9 +11,11 @@
 
 import { KvWidget, formatInt, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { clientHandlers, withHandlers } from './lib/listen.js';
 import { visibleText } from './lib/tokens.js';
+import { runBusy } from './lib/busy.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const PRESETS = {
   repetitive: 'Once upon a time, a little fox found a shiny stone near the river. She was kind, and she loved '
@@ -59,7 +61,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
       h('option', { value: 'greedy' }, 'greedy (temperature 0)'),
       h('option', { value: 'sampled' }, 'sampled (temperature 0.8, seed 1)'));
     this.runBtn = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.run() }, 'Generate');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.configEl = h('p', { class: 'kvw-note' });
     this.shownEl = h('p', { class: 'kvw-note', 'data-shown': '' });
     this.errorEl = h('p', { class: 'kvw-error', role: 'alert' });
@@ -132,8 +134,7 @@ class KvSpeculation extends withHandlers(KvWidget) {
   }
 
   onModeChange(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     this.runBtn.disabled = mode !== 'live';
     // in replay the decoding and the prompt are the recorded request's, not a choice
     this.samplingEl.disabled = mode === 'replay';
@@ -146,26 +147,20 @@ class KvSpeculation extends withHandlers(KvWidget) {
     return hello && hello.engine ? hello.engine.speculative || null : null;
   }
 
-  async run() {
+  run() {
     const prompt = this.promptEl.value.trim();
     if (!prompt) return;
-    this.errorEl.textContent = '';
-    this.clear();
-    const sampled = this.samplingEl.value === 'sampled';
-    const preset = Object.keys(PRESETS).find((key) => PRESETS[key] === prompt) || null;
-    const params = sampled ? { temperature: 0.8, seed: 1, max_tokens: MAX_TOKENS } : { temperature: 0, max_tokens: MAX_TOKENS };
-    this.runBtn.disabled = true;
-    try {
+    runBusy(this, this.runBtn, this.errorEl, async () => {
+      this.clear();
+      const sampled = this.samplingEl.value === 'sampled';
+      const preset = Object.keys(PRESETS).find((key) => PRESETS[key] === prompt) || null;
+      const params = sampled ? { temperature: 0.8, seed: 1, max_tokens: MAX_TOKENS } : { temperature: 0, max_tokens: MAX_TOKENS };
       const ack = await this.client.command('submit', { prompt, params });
       this.rid = ack.request_id;
       this.requests.set(this.rid, { prompt, preset, greedy: !sampled, passes: [], finished: false });
       this.dataset.requestId = this.rid;
       this.announce(`Request ${this.rid} submitted with speculation${this.speculative ? '' : ' off on this server'}.`);
-    } catch (error) {
-      this.errorEl.textContent = this.describeError(error);
-    } finally {
-      this.runBtn.disabled = !this.isLive;
-    }
+    });
   }
 
   /** Replay: keep every recorded request; the one of the chosen preset is drawn. */

@@ -11,9 +11,10 @@
 
 import { KvWidget, formatInt } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { SourcePicker, Stepper, controlRow } from './lib/controls.js';
 
 const RECORDING = 'step-plan';
 const LIVE_STEPS_KEPT = 80;
@@ -39,7 +40,6 @@ const BAR_H = 30;
 
 const STYLE = `
 kv-step-plan .ksp-plan { border: 1px solid var(--kv-border); border-radius: var(--kv-radius, 6px); padding: .5rem .6rem; }
-kv-step-plan .ksp-plan:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }
 kv-step-plan .ksp-head { display: flex; flex-wrap: wrap; gap: .3rem .8rem; align-items: baseline; margin: 0 0 .3rem; }
 kv-step-plan .ksp-head strong { font-size: 1.05rem; font-variant-numeric: tabular-nums; }
 kv-step-plan .ksp-lesson { margin: .2rem 0 .5rem; font-size: .95rem; }
@@ -160,11 +160,10 @@ class KvStepPlan extends KvWidget {
     this.pinned = null;       // the step number shown; null: the newest (live, until the learner steps back)
     this.run = null;          // the learner's run: { mine: Set, longRid, done }
     const uid = this.getAttribute('aria-labelledby');
-    this.modeBadge = h('span', { class: 'kvw-mode' });
-    this.sourceSelect = h('select', { class: 'kvw-select', id: `${uid}-source`, onchange: () => this.show(this.sourceSelect.value) },
-      h('option', { value: 'recorded' }, 'Recorded: budget 32 tokens'), h('option', { value: 'live' }, 'Live engine'));
-    this.prevButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.move(-1) }, '◀ Earlier step');
-    this.nextButton = h('button', { type: 'button', class: 'kvw-btn', onclick: () => this.move(1) }, 'Later step ▶');
+    this.picker = new SourcePicker({ id: `${uid}-source`, label: 'Steps from', onChange: (source) => this.show(source),
+      recorded: 'Recorded: budget 32 tokens', live: 'Live engine' });
+    this.stepper = new Stepper({ earlier: '◀ Earlier step', later: 'Later step ▶',
+      index: () => this.index, count: () => this.steps.length, go: (i) => this.setIndex(i) });
     this.runButton = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.runLive() },
       'Send a long prompt while two of mine decode');
     this.liveNote = h('span', { class: 'kvw-note' });
@@ -179,7 +178,7 @@ class KvStepPlan extends KvWidget {
     });
     this.tbody = h('tbody', {});
     this.queueEl = h('div', { class: 'ksp-queue' });
-    this.plan = h('div', { class: 'ksp-plan', tabindex: '0', role: 'group', 'aria-roledescription': 'step plan',
+    this.plan = this.stepper.panel({ class: 'ksp-plan', 'aria-roledescription': 'step plan',
       'aria-label': 'One step’s plan. Left and right arrows: earlier and later step; Home and End: first and newest.' },
     h('div', { class: 'kvw-scroll' }, this.strip), this.headEl, this.lessonEl, h('div', { class: 'kvw-scroll' }, this.bar),
     h('div', { class: 'kvw-scroll' }, h('table', {},
@@ -187,17 +186,15 @@ class KvStepPlan extends KvWidget {
       h('thead', {}, h('tr', {}, ...['#', 'request', 'why it runs', 'tokens', 'computed: before → after, of its tokens'].map((t) => h('th', { scope: 'col' }, t)))),
       this.tbody)),
     this.queueEl);
-    this.plan.addEventListener('keydown', (e) => this.onKey(e));
     // the bar is drawn at the plan's width: draw again when that width changes
     this.resizer = new ResizeObserver(() => {
       if (this.plan.clientWidth !== this.drawnWidth) this.requestRender();
     });
     this.resizer.observe(this.plan);
     this.body.append(
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Your own run' }, this.runButton, this.modeBadge),
+      controlRow('Your own run', this.runButton, this.picker.badge),
       this.liveNote, this.errorEl,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Which steps' },
-        h('label', { for: this.sourceSelect.id }, 'Steps from'), this.sourceSelect, this.prevButton, this.nextButton),
+      this.picker.row('Which steps', ...this.stepper.buttons),
       this.plan);
     this.setLegend([
       ...Object.entries(REASONS).map(([reason, { color, says }]) => ({ label: `${reason}: ${says}`, color })),
@@ -233,11 +230,8 @@ class KvStepPlan extends KvWidget {
   onModeChange(mode) { this.updateMode(mode); }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
     const live = mode === 'live';
-    this.sourceSelect.querySelector('option[value=live]').disabled = !live;
-    if (!live && this.source === 'live') this.show('recorded');
+    this.picker.followMode(mode);
     this.runButton.disabled = !live;
     setBusy(this.runButton, Boolean(this.run && !this.run.done));
     this.liveNote.textContent = !live ? 'With the live engine you can make such a step yourself.'
@@ -317,21 +311,10 @@ class KvStepPlan extends KvWidget {
   show(source) {
     if (source === this.source) return;
     this.source = source;
-    this.sourceSelect.value = source;
+    this.picker.value = source;
     this.pinned = source === 'live' ? null : this.firstMixed(this.recorded.steps);
     this.requestRender();
   }
-
-  onKey(e) {
-    const moves = { ArrowLeft: -1, ArrowUp: -1, ArrowRight: 1, ArrowDown: 1 };
-    if (e.key in moves) this.move(moves[e.key]);
-    else if (e.key === 'Home') this.setIndex(0);
-    else if (e.key === 'End') this.setIndex(this.steps.length - 1);
-    else return;
-    e.preventDefault();
-  }
-
-  move(delta) { this.setIndex(this.index + delta); }
 
   setIndex(i) {
     const last = this.steps.length - 1;
@@ -347,8 +330,7 @@ class KvStepPlan extends KvWidget {
     const steps = this.steps;
     const index = this.index;
     const p = steps[index];
-    this.prevButton.disabled = !p || index === 0;
-    this.nextButton.disabled = !p || index >= steps.length - 1;
+    this.stepper.update();
     this.dataset.source = this.source;
     if (!p) {
       this.headEl.replaceChildren(this.source === 'live' ? 'No live step yet: press the button above, or wait for the class’s requests.' : 'Loading the recorded steps…');

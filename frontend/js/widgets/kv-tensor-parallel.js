@@ -7,7 +7,8 @@
 
 import { KvWidget, formatBytes, formatInt } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const RANK_COLORS = ['var(--kv-cat-1)', 'var(--kv-cat-2)', 'var(--kv-cat-3)', 'var(--kv-cat-4)',
   'var(--kv-cat-5)', 'var(--kv-cat-6)', 'var(--kv-cat-7)', 'var(--kv-cat-8)'];
@@ -53,7 +54,7 @@ class KvTensorParallel extends KvWidget {
     injectStyle('kv-tensor-parallel', STYLE);
     const uid = this.getAttribute('aria-labelledby');
     this.ranksEl = h('select', { class: 'kvw-select', id: `${uid}-ranks`, onchange: () => this.requestRender() });
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.noteEl = h('p', { class: 'kvw-note' });
     this.figuresEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Per-rank figures' });
     this.chartEl = h('div', { class: 'kvw-scroll' });
@@ -71,8 +72,7 @@ class KvTensorParallel extends KvWidget {
   }
 
   onModeChange(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
   }
 
   onEvent(event) {

@@ -12,10 +12,11 @@
 
 import { KvWidget, formatInt, formatSeconds, formatFloat } from '../widget-base.js';
 import { h, svg } from './lib/svg.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { percentile } from './lib/request-trace.js';
 import { namedRecordingEvents } from './lib/recording.js';
 import { setBusy, isBusy } from './lib/busy.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 const RUN_GAP_S = 0.3;   // the server pauses 0.5 s between a sweep's levels
 const INSTRUCTOR_TOP = 256;
@@ -113,7 +114,7 @@ class KvThroughput extends KvWidget {
       this.recorded = recordedRuns(events);
       this.requestRender();
     });
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     const number = (label, value, min, max) => {
       const input = h('input', { class: 'kvw-input', type: 'number', value, min, max, step: 1 });
       return [h('label', {}, label, input), input];
@@ -184,8 +185,7 @@ class KvThroughput extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
     // attached to vLLM its caps are its own, set when it started: no knob to turn here
     this.seqsLabel.hidden = !this.instructor || this.attached;
     this.budgetLabel.hidden = !this.instructor || this.attached;

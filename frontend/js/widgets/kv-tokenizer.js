@@ -7,8 +7,9 @@
 import { KvWidget, formatInt, CATEGORICAL } from '../widget-base.js';
 import { h, debounce } from './lib/svg.js';
 import { tokenLabel, byteMap, unitSpan, utf8, hex2 } from './lib/tokens.js';
-import { injectStyle, modeText } from './lib/style.js';
+import { injectStyle } from './lib/style.js';
 import { recordedOfType } from './lib/recording.js';
+import { modeBadge, showMode } from './lib/controls.js';
 
 // Vocabularies this big (Llama 3: 128,256; Qwen3: 151,936) keep most common words whole.
 const LARGE_VOCAB = 100000;
@@ -67,7 +68,7 @@ class KvTokenizer extends KvWidget {
 
     this.chatBox = h('input', { type: 'checkbox', id: `${uid}-chat` });
     this.chatBox.addEventListener('change', () => this.tokenize());
-    this.modeBadge = h('span', { class: 'kvw-mode' });
+    this.modeBadge = modeBadge();
     this.countsEl = h('dl', { class: 'kvw-figures', 'aria-label': 'Counts' });
     this.textEl = h('div', { class: 'kvt-text', 'aria-hidden': 'true' });
     this.tokensEl = h('ol', {
@@ -120,8 +121,7 @@ class KvTokenizer extends KvWidget {
   }
 
   updateMode(mode) {
-    this.modeBadge.className = `kvw-mode kvw-mode--${mode}`;
-    this.modeBadge.textContent = modeText(mode);
+    showMode(this.modeBadge, mode);
   }
 
   async tokenize() {

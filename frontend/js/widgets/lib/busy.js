@@ -11,3 +11,18 @@ export function setBusy(button, busy) {
 export function isBusy(button) {
   return button.getAttribute('aria-disabled') === 'true';
 }
+
+/** Runs the learner's live `work` with `button` busy and `errorEl` emptied; a failure is
+ *  said in `errorEl`, in the widget's words. A click while busy, or with no live engine, does nothing. */
+export async function runBusy(widget, button, errorEl, work) {
+  if (isBusy(button) || !widget.isLive) return;
+  setBusy(button, true);
+  errorEl.textContent = '';
+  try {
+    await work();
+  } catch (error) {
+    errorEl.textContent = widget.describeError(error);
+  } finally {
+    setBusy(button, false);
+  }
+}

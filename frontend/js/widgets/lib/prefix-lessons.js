@@ -9,6 +9,7 @@
 
 import { h } from './svg.js';
 import { formatInt } from '../../widget-base.js';
+import { controlRow } from './controls.js';
 
 // Two endings that differ from their first token on, so a pair shares exactly its prefix,
 // each long enough that the second prompt has full blocks after the shared part.
@@ -69,10 +70,9 @@ export class PrefixLessons {
     this.el = h('section', { class: 'kvw-panel kvp-lessons-panel', 'aria-label': 'Whole blocks and cache salts' },
       h('h4', {}, 'Whole blocks, and cache salts'),
       this.blockNote,
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Share a beginning shorter or longer than a block' },
-        this.shortButton, this.longButton,
+      controlRow('Share a beginning shorter or longer than a block', this.shortButton, this.longButton,
         h('label', { class: 'kvp-field', for: `${id}-n` }, 'or share ', this.sharedIn, ' tokens'), this.pairButton),
-      h('div', { class: 'kvw-row', role: 'group', 'aria-label': 'Cache salts' }, this.saltButton),
+      controlRow('Cache salts', this.saltButton),
       this.errorEl, this.statusEl,
       h('div', { class: 'kvp-lessons-wrap' }, this.table),
       h('p', { class: 'kvw-note kvp-strip-key' }, 'Its blocks: ', h('span', { class: 'kvp-cell kvp-cell--cached', 'aria-hidden': 'true' }), ' reused from the cache · ',

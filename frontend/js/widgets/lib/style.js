@@ -31,6 +31,7 @@ const COMMON = `
 .kvw-svg { display: block; max-width: 100%; height: auto; font-family: var(--kv-font); }
 .kvw-svg text { fill: var(--kv-fg); }
 .kvw-svg .kvw-soft { fill: var(--kv-fg-soft); }
+.kvw-keys:focus-visible { outline: 3px solid var(--kv-focus); outline-offset: 2px; }   /* a panel answering keys (lib/controls.js) */
 .kvw-mode { font-size: .8rem; padding: .05rem .45rem; border-radius: 999px; border: 1px solid currentColor; }
 .kvw-mode--live { color: var(--kv-live); }
 .kvw-mode--replay { color: var(--kv-replay); }
@@ -52,11 +53,4 @@ export function injectStyle(name, css) {
     style.textContent = text;
     document.head.append(style);
   }
-}
-
-/** A small badge saying whether the widget shows the live engine or a recording. */
-export function modeText(mode) {
-  if (mode === 'live') return 'live engine';
-  if (mode === 'replay') return 'recording';
-  return 'connecting…';
 }

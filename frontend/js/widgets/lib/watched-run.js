@@ -10,9 +10,9 @@
 //   this.body.append(this.run.controls, ...);
 
 import { h } from './svg.js';
-import { modeText } from './style.js';
 import { idLabel, tokenLabel, visibleText } from './tokens.js';
 import { recordedPromptTokens, recordingEvents } from './recording.js';
+import { modeBadge, showMode } from './controls.js';
 
 const FAMILIES = ['request', 'internals', 'attention', 'sampling'];
 
@@ -30,7 +30,7 @@ export class WatchedRun {
     this.input.value = widget.getAttribute('prompt') || prompt || 'The little cat sat on the mat';
     this.input.addEventListener('keydown', (e) => { if (e.key === 'Enter') this.start(); });
     this.button = h('button', { type: 'button', class: 'kvw-btn kvw-btn--primary', onclick: () => this.start() }, 'Run');
-    this.badge = h('span', { class: 'kvw-mode' });
+    this.badge = modeBadge();
     this.error = h('p', { class: 'kvw-error', role: 'alert' });
     this.exampleNote = h('p', { class: 'kvw-note kvw-example' });
     this.exampleNote.hidden = true;
@@ -75,8 +75,7 @@ export class WatchedRun {
   modeChanged(mode) {
     this.button.disabled = mode === 'replay' || this.pending;
     this.button.title = mode === 'replay' ? 'Running a prompt needs the live engine' : '';
-    this.badge.className = `kvw-mode kvw-mode--${mode}`;
-    this.badge.textContent = modeText(mode);
+    showMode(this.badge, mode);
     if (mode === 'replay' && !this.replaySub) this.replaySub = this.client.subscribe(FAMILIES);
     if (mode !== 'replay' && this.replaySub) { this.replaySub(); this.replaySub = null; }
     if (mode === 'live' && !this.rid && !this.pending) this.showExample();
