@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
+from paged_step import attend_step
 from kvscope import LLM, SamplingParams
 from kvscope.layers import attention, kernels
 from kvscope.layers.attention import DecodeGroup, PrefillSpan, Route, TiledSpans
@@ -126,32 +127,6 @@ def test_ignores_cache_contents_past_each_context():
         k_cache[last, (n - 1) % 8 + 1:] = 1e4
         v_cache[last, (n - 1) % 8 + 1:] = -1e4
     torch.testing.assert_close(kernel(q, k_cache, v_cache, md, 0.25), before)
-
-
-def attend_step(specs, block_size, route, seed=3):
-    """One layer's attention over a scheduled step of (start, tokens) entries, with random
-    caches and queries: the rows and the metadata the engine would use."""
-    from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
-    from kvscope.engine.sequence import Sequence
-    from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-    from kvscope.layers.attention import PagedAttention, step_metadata
-    g = torch.Generator().manual_seed(seed)
-    num_blocks = sum(cdiv(start + n, block_size) for start, n in specs) + 4
-    free = torch.randperm(num_blocks, generator=g).tolist()
-    out = SchedulerOutput(step=0)
-    for start, n in specs:
-        seq = Sequence(list(range(start + n)), SamplingParams())
-        seq.block_table = [free.pop() for _ in range(cdiv(start + n, block_size))]
-        seq.num_computed_tokens = start
-        out.entries.append(ScheduledSeq.row(seq, n))
-    rows = sum(n for _, n in specs)
-    layer = PagedAttention(8, 2, 16, 0)
-    layer.k_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
-    layer.v_cache = torch.randn(num_blocks, block_size, 2, 16, generator=g)
-    q, k, v = (torch.randn(rows, heads, 16, generator=g) for heads in (8, 2, 2))
-    inputs = prepare_inputs(out, block_size, StepBuffers(torch.device("cpu")), route)
-    with step_metadata(layer, inputs.metadata):
-        return layer(q, k, v), inputs.metadata
 
 
 # spans then decodes: a fresh prompt of a few tokens, a short span over cached context (a

@@ -28,13 +28,9 @@ def run(code: str) -> str:
 def test_flash_routes_equal_the_reference_on_a_mixed_step():
     out = run("""
         import torch
-        from kvscope import SamplingParams
-        from kvscope.engine.block_manager import cdiv
-        from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
-        from kvscope.engine.sequence import Sequence
-        from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
         from kvscope.layers import attention
-        from kvscope.layers.attention import PagedAttention, Route, pick_routes, step_metadata
+        from kvscope.layers.attention import Route, pick_routes
+        from paged_step import attend_step
         assert attention.HAS_FLASH_ATTN
 
         BS = 256
@@ -42,22 +38,7 @@ def test_flash_routes_equal_the_reference_on_a_mixed_step():
         SPECS = [(0, 5), (250, 20), (37, 3), (20, 1), (300, 1), (511, 1)]
 
         def attend(route, dtype):
-            g = torch.Generator().manual_seed(0)
-            num_blocks = sum(cdiv(s + n, BS) for s, n in SPECS) + 2
-            free = torch.randperm(num_blocks, generator=g).tolist()
-            out = SchedulerOutput(step=0)
-            for start, n in SPECS:
-                seq = Sequence(list(range(start + n)), SamplingParams())
-                seq.block_table = [free.pop() for _ in range(cdiv(start + n, BS))]
-                seq.num_computed_tokens = start
-                out.entries.append(ScheduledSeq.row(seq, n))
-            layer = PagedAttention(8, 2, 16, 0)
-            layer.k_cache, layer.v_cache = (torch.randn(num_blocks, BS, 2, 16, generator=g).to(dtype) for _ in "kv")
-            rows = sum(n for _, n in SPECS)
-            q, k, v = (torch.randn(rows, h, 16, generator=g).to(dtype) for h in (8, 2, 2))
-            inputs = prepare_inputs(out, BS, StepBuffers(torch.device("cpu")), route)
-            with step_metadata(layer, inputs.metadata):
-                return layer(q, k, v).float()
+            return attend_step(SPECS, BS, route, seed=0, dtype=dtype)[0].float()
 
         for dtype in (torch.float32, torch.bfloat16):
             expected = attend(Route.REFERENCE, dtype)

@@ -44,6 +44,31 @@ def wire(e: dict) -> dict:
     return decode(binary_frame(e))
 
 
+def run_to_end(engine: LLMEngine) -> None:
+    while engine.has_unfinished():
+        engine.step()
+
+
+def watched_run(engine: LLMEngine, prompt, params: SamplingParams, spec: WatchSpec = WatchSpec()) -> tuple:
+    """`prompt` run to its end with its request watched as `spec` asks; returns (seq, events)."""
+    events = []
+    instr = Instrumentation(engine, events.extend)
+    seq = engine.add_request(prompt, params)
+    instr.watch(seq.request_id, "test", spec, seq)
+    run_to_end(engine)
+    instr.detach()
+    return seq, events
+
+
+def hf_attentions(seq) -> tuple:
+    """transformers' eager attention over every token but the last (it has no prefix cache:
+    the uncached reference), per layer [1, heads, rows, ctx]."""
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+
+
 def apply_kv(mirror: dict, e: dict) -> None:
     if e["kind"] == "snapshot":
         mirror["blocks"] = {b["id"]: b for b in e["blocks"]}
@@ -99,8 +124,7 @@ def test_kv_snapshot_plus_deltas_track_the_pool_through_preemption_and_hits():
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for p in PROMPTS * 2:
         engine.add_request(p, params)
-    while engine.has_unfinished():
-        engine.step()
+    run_to_end(engine)
     steps = [e for e in events if e["type"] == "step"]
     assert any(s["preempted"] for s in steps), "the test pool should force a preemption"
     assert any(e["op"] == "hit" for e in events if e["type"] == "kv" and e["kind"] == "delta" for e in e["events"])
@@ -133,21 +157,14 @@ def test_kv_tracker_attached_mid_run_follows_forks_and_drafts():
     engine.add_request(ids, SamplingParams(temperature=0.8, seed=1, n=3, max_tokens=12, ignore_eos=True))
     for p in PROMPTS:
         engine.add_request(p, params)
-    while engine.has_unfinished():
-        engine.step()
+    run_to_end(engine)
     ops = {ev["op"] for e in events if e["type"] == "kv" and e["kind"] == "delta" for ev in e["events"]}
     assert {"share", "cow", "hit", "evict"} <= ops, ops
     instr.detach()
 
 
 def test_attention_weights_match_transformers(engine):
-    events = []
-    instr = Instrumentation(engine, events.extend)
-    seq = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    instr.watch(seq.request_id, "test", WatchSpec(), seq)
-    while engine.has_unfinished():
-        engine.step()
-    instr.detach()
+    seq, events = watched_run(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     att = [wire(e) for e in events if e["type"] == "attention"]
     cfg = engine.model_config
     assert len(att) == 4 * cfg.num_layers                       # prefill + 3 decode steps, every layer
@@ -155,10 +172,7 @@ def test_attention_weights_match_transformers(engine):
 
 
 def check_against_transformers(att: list[dict], seq) -> None:
-    from transformers import AutoModelForCausalLM
-    hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+    ref = hf_attentions(seq)
     for a in att:
         ours = torch.from_numpy(a["weights"])                    # [heads, rows, ctx]
         want = ref[a["layer"]][0][a["heads"]][:, a["query_positions"], :a["context_len"]]
@@ -184,8 +198,7 @@ def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
         if watch:
             instr.watch(seqs[1].request_id, "test", WatchSpec(layers=frozenset({1, 3}), heads=frozenset({0, 5})),
                         seqs[1])
-        while engine.has_unfinished():
-            engine.step()
+        run_to_end(engine)
         instr.detach()
         engine.block_manager.reset_prefix_cache()
         return [s.output_token_ids for s in seqs], events, seqs
@@ -203,23 +216,13 @@ def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
 
 
 def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
-    from transformers import AutoModelForCausalLM
     engine = make_engine()
     first = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=1))
-    while engine.has_unfinished():
-        engine.step()
-    events = []
-    instr = Instrumentation(engine, events.extend)
-    seq = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    instr.watch(seq.request_id, "test", WatchSpec(), seq)
-    while engine.has_unfinished():
-        engine.step()
-    instr.detach()
+    run_to_end(engine)
+    seq, events = watched_run(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert seq.num_cached_tokens >= 8 and first.num_prompt_tokens == seq.num_prompt_tokens
     att = [wire(e) for e in events if e["type"] == "attention"]
-    hf = AutoModelForCausalLM.from_pretrained(model_path(), attn_implementation="eager", dtype=torch.float32).eval()
-    with torch.no_grad():   # transformers has no prefix cache: the uncached reference
-        ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+    ref = hf_attentions(seq)
     for layer in range(engine.model_config.num_layers):
         rows = {p: a for a in att if a["layer"] == layer for p in a["query_positions"]}
         assert sorted(rows) == list(range(len(seq.token_ids) - 1))      # no blank prompt row
@@ -230,17 +233,11 @@ def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
 
 
 def test_sampling_event_follows_each_filter(engine):
-    events = []
-    instr = Instrumentation(engine, events.extend)
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=3, seed=3, ignore_eos=True)
-    seq = engine.add_request(PROMPTS[1], params)
-    instr.watch(seq.request_id, "test", WatchSpec(layers=frozenset()), seq)
-    while engine.has_unfinished():
-        engine.step()
-    greedy = engine.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=1))
-    instr.watch(greedy.request_id, "test", WatchSpec(layers=frozenset()), greedy)
-    engine.step()
-    instr.detach()
+    seq, events = watched_run(engine, PROMPTS[1], params, WatchSpec(layers=frozenset()))
+    _, greedy_events = watched_run(engine, PROMPTS[1], SamplingParams(temperature=0, max_tokens=1),
+                                   WatchSpec(layers=frozenset()))
+    events += greedy_events
     samples = [check_event(e) for e in events if e["type"] == "sampling"]
     assert [s["chosen"]["id"] for s in samples[:3]] == seq.output_token_ids
     assert not [e for e in events if e["type"] == "attention"]        # layers=[] : no attention asked
@@ -285,8 +282,7 @@ def test_bench_modes_count_what_they_build(engine):
         instr = attach_for_bench(engine, mode)
         for p in PROMPTS:
             engine.add_request(p, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
+        run_to_end(engine)
         instr.detach()
         counts[mode] = instr.sink.by_type
     assert counts["listen"]["step"] > 0 and counts["listen"]["request.token"] == 9
