@@ -59,16 +59,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_health(url: str, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+def wait_until_up(url: str, process: subprocess.Popen, log_path: Path, name: str, timeout_s: float,
+                  poll_s: float) -> None:
+    """Until GET `url` answers 200. Raises, with the end of the server's log, if the process
+    exits first or timeout_s passes (until it is up the port refuses: poll every poll_s)."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/healthz", timeout=2) as response:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
             if response.status == 200:
                 return
-        time.sleep(0.3)
-    raise RuntimeError(f"the server did not answer /healthz in {SERVER_START_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+        time.sleep(poll_s)
+    raise RuntimeError(f"{name} did not answer {url} in {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+
+
+def _wait_for_health(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    wait_until_up(url + "/healthz", process, log_path, "the server", SERVER_START_TIMEOUT_S, poll_s=0.3)
 
 
 def skip_or_fail(reason: str) -> None:

@@ -3,24 +3,12 @@ head — rows sum to 1, the upper triangle (the causal mask) is 0, the head coun
 model's — with the heatmap drawn and a query row lit over the text by keyboard."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
-from widget_checks import check_exports
-
-
-def model_config() -> dict:
-    from kvscope.default_model import default_model_path
-    return json.loads((Path(default_model_path()) / "config.json").read_text())
+from widget_checks import check_exports, model_config, open_live_widget
 
 
 def test_attention_rows_are_causal_distributions(page, live_server, screenshot, assert_clean):
     config = model_config()
-    page.goto(live_server + "/chapters/04-attention")
-    page.wait_for_selector("kv-attention[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-attention").first
-    widget.scroll_into_view_if_needed()
+    widget = open_live_widget(page, live_server, "/chapters/04-attention", "kv-attention")
     widget.get_by_label("Prompt").fill("The cat sat on the mat.")
     widget.get_by_role("button", name="Run").click()
     page.wait_for_selector("kv-attention[data-finished]", timeout=30000)
@@ -73,11 +61,7 @@ def test_second_run_of_a_cached_prompt_has_every_prompt_row(new_page, live_serve
     """A prompt someone ran before comes from the prefix cache; its rows are recomputed,
     marked, and none is blank. The chosen layer and head survive the next run."""
     page = new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
-    page.goto(live_server + "/chapters/04-attention")
-    page.wait_for_selector("kv-attention[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-attention").first
-    widget.scroll_into_view_if_needed()
+    widget = open_live_widget(page, live_server, "/chapters/04-attention", "kv-attention")
     widget.get_by_label("Prompt").fill("A prompt that a whole class runs: the fox jumps over the dog.")
     run_and_wait(page, widget)
     widget.get_by_label("Layer", exact=True).select_option("2")

@@ -4,7 +4,7 @@ comparison is computed from those same requests."""
 from __future__ import annotations
 
 from playwright.sync_api import expect
-from widget_checks import check_exports, wait_idle
+from widget_checks import check_exports, open_live_widget, run_collecting, wait_idle
 
 MIN_CELL_PX = 18
 
@@ -62,16 +62,10 @@ def check_readable_and_keyboard(page, widget) -> None:
 
 def test_timeline_columns_and_cells_match_the_events(page, live_server, screenshot, assert_clean):
     wait_idle(live_server)
-    page.goto(live_server + "/chapters/14-continuous-batching")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-batch-timeline")
-    page.wait_for_selector("kv-batch-timeline[data-painted]", state="attached")
-    page.evaluate(COLLECT)
-    widget.get_by_role("button", name="Send a burst of my requests").click()
-    handle = widget.element_handle()
-    page.wait_for_function("el => Number(el.dataset.compared) >= 4 && el.load.running.size === 0", arg=handle, timeout=60000)
+    widget = open_live_widget(page, live_server, "/chapters/14-continuous-batching", "kv-batch-timeline")
+    seen = run_collecting(page, widget, COLLECT, "Send a burst of my requests",
+                          "el => Number(el.dataset.compared) >= 4 && el.load.running.size === 0", timeout=60000)
     data = widget.evaluate("el => el.exportData()")
-    seen = page.evaluate("() => window.seen")
 
     assert [s["step"] for s in data["steps"]] == seen["steps"][-64:]          # one column per step event
     finished = dict(seen["finished"])

@@ -3,13 +3,12 @@ watched request and draws the live model's tensors, also when the prompt is alre
 the prefix cache (the second run), in light mode, and in dark mode at 768 px."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
 import pytest
 
-from widget_checks import check_exports, open_live_widget
-
-
-def open_widget(page, live_server, chapter: str, tag: str):
-    return open_live_widget(page, live_server, f"/chapters/{chapter}", tag)
+from widget_checks import check_exports, model_config, open_live_widget
 
 
 def run_prompt(page, widget, prompt: str) -> dict:
@@ -21,16 +20,47 @@ def run_prompt(page, widget, prompt: str) -> dict:
     return widget.evaluate("el => el.exportData()")
 
 
+@dataclass
+class Views:
+    """One widget of a chapter, live: in light mode on `page`, then in dark mode at 768 px."""
+    page: object
+    new_page: object
+    live_server: str
+    screenshot: object
+    assert_clean: object
+
+    def open(self, chapter: str, tag: str):
+        return open_live_widget(self.page, self.live_server, f"/chapters/{chapter}", tag)
+
+    def run_twice(self, widget, prompt: str):
+        """Runs `prompt` twice, yielding each run's data: the second run's prompt comes from
+        the prefix cache."""
+        for _ in range(2):
+            yield run_prompt(self.page, widget, prompt)
+
+    def finish(self, widget, image_type: str = "image/svg+xml") -> None:
+        """The light view's screenshot, exports and clean console; then the same widget in a
+        dark page at 768 px runs a short prompt, and its screenshot and console."""
+        tag = widget.evaluate("el => el.localName")
+        name = "widget-" + tag.removeprefix("kv-")
+        self.screenshot(widget, name)
+        check_exports(widget, image_type)
+        self.assert_clean(self.page)
+        dark_page = self.new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+        dark = open_live_widget(dark_page, self.live_server, urlsplit(widget.page.url).path, tag)
+        run_prompt(dark_page, dark, "A dog ran")
+        self.screenshot(dark, name + "-dark-768")
+        self.assert_clean(dark_page)
+
+
 @pytest.fixture
-def dark_page(new_page):
-    return new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark")
+def views(page, new_page, live_server, screenshot, assert_clean) -> Views:
+    return Views(page, new_page, live_server, screenshot, assert_clean)
 
 
-def test_logit_lens_last_layer_is_the_engine_output(page, new_page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server, "09-full-model", "kv-logit-lens")
-    prompt = "The little cat sat on the"
-    for _ in range(2):    # the second run's prompt comes from the prefix cache
-        data = run_prompt(page, widget, prompt)
+def test_logit_lens_last_layer_is_the_engine_output(page, views):
+    widget = views.open("09-full-model", "kv-logit-lens")
+    for data in views.run_twice(widget, "The little cat sat on the"):
         positions = data["positions"]
         assert [p["position"] for p in positions] == list(range(len(positions)))
         assert len(positions) >= 7
@@ -43,24 +73,13 @@ def test_logit_lens_last_layer_is_the_engine_output(page, new_page, live_server,
     widget.locator(".kvl-grid").focus()
     page.keyboard.press("Home")
     page.wait_for_function("el => el.exportData().position === 0", arg=widget.element_handle())
-    screenshot(widget, "widget-logit-lens")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(new_page(viewport={"width": 768, "height": 1000}, color_scheme="dark"), live_server,
-                       "09-full-model", "kv-logit-lens")
-    run_prompt(dark.page, dark, "A dog ran")
-    screenshot(dark, "widget-logit-lens-dark-768")
-    assert_clean(dark.page)
+    views.finish(widget)
 
 
-def test_mlp_histograms_count_every_neuron(page, dark_page, live_server, screenshot, assert_clean):
-    import json
-    from pathlib import Path
-    from kvscope.default_model import default_model_path
-    inter = json.loads((Path(default_model_path()) / "config.json").read_text())["intermediate_size"]
-    widget = open_widget(page, live_server, "07-mlp", "kv-mlp")
-    for _ in range(2):
-        data = run_prompt(page, widget, "The little cat sat on the mat")
+def test_mlp_histograms_count_every_neuron(page, views):
+    inter = model_config()["intermediate_size"]
+    widget = views.open("07-mlp", "kv-mlp")
+    for data in views.run_twice(widget, "The little cat sat on the mat"):
         mlp = data["mlp"]
         assert data["intermediate_size"] == inter
         for kind in ("gate", "activation", "up", "product"):
@@ -70,19 +89,12 @@ def test_mlp_histograms_count_every_neuron(page, dark_page, live_server, screens
     widget.get_by_label("Layer", exact=True).select_option("2")
     page.wait_for_function("el => el.exportData().layer === 2", arg=widget.element_handle())
     assert widget.get_attribute("data-histograms") == "4"
-    screenshot(widget, "widget-mlp")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "07-mlp", "kv-mlp")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-mlp-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget)
 
 
-def test_residual_stream_and_rmsnorm(page, dark_page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server, "08-transformer-block", "kv-residual")
-    for _ in range(2):
-        data = run_prompt(page, widget, "The little cat sat on the mat")
+def test_residual_stream_and_rmsnorm(page, views):
+    widget = views.open("08-transformer-block", "kv-residual")
+    for data in views.run_twice(widget, "The little cat sat on the mat"):
         stream = data["stream"]
         assert len(stream) == 1 + 2 * 4 and stream[0]["added_norm"] is None
         assert all(p["stream_norm"] > 0 and (p["added_norm"] is None or p["added_norm"] > 0) for p in stream)
@@ -91,19 +103,12 @@ def test_residual_stream_and_rmsnorm(page, dark_page, live_server, screenshot, a
         assert abs(rms - n["rms"]) < 1e-3 * rms
         assert all(abs(o - x / rms * w) < 2e-3 for x, w, o in zip(n["input"], n["weight"], n["output"]))
     assert widget.locator("rect[data-kind=stream]").count() == 9
-    screenshot(widget, "widget-residual")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "08-transformer-block", "kv-residual")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-residual-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget)
 
 
-def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server, "03-embeddings", "kv-embeddings")
-    for _ in range(2):
-        data = run_prompt(page, widget, "The cat and the dog sat on the mat")
+def test_embeddings_rows_neighbours_and_map(page, views):
+    widget = views.open("03-embeddings", "kv-embeddings")
+    for data in views.run_twice(widget, "The cat and the dog sat on the mat"):
         tokens = data["tokens"]
         assert [t["position"] for t in tokens] == list(range(len(tokens))) and len(tokens) >= 9
         for t in tokens:
@@ -114,13 +119,7 @@ def test_embeddings_rows_neighbours_and_map(page, dark_page, live_server, screen
     page.keyboard.press("ArrowDown")
     page.wait_for_function("el => el.exportData().chosen === 1", arg=widget.element_handle())
     assert widget.locator(".kve-mine").count() == len(tokens)
-    screenshot(widget, "widget-embeddings")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "03-embeddings", "kv-embeddings")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-embeddings-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget)
 
 
 def set_slider(page, widget, param: str, value: float) -> None:
@@ -128,10 +127,9 @@ def set_slider(page, widget, param: str, value: float) -> None:
         "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('input', { bubbles: true })); }", value)
 
 
-def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server, "10-sampling", "kv-sampling")
-    for _ in range(2):
-        data = run_prompt(page, widget, "Once upon a time, a little fox")
+def test_sampling_sliders_reshape_and_sum_to_one(page, views):
+    widget = views.open("10-sampling", "kv-sampling")
+    for _ in views.run_twice(widget, "Once upon a time, a little fox"):
         page.wait_for_function("el => el.exportData().sum !== null", arg=widget.element_handle())
     data = widget.evaluate("el => el.exportData()")
     assert abs(data["sum"] - 1) < 1e-6 and data["kept"] == 2048
@@ -166,21 +164,14 @@ def test_sampling_sliders_reshape_and_sum_to_one(page, dark_page, live_server, s
     data = widget.evaluate("el => el.exportData()")
     assert data["greedy"].startswith("Once upon a time") and len(data["greedy"]) > len("Once upon a time, a little fox")
     assert data["sampled"].startswith("Once upon a time")
-    screenshot(widget, "widget-sampling")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "10-sampling", "kv-sampling")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-sampling-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget)
 
 
-def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screenshot, assert_clean):
-    widget = open_widget(page, live_server, "05-multi-head-attention", "kv-heads")
+def test_heads_grid_every_layer_and_head(page, views):
+    widget = views.open("05-multi-head-attention", "kv-heads")
     page.wait_for_function("el => el.innerText.includes('What sharing saves')", arg=widget.element_handle())
     assert "For your" not in widget.inner_text()   # no prompt run yet: only the recorded example's count
-    for _ in range(2):
-        data = run_prompt(page, widget, "The keys to the old cabinet are on the table")
+    for data in views.run_twice(widget, "The keys to the old cabinet are on the table"):
         assert sorted(int(k) for k in data["layers"]) == list(range(data["num_layers"]))
         for layer in data["layers"].values():
             assert layer["heads"] == list(range(data["num_heads"]))
@@ -196,23 +187,13 @@ def test_heads_grid_every_layer_and_head(page, dark_page, live_server, screensho
     page.keyboard.press("ArrowDown")
     page.wait_for_function("el => el.exportData().selected.layer === 1 && el.exportData().selected.head === 1",
                            arg=widget.element_handle())
-    screenshot(widget, "widget-heads")
-    check_exports(widget, "image/png")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "05-multi-head-attention", "kv-heads")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-heads-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget, "image/png")
 
 
-def test_rope_score_depends_only_on_distance(page, dark_page, live_server, screenshot, assert_clean):
-    import json
-    from pathlib import Path
-    from kvscope.default_model import default_model_path
-    cfg = json.loads((Path(default_model_path()) / "config.json").read_text())
-    widget = open_widget(page, live_server, "06-positional-encoding", "kv-rope")
-    for _ in range(2):
-        data = run_prompt(page, widget, "RoPE turns every pair")
+def test_rope_score_depends_only_on_distance(page, views):
+    cfg = model_config()
+    widget = views.open("06-positional-encoding", "kv-rope")
+    for _ in views.run_twice(widget, "RoPE turns every pair"):
         page.wait_for_function("el => el.exportData().score !== null", arg=widget.element_handle())
     data = widget.evaluate("el => el.exportData()")
     assert data["rope_theta"] == cfg["rope_theta"] and len(data["inv_freq"]) == cfg["head_dim"] // 2
@@ -226,10 +207,4 @@ def test_rope_score_depends_only_on_distance(page, dark_page, live_server, scree
     page.keyboard.press("ArrowRight")
     page.wait_for_function("el => el.exportData().n === 8", arg=widget.element_handle())
     assert abs(widget.evaluate("el => el.exportData().score") - before) > 1e-6     # the distance changed
-    screenshot(widget, "widget-rope")
-    check_exports(widget, "image/svg+xml")
-    assert_clean(page)
-    dark = open_widget(dark_page, live_server, "06-positional-encoding", "kv-rope")
-    run_prompt(dark_page, dark, "A dog ran")
-    screenshot(dark, "widget-rope-dark-768")
-    assert_clean(dark_page)
+    views.finish(widget)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_accessibility import UNNAMED_CONTROLS
-from widget_checks import check_exports, open_live_widget
+from widget_checks import check_exports, check_fits, open_live_widget, recorded_views
 
 REPO = Path(__file__).resolve().parents[2]
 PIECES = "el => [...el.querySelectorAll('[data-rank]')].map(g => g.dataset.pieces.split(',').map(Number))"
@@ -46,13 +45,8 @@ def check_ring(widget, page) -> None:
 def test_the_ring_and_the_recorded_ranks(new_page, static_site, screenshot):
     lines = (REPO / "frontend" / "recordings" / "ring.jsonl").read_text().splitlines()[1:]
     steps = {e["step"]: e for e in map(json.loads, lines) if e["type"] == "step"}
-    for dark, width in ((False, 1280), (True, 768)):
-        page = new_page(viewport={"width": width, "height": 1000}, color_scheme="dark" if dark else "light",
-                        reduced_motion="reduce" if dark else "no-preference")
-        page.goto(f"{static_site}/chapters/19-tensor-and-pipeline-parallelism/")
-        widget = page.locator("kv-ring-allreduce")
-        page.wait_for_function("el => Number(el.dataset.recordedSteps) > 0", arg=widget.element_handle(), timeout=15000)
-        widget.scroll_into_view_if_needed()
+    for page, widget, view in recorded_views(new_page, static_site, "/chapters/19-tensor-and-pipeline-parallelism/",
+                                             "kv-ring-allreduce", "el => Number(el.dataset.recordedSteps) > 0"):
         check_ring(widget, page)
         rows = widget.evaluate(ENGINE)
         assert len(rows) == 2
@@ -63,10 +57,8 @@ def test_the_ring_and_the_recorded_ranks(new_page, static_site, screenshot):
         for _ in range(2):
             page.keyboard.press("ArrowRight")
         page.wait_for_function("el => el.dataset.round === '2'", arg=widget.element_handle())
-        screenshot(widget, f"ring-allreduce-recorded-{'dark' if dark else 'light'}-{width}")
-        assert widget.evaluate("el => el.scrollWidth - el.clientWidth") <= 1, f"the widget scrolls sideways at {width}px"
-        assert page.evaluate(UNNAMED_CONTROLS) == []
-        page.close()
+        screenshot(widget, f"ring-allreduce-recorded-{view}")
+        check_fits(page, widget)
 
 
 def test_the_live_ranks_bytes(page, own_server, tmp_path, screenshot, assert_clean):

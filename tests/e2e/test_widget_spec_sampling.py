@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_accessibility import UNNAMED_CONTROLS
-from widget_checks import check_exports, open_live_widget
+from widget_checks import check_exports, check_fits, open_live_widget, recorded_views
 
 REPO = Path(__file__).resolve().parents[2]
 NGRAM = ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
@@ -52,14 +51,9 @@ def test_the_recording_converges_to_p(new_page, static_site, screenshot):
     lines = (REPO / "frontend" / "recordings" / "spec-sampling.jsonl").read_text().splitlines()[1:]
     passes = {e["step"]: e for e in map(json.loads, lines) if e["type"] == "spec" and e.get("distribution")}
     assert passes
-    for dark, width in ((False, 1280), (True, 768)):
-        page = new_page(viewport={"width": width, "height": 1000}, color_scheme="dark" if dark else "light",
-                        reduced_motion="reduce" if dark else "no-preference")
-        page.goto(f"{static_site}/chapters/18-speculative-decoding/")
-        widget = page.locator("kv-spec-sampling")
+    for page, widget, view in recorded_views(new_page, static_site, "/chapters/18-speculative-decoding/",
+                                             "kv-spec-sampling", "el => Number(el.dataset.recordedPasses) > 0 && el.dataset.step"):
         handle = widget.element_handle()
-        page.wait_for_function("el => Number(el.dataset.recordedPasses) > 0 && el.dataset.step", arg=handle, timeout=15000)
-        widget.scroll_into_view_if_needed()
         shown = widget.evaluate(SHOWN)
         event = passes[shown["step"]]
         check_pass(shown, event)
@@ -71,7 +65,7 @@ def test_the_recording_converges_to_p(new_page, static_site, screenshot):
         shown = widget.evaluate(SHOWN)
         kept, expected = (float(shown[k].rstrip(" %")) for k in ("kept", "expected"))
         assert abs(kept - expected) <= 2                    # kept drafts: Σ min(p, q), within 2 points
-        screenshot(widget, f"spec-sampling-recorded-{'dark' if dark else 'light'}-{width}")
+        screenshot(widget, f"spec-sampling-recorded-{view}")
         # the arrow keys move to another real pass, and its draws start afresh
         widget.locator(".kss-figure").focus()
         page.keyboard.press("ArrowRight" if shown["step"] != max(passes) else "ArrowLeft")
@@ -89,9 +83,7 @@ def test_the_recording_converges_to_p(new_page, static_site, screenshot):
         assert widget.get_by_role("button", name="◀ Earlier pass").is_disabled()
         page.keyboard.press("d")
         page.wait_for_function("el => el.dataset.draws === '1000'", arg=handle)
-        assert widget.evaluate("el => el.scrollWidth - el.clientWidth") <= 1, f"the widget scrolls sideways at {width}px"
-        assert page.evaluate(UNNAMED_CONTROLS) == []
-        page.close()
+        check_fits(page, widget)
 
 
 def test_the_learners_own_pass_live(page, own_server, tmp_path, screenshot, assert_clean):

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 
-from widget_checks import check_exports
+from widget_checks import check_exports, open_live_widget
 
 SPEC_ARGS = ("--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": 3}))
 
 
 def run_story(page, url):
-    page.goto(url + "/chapters/18-speculative-decoding")
-    page.wait_for_selector("kv-speculation[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-speculation").first
-    widget.scroll_into_view_if_needed()
+    widget = open_live_widget(page, url, "/chapters/18-speculative-decoding", "kv-speculation")
     widget.get_by_label("Prompt", exact=True).select_option("repetitive")
     widget.get_by_role("button", name="Generate").click()
     page.wait_for_function("el => el.dataset.requestId && el.exportData().num_passes >= 3 && el.exportData().proposed > 0",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from widget_checks import check_exports, wait_idle
+from widget_checks import check_exports, open_live_widget, run_collecting, wait_idle
 
 COLLECT = """() => {
     window.seen = { added: [], finished: [] };
@@ -25,9 +25,8 @@ def pct(values: list[float], p: float) -> float:
 def test_a_learner_sweeps_to_the_knee_and_sees_latency_rise(page, live_server, screenshot, assert_clean):
     wait_idle(live_server)
     page.set_viewport_size({"width": 1280, "height": 1100})
-    page.goto(live_server + "/chapters/20-throughput-vs-latency")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live' && window.kvscope.client.session")
-    widget = page.locator("kv-throughput")
+    widget = open_live_widget(page, live_server, "/chapters/20-throughput-vs-latency", "kv-throughput")
+    page.wait_for_function("() => window.kvscope.client.session")
     cap = page.evaluate("() => window.kvscope.client.session.limits.max_sweep_in_flight")
     assert cap == 32   # the default server: --learner-max-sweep-in-flight 32, within a share of 64 / 2
     # more than the cap: the widget says so, and which levels it will run
@@ -37,12 +36,10 @@ def test_a_learner_sweeps_to_the_knee_and_sees_latency_rise(page, live_server, s
     assert "stops at 32" in notice.inner_text() and "--learner-max-sweep-in-flight" in notice.inner_text()
     assert widget.locator("[data-levels]").get_attribute("data-levels") == "1,2,4,8,16,32"
     widget.get_by_label("Tokens each").fill("12")
-    page.evaluate(COLLECT)
-    widget.get_by_role("button", name="Run the sweep").click()
-    handle = widget.element_handle()
-    page.wait_for_function("el => Number(el.dataset.points || 0) === 6 && !el.querySelector('[aria-disabled=true]')", arg=handle, timeout=240_000)
+    seen = run_collecting(page, widget, COLLECT, "Run the sweep",
+                          "el => Number(el.dataset.points || 0) === 6 && !el.querySelector('[aria-disabled=true]')",
+                          timeout=240_000)
     points = widget.evaluate("el => el.exportData().points")
-    seen = page.evaluate("() => window.seen")
     finished = {e["request_id"]: e for e in seen["finished"]}
     added = iter(seen["added"])
     for point, (level, requests) in zip(points, ((1, 4), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64))):

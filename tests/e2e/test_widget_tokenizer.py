@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from widget_checks import check_exports
+from widget_checks import check_exports, open_live_widget
 
 TEXTS = [
     "Hello, world!",
@@ -23,22 +23,13 @@ def api_tokenize(base: str, text: str, chat: bool = False) -> dict:
         return json.load(response)
 
 
-def open_tokenizer(page, live_server):
-    page.goto(live_server + "/chapters/02-tokens")
-    page.wait_for_selector("kv-tokenizer[data-painted]", state="attached")
-    page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    widget = page.locator("kv-tokenizer").first
-    widget.scroll_into_view_if_needed()
-    return widget
-
-
 def shown(widget, text: str) -> dict:
     widget.page.wait_for_function("([el, t]) => el.dataset.text === t", arg=[widget.element_handle(), text])
     return widget.evaluate("el => el.exportData()")
 
 
 def test_tokenizer_ids_match_the_api(page, live_server, screenshot, assert_clean):
-    widget = open_tokenizer(page, live_server)
+    widget = open_live_widget(page, live_server, "/chapters/02-tokens", "kv-tokenizer")
     textarea = widget.get_by_label("Text to tokenize")
     for text in TEXTS:
         textarea.fill(text)
@@ -82,7 +73,7 @@ def test_tokenizer_ids_match_the_api(page, live_server, screenshot, assert_clean
 
 
 def test_tokenizer_by_keyboard_alone(page, live_server, screenshot, assert_clean):
-    widget = open_tokenizer(page, live_server)
+    widget = open_live_widget(page, live_server, "/chapters/02-tokens", "kv-tokenizer")
     page.locator("body").focus()
     # Tab until the text box has focus (the chapter's links come first).
     for _ in range(200):
@@ -128,7 +119,7 @@ def test_tokenizer_by_keyboard_alone(page, live_server, screenshot, assert_clean
 def test_tokenizer_names_itself_and_compares_vocabulary_sizes(page, live_server, assert_clean):
     """The note under the widget says whose tokenizer it is and how many pieces it has (the
     hello event's model facts), and counts how the text in the box splits per word."""
-    widget = open_tokenizer(page, live_server)
+    widget = open_live_widget(page, live_server, "/chapters/02-tokens", "kv-tokenizer")
     model = page.evaluate("() => window.kvscope.client.hello.model")
     text = "The little cat sat on the warm mat"
     widget.get_by_label("Text to tokenize").fill(text)

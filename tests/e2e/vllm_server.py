@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from conftest import INSTRUCTOR_TOKEN, REPO, free_port, stop_server, _wait_for_health
+from conftest import INSTRUCTOR_TOKEN, REPO, free_port, stop_server, wait_until_up, _wait_for_health
 
 MODEL = REPO / "backend" / "kvscope" / "assets" / "kvscope-mini"
 VLLM_START_TIMEOUT_S = 300
@@ -34,15 +34,7 @@ def start_vllm(python: str, port: int, folder: Path, kv_events: bool = True, num
 
 
 def wait_for_vllm(url: str, process: subprocess.Popen, folder: Path) -> None:
-    deadline = time.monotonic() + VLLM_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {process.returncode}:\n{(folder / 'vllm.log').read_text()[-3000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
-            if r.status == 200:
-                return
-        time.sleep(1)   # not up yet: the port refuses until vLLM has loaded the model
-    raise RuntimeError(f"vLLM did not start in {VLLM_START_TIMEOUT_S} s")
+    wait_until_up(url + "/health", process, folder / "vllm.log", "vLLM", VLLM_START_TIMEOUT_S, poll_s=1)
 
 
 def stop_vllm(process: subprocess.Popen) -> None:
