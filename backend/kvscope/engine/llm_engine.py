@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from kvscope.config import EngineConfig
+from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
-from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
+from kvscope.engine.sequence import Sequence
 from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
                                        spec_logprobs)
 from kvscope.layers.parallel import TPGroup
@@ -159,7 +160,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.observers: list[EngineObserver] = []
         self.generators: dict[int, torch.Generator] = {}
-        self.stream_text = False   # set by the async front end: detokenize every token
+        self.detokenizer = Detokenizer()   # the async front end streams every token's text
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
 
@@ -229,7 +230,7 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str = "", source: str = "api", cache_salt: str | None = None) -> Sequence:
+                    request_id: str = "", cache_salt: str | None = None) -> Sequence:
         """Queue a request. With params.n > 1 the returned sequence is choice 0; choices
         1..n-1 (`seq.forks`, request ids `<id>-<i>`) fork from it once its prompt is computed."""
         params = params or SamplingParams()
@@ -239,8 +240,8 @@ class LLMEngine:
         constraint = params.structured_outputs
         if constraint is not None:
             self.structured_outputs.compile(grammar_key(constraint))   # a bad grammar fails here, not in a step
-        seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
-        seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
+        seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id)
+        seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}")
                      for i in range(1, params.n)]
         for s in seq.choices:
             s.cache_salt = cache_salt
@@ -256,12 +257,11 @@ class LLMEngine:
             self.scheduler.add(seq)
         return seq
 
-    def _new_sequence(self, ids: list[int], params: SamplingParams, request_id: str, source: str) -> Sequence:
-        seq = Sequence(ids, params, request_id=request_id, source=source)
+    def _new_sequence(self, ids: list[int], params: SamplingParams, request_id: str) -> Sequence:
+        seq = Sequence(ids, params, request_id=request_id)
         if params.seed is not None:
             self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
-        if (self.stream_text or params.stop) and self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.detokenizer.add(seq, self.tokenizer)
         return seq
 
     def find(self, request_id: str) -> Sequence | None:
@@ -273,10 +273,21 @@ class LLMEngine:
             self.finish(seq, "abort")
         return seq is not None
 
+    def pause(self, request_id: str) -> bool:
+        """Leave a request out of the steps, its blocks kept, until resume(): the server holds
+        and paces requests this way (it decides when; the engine only skips them)."""
+        if (seq := self.find(request_id)) is not None:
+            seq.paused = True
+        return seq is not None
+
+    def resume(self, request_id: str) -> bool:
+        if (seq := self.find(request_id)) is not None:
+            seq.paused = False
+        return seq is not None
+
     def has_unfinished(self) -> bool:
-        """The one "is there work" check: a request is queued or running and not held by
-        its owner (a held request waits for more allowance; stepping cannot advance it)."""
-        return any(not s.held for s in (*self.scheduler.running, *self.scheduler.waiting))
+        """The one "is there work" check: a request is queued or running and not paused."""
+        return any(not s.paused for s in (*self.scheduler.running, *self.scheduler.waiting))
 
     # -- what observers read between steps (besides the step record) --------------------
     @property
@@ -385,6 +396,8 @@ class LLMEngine:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
+        if self.detokenizer.live:
+            deltas = self._detokenize(deltas, finished)
         if result.logprobs:
             self._attach_logprobs(deltas, result.logprobs)
         for seq in finished:
@@ -393,6 +406,19 @@ class LLMEngine:
         if self.observers:
             self._publish_step(out, result, deltas, finished, comm, t0, t1, t2)
         return deltas, ended + finished
+
+    def _detokenize(self, deltas: list[TokenDelta], finished: list[Sequence]) -> list[TokenDelta]:
+        """The tokens' text; a stop string ends its sequence at the token that completed it
+        (tokens accepted past it in the same step are dropped, as if never drawn)."""
+        deltas, stopped = self.detokenizer.process(deltas)
+        for seq, num_output in stopped.items():
+            del seq.token_ids[seq.num_prompt_tokens + num_output:]
+            if seq.is_finished:
+                seq.finish_reason = "stop"
+            else:
+                self.scheduler.finish(seq, "stop")
+                finished.append(seq)
+        return deltas
 
     def _fail_alone(self, out, failed: dict[int, str]) -> list[Sequence]:
         """Requests whose own step failed end with the error (the step went on without them);
@@ -447,10 +473,8 @@ class LLMEngine:
                 self._cleanup(s)
 
     def _cleanup(self, seq: Sequence) -> None:
-        if self.tokenizer is not None and seq.detokenizer is None and seq.output_token_ids:
-            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
-        seq.detokenizer = None
+        self.detokenizer.drop(seq)
         if self.speculator is not None:
             self.speculator.release(seq)
         for obs in self.observers:

@@ -183,7 +183,7 @@ class Speculator:
         ready, ks = [], []
         for seq in running:
             # a grammar's mask holds for the next token only, so constrained requests are not drafted
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.held or seq.forks or seq.grammar is not None:
+            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.paused or seq.forks or seq.grammar is not None:
                 continue
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
             if (k := min(self.config.num_speculative_tokens, room)) > 0:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvscope.detokenizer import output_text
 from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
 from kvscope.engine.step_inputs import StepBuffers
 from kvscope.engine.sequence import Sequence
@@ -43,6 +44,7 @@ class Clock:
 class RequestLabel:
     """What the engine does not know about a request: who sent it and how it was asked."""
     owner: str | None = None
+    source: str = "api"          # which door it came through (the WebSocket, generate, openai, synthetic)
     prompt: str | None = None
     held: bool = False
     watched: bool = False
@@ -68,7 +70,7 @@ class Instrumentation(EngineObserver):
         self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
         self._token_text = token_texts(engine.tokenizer)
         self.watch_next = 0                         # benchmarks: watch the next N requests added
-        self._pending: list[dict] = []              # this step's events so far
+        self._token_times: dict[int, list[float]] = {}   # seq_id -> when its tokens were heard
         self._last_memory = float("-inf")
         self._last_work = (0, 0)
         engine.add_observer(self)
@@ -83,7 +85,7 @@ class Instrumentation(EngineObserver):
         prompt = label.prompt[:PROMPT_PREVIEW] if label.prompt is not None else None
         self.sink([{
             "type": "request.added", "ts": self.clock(), "request_id": seq.request_id,
-            "source": seq.source, "owner": label.owner, "prompt": prompt,
+            "source": label.source, "owner": label.owner, "prompt": prompt,
             "prompt_token_ids": list(seq.prompt_token_ids), "num_prompt_tokens": seq.num_prompt_tokens,
             "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
                        "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
@@ -95,28 +97,29 @@ class Instrumentation(EngineObserver):
             self.watch(seq.request_id, f"bench-{seq.request_id}", WatchSpec(), seq)
 
     def on_request_finished(self, seq: Sequence) -> None:
-        event = self._finished_event(seq)
         self.labels.pop(seq.request_id, None)
-        if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step
-            self._pending.append(event)
+        if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step (on_step)
             return
+        event = self._finished_event(seq, self.clock())
         self._forget_watch(seq)
         # abort, error, reset: between steps, publish now
         delta = self.kv.update([seq], [], self.engine.take_block_events(), self.engine.num_steps, self.clock())
         self.sink([event] + ([delta] if delta else []))
 
-    def _finished_event(self, seq: Sequence) -> dict:
-        end = seq.token_times[-1] if seq.token_times else time.perf_counter()
-        return {"type": "request.finished", "ts": self.clock(), "request_id": seq.request_id,
-                "reason": seq.finish_reason, "error": seq.error, "text": seq.text,
+    def _finished_event(self, seq: Sequence, ts: float) -> dict:
+        times = self._token_times.pop(seq.seq_id, [])
+        end = times[-1] if times else time.perf_counter()
+        return {"type": "request.finished", "ts": ts, "request_id": seq.request_id,
+                "reason": seq.finish_reason, "error": seq.error, "text": output_text(seq, self.engine.tokenizer)[0],
                 "num_prompt_tokens": seq.num_prompt_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_cached_tokens": seq.num_cached_tokens, "num_preemptions": seq.num_preemptions,
                 "ttft_s": seq.ttft, "e2e_s": max(0.0, end - seq.arrival_time),
-                "itl_s": [round(x, 6) for x in seq.inter_token_latencies]}
+                "itl_s": [round(b - a, 6) for a, b in zip(times, times[1:])]}
 
     def on_reset(self) -> None:
         self.kv = KVTracker(self.engine)   # reset: an empty pool
         self.watches.clear()
+        self._token_times.clear()
         self.sink([self.kv_snapshot()])
 
     def kv_snapshot(self) -> dict:
@@ -134,9 +137,9 @@ class Instrumentation(EngineObserver):
         self._watched = watched_rows(scheduled, wanted)
         return False
 
-    def _token_event(self, d: TokenDelta, step: int) -> dict:
+    def _token_event(self, d: TokenDelta, step: int, ts: float) -> dict:
         seq = d.seq
-        event = {"type": "request.token", "ts": self.clock.at(seq.token_times[d.index]),
+        event = {"type": "request.token", "ts": ts,
                  "request_id": seq.request_id, "index": d.index, "token_id": d.token_id, "text": d.text,
                  "step": step}
         lp = d.logprob
@@ -148,16 +151,18 @@ class Instrumentation(EngineObserver):
         return event
 
     def on_step(self, record: StepRecord) -> None:
-        out, ts = record.scheduled, self.clock()
+        now = time.perf_counter()
+        out, ts = record.scheduled, self.clock.at(now)
+        for d in record.tokens:
+            self._token_times.setdefault(d.seq.seq_id, []).append(now)
         # the step's tokens, what a watcher sees of how they were computed and drawn (before the
-        # finishes: a widget may stop listening at its request's end), the step's finishes
-        # (heard during the step), then the step itself
-        events = [self._token_event(d, out.step) for d in record.tokens]
+        # finishes: a widget may stop listening at its request's end), the step's finishes, then
+        # the step itself
+        events = [self._token_event(d, out.step, ts) for d in record.tokens]
         if self._watched:
             events += self._watched_events(record, self._watched, ts)
             self._watched = []
-        events += self._pending
-        self._pending = []
+        events += [self._finished_event(seq, ts) for seq in record.finished]
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
