@@ -38,8 +38,7 @@ log = logging.getLogger("kvscope.engine")
 
 @dataclass
 class ProcessState:
-    """What an engine changes for the whole process, saved at start-up and given back at
-    shutdown: torch's intra-op threads and a few environment variables."""
+    """What an engine changes for the whole process (torch's threads, PROCESS_ENV), given back at shutdown."""
     num_threads: int
     env: dict[str, str | None]
 
@@ -62,9 +61,7 @@ class ProcessState:
 # observer the engine builds no payload, so listening costs nothing when nobody listens.
 @dataclass
 class StepRecord:
-    """Everything one step did, handed to observers after the step: the rows scheduled
-    (each with its kind), what the model drew, the tokens appended (in order), the
-    sequences finished, the block events, and the bytes sent to the other ranks."""
+    """Everything one step did, handed to observers after it."""
     scheduled: SchedulerOutput
     result: StepResult
     tokens: list[TokenDelta]
@@ -92,9 +89,7 @@ class EngineObserver:
 
 
 def release(workers: TPWorkers | None, runner, process_state: ProcessState) -> None:
-    """What shutting an engine down gives back: the other ranks and their process group, the
-    KV cache and weights, the process-wide state. Run once, by shutdown() or when the engine
-    is dropped."""
+    """What shutting an engine down gives back; run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
     runner.release()
@@ -121,8 +116,7 @@ class LLMEngine:
         log.info("engine: %s on %s", self.model_path.name, self.plan.describe())
 
     def _start(self, config: EngineConfig) -> None:
-        """Device, dtype, the other ranks, the model, its tokenizer, the KV pool and
-        everything that steps over them; what they settle is kept in `self.plan`."""
+        """Everything the engine steps with; what it settles is kept in `self.plan`."""
         device = resolve_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -191,20 +185,17 @@ class LLMEngine:
         return TPWorkers.start(size, self.config, dtype, self.max_model_len, device), device
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel ranks and destroy their process group (so another engine
-        can start one), and give back the process-wide state the engine set. Requests still
-        queued end with reason 'abort'. Safe to call more than once."""
+        """Abort what is queued and release(), so another engine can start; safe to call twice."""
         if self.closed:
             return
         self.closed = True
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+        for seq in self.live_sequences():
             self.finish(seq, "abort")
         self._release()
         self.failure = self.failure or "the engine was shut down"
 
     @functools.cached_property
-    def structured_outputs(self) -> StructuredOutputManager:
-        """Grammar compiler for structured outputs, made on first use (xgrammar is optional)."""
+    def structured_outputs(self) -> StructuredOutputManager:   # made on first use: xgrammar is optional
         return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()),
                                        self.config.structured_outputs_config.disable_any_whitespace)
 
@@ -287,7 +278,7 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         """The one "is there work" check: a request is queued or running and not paused."""
-        return any(not s.paused for s in (*self.scheduler.running, *self.scheduler.waiting))
+        return any(not s.paused for s in self.live_sequences())
 
     # -- what observers read between steps (besides the step record) --------------------
     @property
@@ -299,8 +290,7 @@ class LLMEngine:
         return self.block_manager.num_used_blocks
 
     def take_block_events(self) -> list[tuple]:
-        """The block manager's events since the last call, (kind, block_id, detail): the
-        one place they are drained, after a step or when a request ends between steps."""
+        """The block manager's events (kind, block_id, detail) since the last call: the one place they are drained."""
         return self.block_manager.take_events()
 
     # -- what the server and the explainer read between steps, instead of the engine's parts --
@@ -348,8 +338,7 @@ class LLMEngine:
         return {k: getattr(self.config, k) for k in KNOBS}
 
     def set_knobs(self, **knobs) -> dict:
-        """Change scheduler knobs between steps, validated as the constructor validates them.
-        Returns the knobs now in force."""
+        """Change scheduler knobs between steps, validated as at start-up; returns those in force."""
         if unknown := set(knobs) - set(KNOBS):
             raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
         merged = {**self.knobs(), **knobs}
@@ -361,7 +350,7 @@ class LLMEngine:
 
     def reset(self) -> list[Sequence]:
         """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
-        aborted = [s for seq in (*self.scheduler.running, *self.scheduler.waiting) for s in seq.choices]
+        aborted = [s for seq in self.live_sequences() for s in seq.choices]
         for seq in aborted:
             self.finish(seq, "abort")
         bm = self.block_manager
@@ -421,8 +410,7 @@ class LLMEngine:
         return deltas
 
     def _fail_alone(self, out, failed: dict[int, str]) -> list[Sequence]:
-        """Requests whose own step failed end with the error (the step went on without them);
-        returns them with their choices not forked yet."""
+        """Requests whose own row failed end with the error (the step went on without them)."""
         ended = []
         for entry in out.entries:
             if entry.seq.seq_id in failed:
@@ -458,7 +446,7 @@ class LLMEngine:
     def _fail_everything(self, reason: str) -> list[Sequence]:
         """A rank is gone: every request fails with the reason and the other ranks stop."""
         self.workers.shutdown()
-        failed = list(self.scheduler.running) + list(self.scheduler.waiting)
+        failed = self.live_sequences()
         for seq in failed:
             self.finish(seq, "error", reason)
         self.failure = reason
