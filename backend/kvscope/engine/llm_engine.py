@@ -92,7 +92,8 @@ def release(workers: TPWorkers | None, runner, process_state: ProcessState) -> N
     """What shutting an engine down gives back; run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
-    runner.release()
+    if runner is not None:
+        runner.release()
     process_state.restore()
 
 
@@ -105,9 +106,7 @@ class LLMEngine:
         try:
             self._start(config)
         except BaseException:   # the ranks, their process group and the threads go back too
-            if self.workers is not None:
-                self.workers.shutdown()
-            self.process_state.restore()
+            release(self.workers, None, self.process_state)
             raise
         # Dropping the last reference releases the engine as shutdown() does (vLLM's examples
         # end with `del llm`). The finalizer holds only what it releases, none of which points
@@ -264,17 +263,15 @@ class LLMEngine:
             self.finish(seq, "abort")
         return seq is not None
 
-    def pause(self, request_id: str) -> bool:
+    def pause(self, request_id: str, paused: bool = True) -> bool:
         """Leave a request out of the steps, its blocks kept, until resume(): the server holds
         and paces requests this way (it decides when; the engine only skips them)."""
         if (seq := self.find(request_id)) is not None:
-            seq.paused = True
+            seq.paused = paused
         return seq is not None
 
     def resume(self, request_id: str) -> bool:
-        if (seq := self.find(request_id)) is not None:
-            seq.paused = False
-        return seq is not None
+        return self.pause(request_id, paused=False)
 
     def has_unfinished(self) -> bool:
         """The one "is there work" check: a request is queued or running and not paused."""
