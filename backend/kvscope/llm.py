@@ -55,9 +55,12 @@ class LLM:
             params = [params] * len(prompts)
         requests = [self.engine.add_request(prompt_input(p), sp) for p, sp in zip(prompts, params)]
         groups = [seq.choices for seq in requests]   # taken now: the forks leave seq.forks as they fork
-        token_times: dict[int, list[float]] = {}
+        token_times: dict[int, list[float]] = {}   # seq_id -> when its tokens arrived (for the metrics)
         while self.engine.has_unfinished():
-            record_token_times(token_times, self.engine.step()[0])
+            deltas, _ = self.engine.step()
+            now = time.perf_counter()
+            for d in deltas:
+                token_times.setdefault(d.seq.seq_id, []).append(now)
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None \
             else next(iter(self.engine.model_config.eos_token_ids), None)
         return [RequestOutput.from_sequences(group, prompt_text(p), self.tokenizer, eos_token_id=eos,
@@ -176,7 +179,7 @@ class RequestOutput:
         """One prompt's choices (choice 0 first) as one output; `indices` overrides their
         positions when only some choices are reported (a stream closing one choice).
         `eos_token_id`: the model's main end token (default: the tokenizer's); `token_times`:
-        when choice 0's tokens arrived, as its caller measured them (record_token_times)."""
+        when choice 0's tokens arrived, as its caller measured them (the engine keeps none)."""
         if eos_token_id is None and tokenizer is not None:
             eos_token_id = tokenizer.eos_token_id
         first = choices[0]
@@ -227,14 +230,6 @@ def stop_reason(seq: Sequence, stop_string: str | None, eos_token_id: int | None
     if stop_string is not None:
         return stop_string
     return None if last == eos_token_id else last
-
-
-def record_token_times(times: dict[int, list[float]], deltas) -> None:
-    """When each sequence's tokens arrived (seq_id -> perf_counter times), for whoever measures
-    latency between tokens: the offline API, the async front end, the explainer."""
-    now = time.perf_counter()
-    for d in deltas:
-        times.setdefault(d.seq.seq_id, []).append(now)
 
 
 def metrics(choices: list[Sequence], token_times: list[float]) -> RequestMetrics:
