@@ -43,13 +43,6 @@ class ScheduledSeq:
         return cls(seq, n, seq.num_computed_tokens, samples, kind,
                    list(seq.forks) if samples and seq.forks else [], drafts, admitted)
 
-    @property
-    def reason(self) -> str:
-        """Why this row is in the step, in the explainer's words."""
-        if self.admitted:
-            return "resumed after preemption" if self.seq.num_preemptions else "new request"
-        return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[self.kind]
-
 
 @dataclass(slots=True)
 class TokenDelta:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kvscope.detokenizer import output_text
 from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
+from kvscope.engine.scheduler import ScheduledSeq
 from kvscope.engine.step_inputs import StepBuffers
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
@@ -48,6 +49,13 @@ class RequestLabel:
     prompt: str | None = None
     held: bool = False
     watched: bool = False
+
+
+def row_reason(row: ScheduledSeq) -> str:
+    """Why a row is in the step, in the explainer's words."""
+    if row.admitted:
+        return "resumed after preemption" if row.seq.num_preemptions else "new request"
+    return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[row.kind]
 
 
 class Instrumentation(EngineObserver):
@@ -188,7 +196,7 @@ class Instrumentation(EngineObserver):
                  "kind": "prefill" if e.kind == "prefill" else "decode",   # a verify pass draws tokens
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
                  "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
-                 "num_drafts": len(e.spec_token_ids), "reason": e.reason,
+                 "num_drafts": len(e.spec_token_ids), "reason": row_reason(e),
                  "last_block_recomputed": e.admitted and e.seq.last_block_recomputed} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,
