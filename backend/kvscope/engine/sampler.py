@@ -131,15 +131,6 @@ class GrammarMatcher:
             # cannot happen for a token drawn under the mask; says so loudly if it does
             raise RuntimeError(f"token {token_id} is outside the grammar")
 
-    def last_allowed(self, width: int) -> torch.Tensor | None:
-        """Which of `width` logits the latest mask let through (bool), or None before any."""
-        if self.last_bitmask is None:
-            return None
-        allowed = torch.zeros(width, dtype=torch.bool)
-        n = min(width, self.vocab_size)
-        allowed[:n] = _bits(self.last_bitmask.unsqueeze(0), self.vocab_size)[0, :n].bool()
-        return allowed
-
     @property
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
@@ -195,7 +186,7 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         matchers[i].matcher.fill_next_token_bitmask(bitmask, i)
-    allowed = _bits(bitmask, vocab_size).sum(dim=1).tolist()
+    allowed = token_bits(bitmask, vocab_size).sum(dim=1).tolist()
     for i in rows:
         matchers[i].num_allowed.append(int(allowed[i]))
         matchers[i].last_bitmask = bitmask[i]
@@ -220,7 +211,7 @@ def grammar_key(params: StructuredOutputsParams) -> tuple:
     return "grammar", params.grammar
 
 
-def _bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def token_bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
     bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.flatten(1)[:, :vocab_size]
