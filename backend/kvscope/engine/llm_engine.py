@@ -425,7 +425,6 @@ class LLMEngine:
             verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
                                              self.generators.get(seq.seq_id, self.runner.sampler.generator))
             result.spec[seq.seq_id] = verdict
-            self.speculator.record(seq, verdict, len(verdict.token_ids))
             result.tokens[seq.seq_id] = verdict.token_ids
             if seq.params.logprobs is not None:
                 result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)

@@ -145,17 +145,17 @@ class Proposer(Protocol):
 
 @dataclass
 class SpecStats:
-    """Running totals for one request (or the whole engine)."""
+    """Running totals: the engine's (`Speculator.total`), or one request's (the explainer keeps those)."""
     proposed: int = 0
     accepted: int = 0
     target_passes: int = 0
     emitted: int = 0
 
-    def add(self, verdict: SpecVerdict, emitted: int) -> None:
+    def add(self, verdict: SpecVerdict) -> None:
         self.proposed += len(verdict.proposed)
         self.accepted += verdict.num_accepted
         self.target_passes += 1
-        self.emitted += emitted
+        self.emitted += len(verdict.token_ids)
 
     @property
     def acceptance_rate(self) -> float:
@@ -172,14 +172,11 @@ class Speculator:
     proposer: Proposer
     max_model_len: int
     drafts: dict[int, Draft] = field(default_factory=dict)
-    stats: dict[int, SpecStats] = field(default_factory=dict)
     total: SpecStats = field(default_factory=SpecStats)
-    last_stats: dict[int, SpecStats] = field(default_factory=dict)   # of requests finished this step
 
     def propose(self, running: list[Sequence]) -> None:
         """Draft for every running sequence whose next step is a decode. Never more drafts
         than the tokens it may still produce, so max_tokens cannot be overshot."""
-        self.last_stats.clear()
         ready, ks = [], []
         for seq in running:
             # a grammar's mask holds for the next token only, so constrained requests are not drafted
@@ -199,16 +196,12 @@ class Speculator:
                generator: torch.Generator) -> SpecVerdict:
         draft = self.drafts.pop(seq.seq_id, None)
         probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
-        return verify(logits, proposed, seq.params, generator, probs)
-
-    def record(self, seq: Sequence, verdict: SpecVerdict, emitted: int) -> None:
-        self.total.add(verdict, emitted)
-        self.stats.setdefault(seq.seq_id, SpecStats()).add(verdict, emitted)
+        verdict = verify(logits, proposed, seq.params, generator, probs)
+        self.total.add(verdict)
+        return verdict
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
-        if (stats := self.stats.pop(seq.seq_id, None)) is not None:
-            self.last_stats[seq.seq_id] = stats
         self.proposer.release(seq)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from kvscope.detokenizer import output_text
 from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
 from kvscope.engine.scheduler import ScheduledSeq
+from kvscope.engine.spec_decode import SpecStats
 from kvscope.engine.step_inputs import StepBuffers
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
@@ -79,6 +80,7 @@ class Instrumentation(EngineObserver):
         self._token_text = token_texts(engine.tokenizer)
         self.watch_next = 0                         # benchmarks: watch the next N requests added
         self._token_times: dict[int, list[float]] = {}   # seq_id -> when its tokens were heard
+        self._spec_stats: dict[int, SpecStats] = {}       # seq_id -> its drafts' running totals
         self._last_memory = float("-inf")
         self._last_work = (0, 0)
         engine.add_observer(self)
@@ -108,6 +110,7 @@ class Instrumentation(EngineObserver):
         self.labels.pop(seq.request_id, None)
         if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step (on_step)
             return
+        self._spec_stats.pop(seq.seq_id, None)
         event = self._finished_event(seq, self.clock())
         self._forget_watch(seq)
         # abort, error, reset: between steps, publish now
@@ -128,6 +131,7 @@ class Instrumentation(EngineObserver):
         self.kv = KVTracker(self.engine)   # reset: an empty pool
         self.watches.clear()
         self._token_times.clear()
+        self._spec_stats.clear()
         self.sink([self.kv_snapshot()])
 
     def kv_snapshot(self) -> dict:
@@ -178,9 +182,11 @@ class Instrumentation(EngineObserver):
         if delta:
             events.append(delta)
         if record.result.spec:
-            events += spec_events(record, self.engine, ts, set(self.watches.by_seq_id()) if self.watches else set())
+            events += spec_events(record, self.engine, ts, self._spec_stats,
+                                  set(self.watches.by_seq_id()) if self.watches else set())
         for seq in record.finished:
             self._forget_watch(seq)
+            self._spec_stats.pop(seq.seq_id, None)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
