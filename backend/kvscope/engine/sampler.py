@@ -123,7 +123,6 @@ class GrammarMatcher:
     def __init__(self, compiled, vocab_size: int):
         self.matcher = _xgrammar().GrammarMatcher(compiled)
         self.vocab_size = vocab_size
-        self.num_allowed: list[int] = []      # tokens the mask allowed at each sampled step
         self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
 
     def accept(self, token_id: int) -> None:
@@ -177,7 +176,7 @@ class StructuredOutputManager:
 
 def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
     """In place: each row whose matcher is set keeps only the tokens its grammar allows
-    (the others get -inf); each matcher records how many tokens it allowed."""
+    (the others get -inf); each matcher keeps its mask."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
@@ -186,9 +185,7 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         matchers[i].matcher.fill_next_token_bitmask(bitmask, i)
-    allowed = token_bits(bitmask, vocab_size).sum(dim=1).tolist()
     for i in rows:
-        matchers[i].num_allowed.append(int(allowed[i]))
         matchers[i].last_bitmask = bitmask[i]
     width = logits.shape[1]
     if width > vocab_size:    # rows of padding in the LM head are never a token

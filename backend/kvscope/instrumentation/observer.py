@@ -23,8 +23,8 @@ from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import SideCapture, WatchedRows, WatchWanted, side_pass, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, sampling_event,
-                                           token_texts)
+from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, grammar_allowed,
+                                           sampling_event, token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -158,8 +158,9 @@ class Instrumentation(EngineObserver):
         if lp is not None:
             event["logprob"] = lp["logprob"]
             event["top"] = [{"id": i, "logprob": v} for i, v in lp["top"]]
-        if seq.grammar is not None and seq.grammar.num_allowed:
-            event["allowed_tokens"] = seq.grammar.num_allowed[-1]   # what the grammar's mask let through
+        allowed = grammar_allowed(seq.grammar, seq.grammar.vocab_size) if seq.grammar is not None else None
+        if allowed is not None:
+            event["allowed_tokens"] = int(allowed.sum())   # what the grammar's mask let through
         return event
 
     def on_step(self, record: StepRecord) -> None:
