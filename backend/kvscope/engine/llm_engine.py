@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.config import EngineConfig
+from kvscope.config import EngineConfig, SpeculativeConfig
 from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
@@ -21,8 +21,7 @@ from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, che
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
-                                       spec_logprobs)
+from kvscope.engine.spec_decode import DraftModelProposer, NgramProposer, Speculator, spec_logprobs
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
@@ -155,7 +154,7 @@ class LLMEngine:
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizer = Detokenizer()   # the async front end streams every token's text
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
-        self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
+        self.speculator = self._build_speculator(config.speculative_config)
 
     @property
     def device(self) -> torch.device:

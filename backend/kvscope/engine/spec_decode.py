@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from kvscope.config import SpeculativeConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import load_model_and_runner
 from kvscope.engine.sampler import filtered_logits, logprob_entries
@@ -23,41 +24,6 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.models.loader import read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
-
-METHODS = ("ngram", "draft_model")
-
-
-@dataclass
-class SpeculativeConfig:
-    """The keys are vLLM's: {"method": "ngram", "num_speculative_tokens": k,
-    "prompt_lookup_max": n, "prompt_lookup_min": m} or {"model": dir, "num_speculative_tokens": k}."""
-    num_speculative_tokens: int
-    method: str = "ngram"
-    model: str | None = None
-    prompt_lookup_max: int = 3
-    prompt_lookup_min: int = 1
-
-    @classmethod
-    def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
-        if raw is None or isinstance(raw, SpeculativeConfig):
-            return raw
-        known = cls.__dataclass_fields__.keys()
-        if unknown := raw.keys() - known:
-            raise ValueError(f"unknown speculative_config key(s) {sorted(unknown)}; known: {sorted(known)}")
-        if "num_speculative_tokens" not in raw:
-            raise ValueError("speculative_config needs num_speculative_tokens")
-        return cls(**{"method": "draft_model" if raw.get("model") else "ngram", **raw})
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ValueError(f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("a draft-model speculative_config needs 'model' (a checkpoint directory)")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
-
 
 # -- verification: rejection sampling ----------------------------------------------------
 @dataclass
