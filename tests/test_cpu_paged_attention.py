@@ -310,16 +310,14 @@ def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
         native_build.load(kernels.SOURCE)
-    kernels._kernels.cache_clear()
-    kernels._prefill_kernels.cache_clear()
+    kernels._entry_points.cache_clear()
     try:
         llm = LLM(None, device="cpu")
         assert llm.engine.plan.attention_backend == "torch"
         with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:
-        kernels._kernels.cache_clear()
-        kernels._prefill_kernels.cache_clear()
+        kernels._entry_points.cache_clear()
 
 
 def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatch, tmp_path):
@@ -327,12 +325,12 @@ def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatc
     source is broken, and says so (NativeBuildError, raised when the engine starts)."""
     from kvscope import native_build
     monkeypatch.setattr(kernels, "SOURCE", tmp_path / "cpu_paged_attention.c")
-    kernels._kernels.cache_clear()
+    kernels._entry_points.cache_clear()
     try:
         with pytest.raises(native_build.NativeBuildError, match="cpu_paged_attention.c is missing"):
             LLM(None, device="cpu")
     finally:
-        kernels._kernels.cache_clear()
+        kernels._entry_points.cache_clear()
     with pytest.raises(native_build.NativeBuildError, match="is missing"):
         native_build.load(tmp_path / "cpu_paged_attention.c")
 

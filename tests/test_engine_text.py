@@ -75,3 +75,24 @@ def test_text_and_token_prompts_agree(llm):
     assert a.prompt == prompt and b.prompt is None and a.prompt_token_ids == b.prompt_token_ids == ids
     assert a.outputs[0].token_ids == b.outputs[0].token_ids == c.outputs[0].token_ids
     assert a.outputs[0].text == b.outputs[0].text
+
+
+def test_a_stream_with_a_stop_string_never_shows_it_and_adds_up_to_the_final_text(llm):
+    from kvscope.detokenizer import output_text
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    full = llm.generate(["Once upon a time"], params)[0].outputs[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 4]   # it begins mid-token more often than not
+    engine = llm.engine
+    engine.detokenizer.stream = True
+    try:
+        seq = engine.add_request("Once upon a time", SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                                                    stop=[stop]))
+        pieces = []
+        while engine.has_unfinished():
+            pieces += [d.text for d in engine.step()[0] if d.seq is seq]
+    finally:
+        engine.detokenizer.stream = False
+    text, stopped_by = output_text(seq, llm.tokenizer)
+    assert seq.finish_reason == "stop" and stopped_by == stop and stop not in "".join(pieces)
+    assert "".join(pieces) == text == full[:full.index(stop)]
+    assert not engine.detokenizer.live   # nothing is kept once a request ends

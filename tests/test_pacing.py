@@ -1,48 +1,81 @@
-"""Pacing: the instructor's slow motion (a minimum interval between engine steps) and a
-learner's per-request pace (its own request steps slowly, the others at full speed),
-against a real server and the embedded model."""
+"""Pacing: the instructor's slow motion (a minimum interval between engine steps), a
+learner's per-request pace (its own request steps slowly, the others at full speed) and a
+held request's allowance (it draws the tokens its owner grants, then waits), against the
+engine and a real server on the embedded model."""
 from __future__ import annotations
 
 import pytest
 
+from kvscope.engine.llm_engine import LLMEngine
 from kvscope.server.service.pacing import Pacing
-from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
 from server_harness import TOKEN, Client
 
 LONG = {"temperature": 0, "max_tokens": 8, "ignore_eos": True}
 
 
-def seq() -> Sequence:
-    return Sequence([1, 2, 3], SamplingParams())
+@pytest.fixture(scope="module")
+def engine():
+    engine = LLMEngine(device="cpu")
+    yield engine
+    engine.shutdown()
 
 
-def test_paced_request_sits_out_until_due():
-    pacing, a, b = Pacing(), seq(), seq()
+@pytest.fixture
+def pacing(engine):
+    yield Pacing(engine)
+    engine.reset()
+
+
+def seq(engine):
+    return engine.add_request([1, 2, 3], SamplingParams(**LONG))
+
+
+def test_paced_request_sits_out_until_due(engine, pacing):
+    a, b = seq(engine), seq(engine)
     pacing.pace(a, 0.5)
-    assert pacing.gate([a, b], now=10.0) is None and not a.held      # never stepped: due at once
-    pacing.stepped([a, b], [], now=10.0)
-    assert pacing.gate([a, b], now=10.2) == pytest.approx(10.5) and a.held and not b.held
-    assert pacing.gate([a, b], now=10.5) is None and not a.held
-    pacing.stepped([a], [a], now=10.6)                                # finished: forgotten
+    assert pacing.gate(now=10.0) is None and not a.paused           # never stepped: due at once
+    pacing.stepped([a, b], [], [], now=10.0)
+    assert pacing.gate(now=10.2) == pytest.approx(10.5) and a.paused and not b.paused
+    assert pacing.gate(now=10.5) is None and not a.paused
+    pacing.stepped([a], [], [a], now=10.6)                            # finished: forgotten
     assert not pacing.paced
 
 
-def test_a_request_paced_later_joins_the_beat_of_those_paced_before():
-    pacing, a, b, c = Pacing(), seq(), seq(), seq()
+def test_a_request_paced_later_joins_the_beat_of_those_paced_before(engine, pacing):
+    a, b, c = seq(engine), seq(engine), seq(engine)
     pacing.pace(a, 0.5)
-    pacing.stepped([a], [], now=10.0)                                 # a is due at 10.5
+    pacing.stepped([a], [], [], now=10.0)                             # a is due at 10.5
     pacing.pace(b, 0.5)
     pacing.pace(c, 0.2)                                               # another interval: its own beat
-    assert pacing.gate([a, b, c], now=10.1) == pytest.approx(10.5) and a.held and b.held and not c.held
-    assert pacing.gate([a, b, c], now=10.5) is None and not a.held and not b.held
+    assert pacing.gate(now=10.1) == pytest.approx(10.5) and a.paused and b.paused and not c.paused
+    assert pacing.gate(now=10.5) is None and not a.paused and not b.paused
 
 
-def test_slow_motion_waits_between_steps():
-    pacing = Pacing()
+def test_a_held_request_draws_exactly_what_it_is_granted(engine, pacing):
+    held, other = seq(engine), seq(engine)
+    pacing.hold(held)
+    for _ in range(3):                               # the other one runs; the held one waits
+        deltas, finished = engine.step()
+        pacing.stepped([], deltas, finished, now=0.0)
+    assert held.num_output_tokens == 0 and held.num_computed_tokens == 0 and other.num_output_tokens == 3
+    for granted in (1, 2, 3):                        # one `next` each: one token each, never more
+        pacing.grant(held)
+        while engine.has_unfinished() and not held.paused:
+            deltas, finished = engine.step()
+            pacing.stepped([], deltas, finished, now=0.0)
+        assert held.num_output_tokens == granted and held.paused
+    pacing.release(held)
+    while engine.has_unfinished():
+        engine.step()
+    assert held.num_output_tokens == other.num_output_tokens == 8
+
+
+def test_slow_motion_waits_between_steps(engine):
+    pacing = Pacing(engine)
     assert pacing.wait_before_step(5.0) == 0
     pacing.set_slow_motion(0.3)
-    pacing.stepped([], [], now=5.0)
+    pacing.stepped([], [], [], now=5.0)
     assert pacing.wait_before_step(5.1) == pytest.approx(0.2)
     assert pacing.wait_before_step(5.4) == 0
     with pytest.raises(ValueError):

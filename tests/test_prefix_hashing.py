@@ -10,6 +10,7 @@ import pytest
 from kvscope.engine import block_manager as bm_module
 from kvscope.engine.block_manager import BlockManager, hash_block_tokens
 from kvscope.engine.sequence import Sequence
+from kvscope.instrumentation.observer import row_reason
 from kvscope.sampling_params import SamplingParams
 
 BS = 4
@@ -132,7 +133,7 @@ def test_step_rows_say_why_they_were_scheduled():
             self.rows = []
 
         def on_step(self, record):
-            self.rows += [(e.seq.request_id, e.reason, e.num_new_tokens, e.admitted and e.seq.last_block_recomputed)
+            self.rows += [(e.seq.request_id, row_reason(e), e.num_new_tokens, e.admitted and e.seq.last_block_recomputed)
                           for e in record.scheduled.entries]
 
     with LLM(block_size=16, enforce_eager=True) as llm:

@@ -9,7 +9,8 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.engine.spec_decode import SpeculativeConfig, verify
+from kvscope.config import SpeculativeConfig
+from kvscope.engine.spec_decode import verify
 from pool_checks import check_invariants
 
 MAX_NEW = 20

@@ -121,7 +121,7 @@ def test_exactly_one_constraint():
         StructuredOutputsParams(regex="a", choice=["a"])
 
 
-def test_counts_of_allowed_tokens_are_kept_per_step():
+def test_the_mask_kept_for_the_explainer_is_the_one_applied():
     from transformers import AutoTokenizer
     from kvscope.default_model import default_model_path
     tok = AutoTokenizer.from_pretrained(default_model_path())
@@ -131,7 +131,8 @@ def test_counts_of_allowed_tokens_are_kept_per_step():
     logits = torch.zeros(1, 2048)
     apply_masks(logits, [matcher])
     allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
-    assert matcher.num_allowed == [len(allowed)] and 2 <= len(allowed) < 50
+    from kvscope.instrumentation.watch import grammar_allowed
+    assert grammar_allowed(matcher, 2048).nonzero().flatten().tolist() == allowed and 2 <= len(allowed) < 50
     assert all(tok.decode([t]) and ("yes".startswith(tok.decode([t])) or "no".startswith(tok.decode([t])))
                for t in allowed)
 

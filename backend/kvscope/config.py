@@ -20,6 +20,41 @@ class StructuredOutputsConfig:
             raise ValueError(f"structured outputs backend must be 'xgrammar' (or 'auto'), got {self.backend!r}")
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """The keys are vLLM's: {"method": "ngram", "num_speculative_tokens": k,
+    "prompt_lookup_max": n, "prompt_lookup_min": m} or {"model": dir, "num_speculative_tokens": k}."""
+    num_speculative_tokens: int
+    method: str = "ngram"
+    model: str | None = None
+    prompt_lookup_max: int = 3
+    prompt_lookup_min: int = 1
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
+        if raw is None or isinstance(raw, SpeculativeConfig):
+            return raw
+        known = cls.__dataclass_fields__.keys()
+        if unknown := raw.keys() - known:
+            raise ValueError(f"unknown speculative_config key(s) {sorted(unknown)}; known: {sorted(known)}")
+        if "num_speculative_tokens" not in raw:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        return cls(**{"method": "draft_model" if raw.get("model") else "ngram", **raw})
+
+    def __post_init__(self):
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {SPECULATIVE_METHODS}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}")
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("a draft-model speculative_config needs 'model' (a checkpoint directory)")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+
+
 @dataclass
 class EngineConfig:
     model: str | None = None          # checkpoint dir or hub id; None = the embedded default
@@ -48,7 +83,7 @@ class EngineConfig:
     enforce_eager: bool = False
     cpu_compile: bool = False
     num_threads: int | None = None    # CPU intra-op threads
-    speculative_config: dict | None = None   # vLLM's keys; see engine/spec_decode.py
+    speculative_config: SpeculativeConfig | dict | None = None   # vLLM's keys (engine/spec_decode.py)
     tensor_parallel_size: int = 1     # ranks splitting every weight matrix (engine/distributed.py)
     structured_outputs_config: StructuredOutputsConfig | dict = field(default_factory=StructuredOutputsConfig)
 
@@ -56,6 +91,7 @@ class EngineConfig:
         from kvscope.layers.attention import KV_CACHE_DTYPES
         if isinstance(self.structured_outputs_config, dict):   # vLLM's LLM(structured_outputs_config={...})
             self.structured_outputs_config = StructuredOutputsConfig(**self.structured_outputs_config)
+        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)   # checked before any loading
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size > 256:

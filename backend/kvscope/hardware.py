@@ -55,8 +55,18 @@ def _cpu_spec() -> DeviceSpec:
             name = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), name)
     except OSError:
         pass
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceSpec("cpu", name, total, measure_copy_bandwidth(), measure_matmul_flops(), "measured")
+    return DeviceSpec("cpu", name, host_memory()[0], measure_copy_bandwidth(), measure_matmul_flops(), "measured")
+
+
+def host_memory() -> tuple[int, int]:
+    """(total, available) host RAM in bytes, from /proc/meminfo (sysconf elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {key: int(rest.split()[0]) * 1024 for key, rest in (line.split(":", 1) for line in f)}
+    except (OSError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+    return info.get("MemTotal", 0), info.get("MemAvailable", info.get("MemFree", 0))
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,9 +7,11 @@ choices in `outputs` (CompletionOutput), logprobs as one {token_id: Logprob} dic
 generated token, so a script written for vllm.LLM reads the same field names."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from kvscope.config import EngineConfig
+from kvscope.detokenizer import output_text
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
@@ -53,11 +55,16 @@ class LLM:
             params = [params] * len(prompts)
         requests = [self.engine.add_request(prompt_input(p), sp) for p, sp in zip(prompts, params)]
         groups = [seq.choices for seq in requests]   # taken now: the forks leave seq.forks as they fork
+        token_times: dict[int, list[float]] = {}   # seq_id -> when its tokens arrived (for the metrics)
         while self.engine.has_unfinished():
-            self.engine.step()
+            deltas, _ = self.engine.step()
+            now = time.perf_counter()
+            for d in deltas:
+                token_times.setdefault(d.seq.seq_id, []).append(now)
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None \
             else next(iter(self.engine.model_config.eos_token_ids), None)
-        return [RequestOutput.from_sequences(group, prompt_text(p), self.tokenizer, eos_token_id=eos)
+        return [RequestOutput.from_sequences(group, prompt_text(p), self.tokenizer, eos_token_id=eos,
+                                             token_times=token_times.get(group[0].seq_id))
                 for p, group in zip(prompts, groups)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -167,17 +174,19 @@ class RequestOutput:
 
     @classmethod
     def from_sequences(cls, choices: list[Sequence], prompt: str | None = None, tokenizer=None,
-                       indices: list[int] | None = None, eos_token_id: int | None = None) -> "RequestOutput":
+                       indices: list[int] | None = None, eos_token_id: int | None = None,
+                       token_times: list[float] | None = None) -> "RequestOutput":
         """One prompt's choices (choice 0 first) as one output; `indices` overrides their
         positions when only some choices are reported (a stream closing one choice).
-        `eos_token_id`: the model's main end token (default: the tokenizer's)."""
+        `eos_token_id`: the model's main end token (default: the tokenizer's); `token_times`:
+        when choice 0's tokens arrived, as its caller measured them (the engine keeps none)."""
         if eos_token_id is None and tokenizer is not None:
             eos_token_id = tokenizer.eos_token_id
         first = choices[0]
         indices = indices or list(range(len(choices)))
         return cls(first.request_id, prompt, list(first.prompt_token_ids),
                    [completion(seq, i, tokenizer, eos_token_id) for seq, i in zip(choices, indices)],
-                   finished=all(seq.is_finished for seq in choices), metrics=metrics(choices),
+                   finished=all(seq.is_finished for seq in choices), metrics=metrics(choices, token_times or []),
                    num_cached_tokens=first.num_cached_tokens,
                    error=next((seq.error for seq in choices if seq.error), None))
 
@@ -189,8 +198,8 @@ def completion(seq: Sequence, index: int, tokenizer=None, eos_token_id: int | No
         logprobs = [position_logprobs(entry, token, tokenizer)
                     for entry, token in zip(seq.logprobs, seq.output_token_ids)]
         cumulative = sum(entry["logprob"] for entry in seq.logprobs)
-    reason = stop_reason(seq, tokenizer, eos_token_id)
-    text = seq.text
+    text, stop_string = output_text(seq, tokenizer)
+    reason = stop_reason(seq, stop_string, eos_token_id)
     if isinstance(reason, int) and tokenizer is not None:   # a stop token stays in token_ids, not in the text
         text = tokenizer.decode(seq.output_token_ids[:-1], skip_special_tokens=True)
     return CompletionOutput(index, text, list(seq.output_token_ids), cumulative, logprobs,
@@ -209,26 +218,24 @@ def position_logprobs(entry: dict, chosen: int, tokenizer) -> dict[int, Logprob]
     return out
 
 
-def stop_reason(seq: Sequence, tokenizer, eos_token_id: int | None) -> int | str | None:
+def stop_reason(seq: Sequence, stop_string: str | None, eos_token_id: int | None) -> int | str | None:
     """What stopped a sequence that finished with "stop", as vLLM reports it: one of its
-    stop_token_ids, one of its stop strings (the text was cut where it starts), None for the
-    model's main end token, and the token id for its other end tokens (generation_config's)."""
+    stop_token_ids, the stop string its text was cut at, None for the model's main end token,
+    and the token id for its other end tokens (generation_config's)."""
     if seq.finish_reason != "stop" or not seq.output_token_ids:
         return None
     last = seq.output_token_ids[-1]
     if last in seq.params.stop_token_ids:
         return last
-    if seq.params.stop and tokenizer is not None:
-        rest = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)[len(seq.text):]
-        found = next((s for s in seq.params.stop if rest.startswith(s)), None)
-        if found is not None:
-            return found
+    if stop_string is not None:
+        return stop_string
     return None if last == eos_token_id else last
 
 
-def metrics(choices: list[Sequence]) -> RequestMetrics:
+def metrics(choices: list[Sequence], token_times: list[float]) -> RequestMetrics:
     """Choice 0's timings; tokens and preemptions counted over every choice."""
     seq = choices[0]
-    return RequestMetrics(seq.arrival_time, seq.first_token_time, seq.token_times[-1] if seq.token_times else None,
+    return RequestMetrics(seq.arrival_time, seq.first_token_time, token_times[-1] if token_times else None,
                           seq.ttft, sum(s.num_output_tokens for s in choices),
-                          sum(s.num_preemptions for s in choices), seq.inter_token_latencies)
+                          sum(s.num_preemptions for s in choices),
+                          [b - a for a, b in zip(token_times, token_times[1:])])

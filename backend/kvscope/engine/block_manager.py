@@ -136,7 +136,7 @@ class BlockManager:
         hits: list[int] = []
         for i in range(max_blocks):
             block_id = self.hash_to_block.get(seq.block_hashes[i])
-            if block_id is None or not self._same_block(seq, i, block_id, hits[-1] if hits else None):
+            if block_id is None or not self._same_block(seq, i, block_id, hits):
                 break
             hits.append(block_id)
         if len(hits) == max_blocks and seq.num_tokens % self.block_size == 0:
@@ -145,13 +145,16 @@ class BlockManager:
             seq.last_block_recomputed = seq.block_hashes[max_blocks] in self.hash_to_block
         return hits
 
-    def _same_block(self, seq: Sequence, index: int, block_id: int, parent_id: int | None) -> bool:
+    def _same_block(self, seq: Sequence, index: int, block_id: int, table: list[int]) -> bool:
         """Whether cached block `block_id` holds exactly block `index` of `seq`: the same
-        tokens and extra keys, computed after the very block matched just before it."""
+        tokens and extra keys, computed after the very block `table` has just before it."""
         block, bs = self.blocks[block_id], self.block_size
-        parent = None if parent_id is None else (parent_id, self.blocks[parent_id].generation)
-        return (block.parent == parent and block.extra_keys == block_extra_keys(seq, index)
+        return (block.parent == self._parent(table, index) and block.extra_keys == block_extra_keys(seq, index)
                 and block.token_ids == tuple(seq.token_ids[index * bs:(index + 1) * bs]))
+
+    def _parent(self, table: list[int], index: int) -> tuple[int, int] | None:
+        """The block before `index` in `table`, as (id, generation): what a block was computed after."""
+        return (table[index - 1], self.blocks[table[index - 1]].generation) if index else None
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix held by a free block, so the same prompts are computed
@@ -281,9 +284,7 @@ class BlockManager:
             h = seq.block_hashes[i]
             if h not in self.hash_to_block:   # a duplicate of a cached block stays unhashed
                 block.hash, block.token_ids = h, tuple(seq.token_ids[i * bs:(i + 1) * bs])
-                block.extra_keys = block_extra_keys(seq, i)
-                parent_id = seq.block_table[i - 1] if i else None
-                block.parent = None if parent_id is None else (parent_id, self.blocks[parent_id].generation)
+                block.extra_keys, block.parent = block_extra_keys(seq, i), self._parent(seq.block_table, i)
                 self.hash_to_block[h] = block.block_id
                 self._record("hash", block.block_id, h)
 

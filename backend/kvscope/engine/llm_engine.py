@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.config import EngineConfig
+from kvscope.config import EngineConfig, SpeculativeConfig
+from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
-from kvscope.engine.sequence import IncrementalDetokenizer, Sequence
-from kvscope.engine.spec_decode import (DraftModelProposer, NgramProposer, SpeculativeConfig, Speculator,
-                                       spec_logprobs)
+from kvscope.engine.sequence import Sequence
+from kvscope.engine.spec_decode import DraftModelProposer, NgramProposer, Speculator, spec_logprobs
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
@@ -37,8 +37,7 @@ log = logging.getLogger("kvscope.engine")
 
 @dataclass
 class ProcessState:
-    """What an engine changes for the whole process, saved at start-up and given back at
-    shutdown: torch's intra-op threads and a few environment variables."""
+    """What an engine changes for the whole process (torch's threads, PROCESS_ENV), given back at shutdown."""
     num_threads: int
     env: dict[str, str | None]
 
@@ -61,9 +60,7 @@ class ProcessState:
 # observer the engine builds no payload, so listening costs nothing when nobody listens.
 @dataclass
 class StepRecord:
-    """Everything one step did, handed to observers after the step: the rows scheduled
-    (each with its kind), what the model drew, the tokens appended (in order), the
-    sequences finished, the block events, and the bytes sent to the other ranks."""
+    """Everything one step did, handed to observers after it."""
     scheduled: SchedulerOutput
     result: StepResult
     tokens: list[TokenDelta]
@@ -91,12 +88,11 @@ class EngineObserver:
 
 
 def release(workers: TPWorkers | None, runner, process_state: ProcessState) -> None:
-    """What shutting an engine down gives back: the other ranks and their process group, the
-    KV cache and weights, the process-wide state. Run once, by shutdown() or when the engine
-    is dropped."""
+    """What shutting an engine down gives back; run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
-    runner.release()
+    if runner is not None:
+        runner.release()
     process_state.restore()
 
 
@@ -109,9 +105,7 @@ class LLMEngine:
         try:
             self._start(config)
         except BaseException:   # the ranks, their process group and the threads go back too
-            if self.workers is not None:
-                self.workers.shutdown()
-            self.process_state.restore()
+            release(self.workers, None, self.process_state)
             raise
         # Dropping the last reference releases the engine as shutdown() does (vLLM's examples
         # end with `del llm`). The finalizer holds only what it releases, none of which points
@@ -120,8 +114,7 @@ class LLMEngine:
         log.info("engine: %s on %s", self.model_path.name, self.plan.describe())
 
     def _start(self, config: EngineConfig) -> None:
-        """Device, dtype, the other ranks, the model, its tokenizer, the KV pool and
-        everything that steps over them; what they settle is kept in `self.plan`."""
+        """Everything the engine steps with; what it settles is kept in `self.plan`."""
         device = resolve_device(config.device)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -159,9 +152,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, self._eos_ids())
         self.observers: list[EngineObserver] = []
         self.generators: dict[int, torch.Generator] = {}
-        self.stream_text = False   # set by the async front end: detokenize every token
+        self.detokenizer = Detokenizer()   # the async front end streams every token's text
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
-        self.speculator = self._build_speculator(SpeculativeConfig.from_dict(config.speculative_config))
+        self.speculator = self._build_speculator(config.speculative_config)
 
     @property
     def device(self) -> torch.device:
@@ -190,20 +183,17 @@ class LLMEngine:
         return TPWorkers.start(size, self.config, dtype, self.max_model_len, device), device
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel ranks and destroy their process group (so another engine
-        can start one), and give back the process-wide state the engine set. Requests still
-        queued end with reason 'abort'. Safe to call more than once."""
+        """Abort what is queued and release(), so another engine can start; safe to call twice."""
         if self.closed:
             return
         self.closed = True
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+        for seq in self.live_sequences():
             self.finish(seq, "abort")
         self._release()
         self.failure = self.failure or "the engine was shut down"
 
     @functools.cached_property
-    def structured_outputs(self) -> StructuredOutputManager:
-        """Grammar compiler for structured outputs, made on first use (xgrammar is optional)."""
+    def structured_outputs(self) -> StructuredOutputManager:   # made on first use: xgrammar is optional
         return StructuredOutputManager(self.tokenizer, self.model_config.vocab_size, sorted(self._eos_ids()),
                                        self.config.structured_outputs_config.disable_any_whitespace)
 
@@ -229,7 +219,7 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str = "", source: str = "api", cache_salt: str | None = None) -> Sequence:
+                    request_id: str = "", cache_salt: str | None = None) -> Sequence:
         """Queue a request. With params.n > 1 the returned sequence is choice 0; choices
         1..n-1 (`seq.forks`, request ids `<id>-<i>`) fork from it once its prompt is computed."""
         params = params or SamplingParams()
@@ -239,8 +229,8 @@ class LLMEngine:
         constraint = params.structured_outputs
         if constraint is not None:
             self.structured_outputs.compile(grammar_key(constraint))   # a bad grammar fails here, not in a step
-        seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id, source)
-        seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}", source)
+        seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id)
+        seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}")
                      for i in range(1, params.n)]
         for s in seq.choices:
             s.cache_salt = cache_salt
@@ -256,12 +246,11 @@ class LLMEngine:
             self.scheduler.add(seq)
         return seq
 
-    def _new_sequence(self, ids: list[int], params: SamplingParams, request_id: str, source: str) -> Sequence:
-        seq = Sequence(ids, params, request_id=request_id, source=source)
+    def _new_sequence(self, ids: list[int], params: SamplingParams, request_id: str) -> Sequence:
+        seq = Sequence(ids, params, request_id=request_id)
         if params.seed is not None:
             self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
-        if (self.stream_text or params.stop) and self.tokenizer is not None:
-            seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.detokenizer.add(seq, self.tokenizer)
         return seq
 
     def find(self, request_id: str) -> Sequence | None:
@@ -273,10 +262,19 @@ class LLMEngine:
             self.finish(seq, "abort")
         return seq is not None
 
+    def pause(self, request_id: str, paused: bool = True) -> bool:
+        """Leave a request out of the steps, its blocks kept, until resume(): the server holds
+        and paces requests this way (it decides when; the engine only skips them)."""
+        if (seq := self.find(request_id)) is not None:
+            seq.paused = paused
+        return seq is not None
+
+    def resume(self, request_id: str) -> bool:
+        return self.pause(request_id, paused=False)
+
     def has_unfinished(self) -> bool:
-        """The one "is there work" check: a request is queued or running and not held by
-        its owner (a held request waits for more allowance; stepping cannot advance it)."""
-        return any(not s.held for s in (*self.scheduler.running, *self.scheduler.waiting))
+        """The one "is there work" check: a request is queued or running and not paused."""
+        return any(not s.paused for s in self.live_sequences())
 
     # -- what observers read between steps (besides the step record) --------------------
     @property
@@ -288,8 +286,7 @@ class LLMEngine:
         return self.block_manager.num_used_blocks
 
     def take_block_events(self) -> list[tuple]:
-        """The block manager's events since the last call, (kind, block_id, detail): the
-        one place they are drained, after a step or when a request ends between steps."""
+        """The block manager's events (kind, block_id, detail) since the last call: the one place they are drained."""
         return self.block_manager.take_events()
 
     # -- what the server and the explainer read between steps, instead of the engine's parts --
@@ -337,8 +334,7 @@ class LLMEngine:
         return {k: getattr(self.config, k) for k in KNOBS}
 
     def set_knobs(self, **knobs) -> dict:
-        """Change scheduler knobs between steps, validated as the constructor validates them.
-        Returns the knobs now in force."""
+        """Change scheduler knobs between steps, validated as at start-up; returns those in force."""
         if unknown := set(knobs) - set(KNOBS):
             raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
         merged = {**self.knobs(), **knobs}
@@ -350,7 +346,7 @@ class LLMEngine:
 
     def reset(self) -> list[Sequence]:
         """Abort every request and empty the KV pool and prefix cache. Returns the aborted."""
-        aborted = [s for seq in (*self.scheduler.running, *self.scheduler.waiting) for s in seq.choices]
+        aborted = [s for seq in self.live_sequences() for s in seq.choices]
         for seq in aborted:
             self.finish(seq, "abort")
         bm = self.block_manager
@@ -385,6 +381,8 @@ class LLMEngine:
             self._verify_drafts(out, result)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
+        if self.detokenizer.live:
+            deltas = self._detokenize(deltas, finished)
         if result.logprobs:
             self._attach_logprobs(deltas, result.logprobs)
         for seq in finished:
@@ -394,9 +392,21 @@ class LLMEngine:
             self._publish_step(out, result, deltas, finished, comm, t0, t1, t2)
         return deltas, ended + finished
 
+    def _detokenize(self, deltas: list[TokenDelta], finished: list[Sequence]) -> list[TokenDelta]:
+        """The tokens' text; a stop string ends its sequence at the token that completed it
+        (tokens accepted past it in the same step are dropped, as if never drawn)."""
+        deltas, stopped = self.detokenizer.process(deltas)
+        for seq, num_output in stopped.items():
+            del seq.token_ids[seq.num_prompt_tokens + num_output:]
+            if seq.is_finished:
+                seq.finish_reason = "stop"
+            else:
+                self.scheduler.finish(seq, "stop")
+                finished.append(seq)
+        return deltas
+
     def _fail_alone(self, out, failed: dict[int, str]) -> list[Sequence]:
-        """Requests whose own step failed end with the error (the step went on without them);
-        returns them with their choices not forked yet."""
+        """Requests whose own row failed end with the error (the step went on without them)."""
         ended = []
         for entry in out.entries:
             if entry.seq.seq_id in failed:
@@ -414,7 +424,6 @@ class LLMEngine:
             verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
                                              self.generators.get(seq.seq_id, self.runner.sampler.generator))
             result.spec[seq.seq_id] = verdict
-            self.speculator.record(seq, verdict, len(verdict.token_ids))
             result.tokens[seq.seq_id] = verdict.token_ids
             if seq.params.logprobs is not None:
                 result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
@@ -432,7 +441,7 @@ class LLMEngine:
     def _fail_everything(self, reason: str) -> list[Sequence]:
         """A rank is gone: every request fails with the reason and the other ranks stop."""
         self.workers.shutdown()
-        failed = list(self.scheduler.running) + list(self.scheduler.waiting)
+        failed = self.live_sequences()
         for seq in failed:
             self.finish(seq, "error", reason)
         self.failure = reason
@@ -447,10 +456,8 @@ class LLMEngine:
                 self._cleanup(s)
 
     def _cleanup(self, seq: Sequence) -> None:
-        if self.tokenizer is not None and seq.detokenizer is None and seq.output_token_ids:
-            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         self.generators.pop(seq.seq_id, None)
-        seq.detokenizer = None
+        self.detokenizer.drop(seq)
         if self.speculator is not None:
             self.speculator.release(seq)
         for obs in self.observers:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kvscope.config import EngineConfig
+from kvscope.hardware import host_memory
 from kvscope.layers import kernels
 from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, KVCacheFormat, PagedAttention, PrefillSpan, Routes,
                                       flash_fits, kv_cache_format, span_metadata, step_metadata)
@@ -73,17 +74,6 @@ def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_
     """One block's K and V across all layers, as stored (an 8-bit cache: half or a quarter)."""
     fmt = kv_cache_format(kv_cache_dtype, dtype)
     return block_size * fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-
-
-def host_memory() -> tuple[int, int]:
-    """(total, available) host RAM in bytes, from /proc/meminfo (sysconf elsewhere)."""
-    try:
-        with open("/proc/meminfo") as f:
-            info = {key: int(rest.split()[0]) * 1024 for key, rest in (line.split(":", 1) for line in f)}
-    except (OSError, ValueError):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total, total
-    return info.get("MemTotal", 0), info.get("MemAvailable", info.get("MemFree", 0))
 
 
 def kv_cache_blocks(config: EngineConfig, cfg: ModelConfig, model, device: torch.device,

@@ -123,22 +123,12 @@ class GrammarMatcher:
     def __init__(self, compiled, vocab_size: int):
         self.matcher = _xgrammar().GrammarMatcher(compiled)
         self.vocab_size = vocab_size
-        self.num_allowed: list[int] = []      # tokens the mask allowed at each sampled step
         self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
 
     def accept(self, token_id: int) -> None:
         if not self.matcher.accept_token(token_id):
             # cannot happen for a token drawn under the mask; says so loudly if it does
             raise RuntimeError(f"token {token_id} is outside the grammar")
-
-    def last_allowed(self, width: int) -> torch.Tensor | None:
-        """Which of `width` logits the latest mask let through (bool), or None before any."""
-        if self.last_bitmask is None:
-            return None
-        allowed = torch.zeros(width, dtype=torch.bool)
-        n = min(width, self.vocab_size)
-        allowed[:n] = _bits(self.last_bitmask.unsqueeze(0), self.vocab_size)[0, :n].bool()
-        return allowed
 
     @property
     def is_terminated(self) -> bool:
@@ -186,7 +176,7 @@ class StructuredOutputManager:
 
 def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
     """In place: each row whose matcher is set keeps only the tokens its grammar allows
-    (the others get -inf); each matcher records how many tokens it allowed."""
+    (the others get -inf); each matcher keeps its mask."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
@@ -195,9 +185,7 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         matchers[i].matcher.fill_next_token_bitmask(bitmask, i)
-    allowed = _bits(bitmask, vocab_size).sum(dim=1).tolist()
     for i in rows:
-        matchers[i].num_allowed.append(int(allowed[i]))
         matchers[i].last_bitmask = bitmask[i]
     width = logits.shape[1]
     if width > vocab_size:    # rows of padding in the LM head are never a token
@@ -220,7 +208,7 @@ def grammar_key(params: StructuredOutputsParams) -> tuple:
     return "grammar", params.grammar
 
 
-def _bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def token_bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
     bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.flatten(1)[:, :vocab_size]

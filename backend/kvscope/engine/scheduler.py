@@ -43,21 +43,14 @@ class ScheduledSeq:
         return cls(seq, n, seq.num_computed_tokens, samples, kind,
                    list(seq.forks) if samples and seq.forks else [], drafts, admitted)
 
-    @property
-    def reason(self) -> str:
-        """Why this row is in the step, in the explainer's words."""
-        if self.admitted:
-            return "resumed after preemption" if self.seq.num_preemptions else "new request"
-        return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[self.kind]
-
 
 @dataclass(slots=True)
 class TokenDelta:
     """One token appended by postprocess: the step's per-token result the engine publishes."""
     seq: Sequence
     token_id: int
-    text: str      # its text (empty when nobody asked for text token by token)
     index: int     # its position among the sequence's output tokens
+    text: str = ""   # its text, when someone asked for text token by token (kvscope/detokenizer.py)
 
     @property
     def logprob(self) -> dict | None:
@@ -131,7 +124,7 @@ class Scheduler:
         kept: list[Sequence] = []
         while queue:
             seq = queue.popleft()
-            if seq.held or budget == 0:
+            if seq.paused or budget == 0:
                 kept.append(seq)
                 continue
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
@@ -154,7 +147,7 @@ class Scheduler:
         for seq in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if seq.held:
+            if seq.paused:
                 continue
             hits = bm.match_prefix(seq)
             remaining = seq.num_tokens - len(hits) * bs
@@ -231,8 +224,8 @@ class Scheduler:
         reason = None
         for token in tokens:
             seq.append_token(token)
-            reason, text = self._check_stop(seq)
-            appended.append(TokenDelta(seq, token, text, seq.num_output_tokens - 1))
+            reason = self._check_stop(seq)
+            appended.append(TokenDelta(seq, token, seq.num_output_tokens - 1))
             if reason:
                 break
         if drafted:   # (a pass without drafts computed exactly the known tokens: nothing to undo)
@@ -242,24 +235,15 @@ class Scheduler:
         if reason:
             self.finish(seq, reason)
             finished.append(seq)
-        elif seq.allowance is not None:   # its owner grants it tokens a few at a time
-            seq.allowance = max(0, seq.allowance - len(tokens))
 
-    def _check_stop(self, seq: Sequence) -> tuple[str | None, str]:
-        """Every stop rule, after each appended token: end tokens and lengths, then the
-        rules that read more than the token (a stop string in the text, a grammar that is
-        complete). Returns (finish reason or None, the token's text)."""
-        reason = self._stop_reason(seq)
-        text, stopped = seq.detokenizer.step(seq, final=reason is not None) if seq.detokenizer else ("", False)
-        if seq.grammar is not None:
-            seq.grammar.accept(seq.token_ids[-1])
-            if seq.grammar.is_terminated and not stopped and seq.detokenizer:
-                text += seq.detokenizer.release(seq)
-            stopped = stopped or seq.grammar.is_terminated
-        return ("stop" if stopped else reason), text
-
-    def _stop_reason(self, seq: Sequence) -> str | None:
+    def _check_stop(self, seq: Sequence) -> str | None:
+        """The engine's stop rules, after each appended token: end tokens, lengths, a complete
+        grammar. (Stop strings need text: LLMEngine checks them after the step.)"""
         token, p = seq.token_ids[-1], seq.params
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+            if seq.grammar.is_terminated:
+                return "stop"
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
         n = len(seq.token_ids)   # the last test: the sequence filled the whole KV cache

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from kvscope.config import SpeculativeConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import load_model_and_runner
 from kvscope.engine.sampler import filtered_logits, logprob_entries
@@ -23,41 +24,6 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.models.loader import read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
-
-METHODS = ("ngram", "draft_model")
-
-
-@dataclass
-class SpeculativeConfig:
-    """The keys are vLLM's: {"method": "ngram", "num_speculative_tokens": k,
-    "prompt_lookup_max": n, "prompt_lookup_min": m} or {"model": dir, "num_speculative_tokens": k}."""
-    num_speculative_tokens: int
-    method: str = "ngram"
-    model: str | None = None
-    prompt_lookup_max: int = 3
-    prompt_lookup_min: int = 1
-
-    @classmethod
-    def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
-        if raw is None or isinstance(raw, SpeculativeConfig):
-            return raw
-        known = cls.__dataclass_fields__.keys()
-        if unknown := raw.keys() - known:
-            raise ValueError(f"unknown speculative_config key(s) {sorted(unknown)}; known: {sorted(known)}")
-        if "num_speculative_tokens" not in raw:
-            raise ValueError("speculative_config needs num_speculative_tokens")
-        return cls(**{"method": "draft_model" if raw.get("model") else "ngram", **raw})
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
-        if not 1 <= self.num_speculative_tokens <= 16:
-            raise ValueError(f"num_speculative_tokens must be in 1..16, got {self.num_speculative_tokens}")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("a draft-model speculative_config needs 'model' (a checkpoint directory)")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
-
 
 # -- verification: rejection sampling ----------------------------------------------------
 @dataclass
@@ -145,17 +111,17 @@ class Proposer(Protocol):
 
 @dataclass
 class SpecStats:
-    """Running totals for one request (or the whole engine)."""
+    """Running totals: the engine's (`Speculator.total`), or one request's (the explainer keeps those)."""
     proposed: int = 0
     accepted: int = 0
     target_passes: int = 0
     emitted: int = 0
 
-    def add(self, verdict: SpecVerdict, emitted: int) -> None:
+    def add(self, verdict: SpecVerdict) -> None:
         self.proposed += len(verdict.proposed)
         self.accepted += verdict.num_accepted
         self.target_passes += 1
-        self.emitted += emitted
+        self.emitted += len(verdict.token_ids)
 
     @property
     def acceptance_rate(self) -> float:
@@ -172,18 +138,15 @@ class Speculator:
     proposer: Proposer
     max_model_len: int
     drafts: dict[int, Draft] = field(default_factory=dict)
-    stats: dict[int, SpecStats] = field(default_factory=dict)
     total: SpecStats = field(default_factory=SpecStats)
-    last_stats: dict[int, SpecStats] = field(default_factory=dict)   # of requests finished this step
 
     def propose(self, running: list[Sequence]) -> None:
         """Draft for every running sequence whose next step is a decode. Never more drafts
         than the tokens it may still produce, so max_tokens cannot be overshot."""
-        self.last_stats.clear()
         ready, ks = [], []
         for seq in running:
             # a grammar's mask holds for the next token only, so constrained requests are not drafted
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.held or seq.forks or seq.grammar is not None:
+            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.paused or seq.forks or seq.grammar is not None:
                 continue
             room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
             if (k := min(self.config.num_speculative_tokens, room)) > 0:
@@ -199,16 +162,12 @@ class Speculator:
                generator: torch.Generator) -> SpecVerdict:
         draft = self.drafts.pop(seq.seq_id, None)
         probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
-        return verify(logits, proposed, seq.params, generator, probs)
-
-    def record(self, seq: Sequence, verdict: SpecVerdict, emitted: int) -> None:
-        self.total.add(verdict, emitted)
-        self.stats.setdefault(seq.seq_id, SpecStats()).add(verdict, emitted)
+        verdict = verify(logits, proposed, seq.params, generator, probs)
+        self.total.add(verdict)
+        return verdict
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
-        if (stats := self.stats.pop(seq.seq_id, None)) is not None:
-            self.last_stats[seq.seq_id] = stats
         self.proposer.release(seq)
 
 

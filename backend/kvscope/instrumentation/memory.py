@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from kvscope.engine.plan import host_memory
+from kvscope.hardware import host_memory
 from kvscope.instrumentation.facts import ModelFacts
 
 

@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvscope.detokenizer import output_text
 from kvscope.engine.llm_engine import EngineObserver, StepRecord, TokenDelta
+from kvscope.engine.scheduler import ScheduledSeq
+from kvscope.engine.spec_decode import SpecStats
 from kvscope.engine.step_inputs import StepBuffers
 from kvscope.engine.sequence import Sequence
 from kvscope.instrumentation.cost import step_cost
@@ -20,8 +23,8 @@ from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import SideCapture, WatchedRows, WatchWanted, side_pass, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, sampling_event,
-                                           token_texts)
+from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, grammar_allowed,
+                                           sampling_event, token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -43,9 +46,17 @@ class Clock:
 class RequestLabel:
     """What the engine does not know about a request: who sent it and how it was asked."""
     owner: str | None = None
+    source: str = "api"          # which door it came through (the WebSocket, generate, openai, synthetic)
     prompt: str | None = None
     held: bool = False
     watched: bool = False
+
+
+def row_reason(row: ScheduledSeq) -> str:
+    """Why a row is in the step, in the explainer's words."""
+    if row.admitted:
+        return "resumed after preemption" if row.seq.num_preemptions else "new request"
+    return {"verify": "verify drafts", "decode": "decode", "prefill": "prefill chunk"}[row.kind]
 
 
 class Instrumentation(EngineObserver):
@@ -68,7 +79,8 @@ class Instrumentation(EngineObserver):
         self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
         self._token_text = token_texts(engine.tokenizer)
         self.watch_next = 0                         # benchmarks: watch the next N requests added
-        self._pending: list[dict] = []              # this step's events so far
+        self._token_times: dict[int, list[float]] = {}   # seq_id -> when its tokens were heard
+        self._spec_stats: dict[int, SpecStats] = {}       # seq_id -> its drafts' running totals
         self._last_memory = float("-inf")
         self._last_work = (0, 0)
         engine.add_observer(self)
@@ -83,7 +95,7 @@ class Instrumentation(EngineObserver):
         prompt = label.prompt[:PROMPT_PREVIEW] if label.prompt is not None else None
         self.sink([{
             "type": "request.added", "ts": self.clock(), "request_id": seq.request_id,
-            "source": seq.source, "owner": label.owner, "prompt": prompt,
+            "source": label.source, "owner": label.owner, "prompt": prompt,
             "prompt_token_ids": list(seq.prompt_token_ids), "num_prompt_tokens": seq.num_prompt_tokens,
             "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
                        "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
@@ -95,28 +107,31 @@ class Instrumentation(EngineObserver):
             self.watch(seq.request_id, f"bench-{seq.request_id}", WatchSpec(), seq)
 
     def on_request_finished(self, seq: Sequence) -> None:
-        event = self._finished_event(seq)
         self.labels.pop(seq.request_id, None)
-        if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step
-            self._pending.append(event)
+        if seq.finish_reason in ("stop", "length"):   # inside a step: published with the step (on_step)
             return
+        self._spec_stats.pop(seq.seq_id, None)
+        event = self._finished_event(seq, self.clock())
         self._forget_watch(seq)
         # abort, error, reset: between steps, publish now
         delta = self.kv.update([seq], [], self.engine.take_block_events(), self.engine.num_steps, self.clock())
         self.sink([event] + ([delta] if delta else []))
 
-    def _finished_event(self, seq: Sequence) -> dict:
-        end = seq.token_times[-1] if seq.token_times else time.perf_counter()
-        return {"type": "request.finished", "ts": self.clock(), "request_id": seq.request_id,
-                "reason": seq.finish_reason, "error": seq.error, "text": seq.text,
+    def _finished_event(self, seq: Sequence, ts: float) -> dict:
+        times = self._token_times.pop(seq.seq_id, [])
+        end = times[-1] if times else time.perf_counter()
+        return {"type": "request.finished", "ts": ts, "request_id": seq.request_id,
+                "reason": seq.finish_reason, "error": seq.error, "text": output_text(seq, self.engine.tokenizer)[0],
                 "num_prompt_tokens": seq.num_prompt_tokens, "num_output_tokens": seq.num_output_tokens,
                 "num_cached_tokens": seq.num_cached_tokens, "num_preemptions": seq.num_preemptions,
                 "ttft_s": seq.ttft, "e2e_s": max(0.0, end - seq.arrival_time),
-                "itl_s": [round(x, 6) for x in seq.inter_token_latencies]}
+                "itl_s": [round(b - a, 6) for a, b in zip(times, times[1:])]}
 
     def on_reset(self) -> None:
         self.kv = KVTracker(self.engine)   # reset: an empty pool
         self.watches.clear()
+        self._token_times.clear()
+        self._spec_stats.clear()
         self.sink([self.kv_snapshot()])
 
     def kv_snapshot(self) -> dict:
@@ -134,30 +149,33 @@ class Instrumentation(EngineObserver):
         self._watched = watched_rows(scheduled, wanted)
         return False
 
-    def _token_event(self, d: TokenDelta, step: int) -> dict:
+    def _token_event(self, d: TokenDelta, step: int, ts: float) -> dict:
         seq = d.seq
-        event = {"type": "request.token", "ts": self.clock.at(seq.token_times[d.index]),
+        event = {"type": "request.token", "ts": ts,
                  "request_id": seq.request_id, "index": d.index, "token_id": d.token_id, "text": d.text,
                  "step": step}
         lp = d.logprob
         if lp is not None:
             event["logprob"] = lp["logprob"]
             event["top"] = [{"id": i, "logprob": v} for i, v in lp["top"]]
-        if seq.grammar is not None and seq.grammar.num_allowed:
-            event["allowed_tokens"] = seq.grammar.num_allowed[-1]   # what the grammar's mask let through
+        allowed = grammar_allowed(seq.grammar, seq.grammar.vocab_size) if seq.grammar is not None else None
+        if allowed is not None:
+            event["allowed_tokens"] = int(allowed.sum())   # what the grammar's mask let through
         return event
 
     def on_step(self, record: StepRecord) -> None:
-        out, ts = record.scheduled, self.clock()
+        now = time.perf_counter()
+        out, ts = record.scheduled, self.clock.at(now)
+        for d in record.tokens:
+            self._token_times.setdefault(d.seq.seq_id, []).append(now)
         # the step's tokens, what a watcher sees of how they were computed and drawn (before the
-        # finishes: a widget may stop listening at its request's end), the step's finishes
-        # (heard during the step), then the step itself
-        events = [self._token_event(d, out.step) for d in record.tokens]
+        # finishes: a widget may stop listening at its request's end), the step's finishes, then
+        # the step itself
+        events = [self._token_event(d, out.step, ts) for d in record.tokens]
         if self._watched:
             events += self._watched_events(record, self._watched, ts)
             self._watched = []
-        events += self._pending
-        self._pending = []
+        events += [self._finished_event(seq, ts) for seq in record.finished]
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
@@ -165,9 +183,11 @@ class Instrumentation(EngineObserver):
         if delta:
             events.append(delta)
         if record.result.spec:
-            events += spec_events(record, self.engine, ts, set(self.watches.by_seq_id()) if self.watches else set())
+            events += spec_events(record, self.engine, ts, self._spec_stats,
+                                  set(self.watches.by_seq_id()) if self.watches else set())
         for seq in record.finished:
             self._forget_watch(seq)
+            self._spec_stats.pop(seq.seq_id, None)
         self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
@@ -183,7 +203,7 @@ class Instrumentation(EngineObserver):
                  "kind": "prefill" if e.kind == "prefill" else "decode",   # a verify pass draws tokens
                  "start": e.start, "num_tokens": e.num_new_tokens, "context_len": e.start + e.num_new_tokens,
                  "cached_tokens": e.seq.num_cached_tokens, "samples": e.samples,
-                 "num_drafts": len(e.spec_token_ids), "reason": e.reason,
+                 "num_drafts": len(e.spec_token_ids), "reason": row_reason(e),
                  "last_block_recomputed": e.admitted and e.seq.last_block_recomputed} for e in out.entries]
         work = [(e.start, e.num_new_tokens, e.samples) for e in out.entries]
         event = {"type": "step", "ts": ts, "step": out.step, "seqs": seqs,

@@ -5,21 +5,23 @@ also gets the target's and the drafter's distributions at the check that decided
 from __future__ import annotations
 
 from kvscope.engine.llm_engine import StepRecord
+from kvscope.engine.spec_decode import SpecStats
 
 
 DISTRIBUTION_TOP = 12   # tokens listed (the most likely under p or q); the rest summed
 
 
-def spec_events(record: StepRecord, engine, ts: float, watched: set[int] = frozenset()) -> list[dict]:
-    """`watched`: seq ids whose events carry the deciding check's p and q (`distribution`)."""
+def spec_events(record: StepRecord, engine, ts: float, running: dict[int, SpecStats],
+                watched: set[int] = frozenset()) -> list[dict]:
+    """`running`: each request's totals so far (seq_id -> SpecStats), the caller's, updated here;
+    `watched`: seq ids whose events carry the deciding check's p and q (`distribution`)."""
     speculator = engine.speculator
     entries = {e.seq.seq_id: e for e in record.scheduled.entries}
     events = []
     for seq_id, verdict in record.result.spec.items():
         seq = entries[seq_id].seq
-        stats = speculator.stats.get(seq_id)
-        if stats is None:   # the request finished this step: its totals went with it
-            stats = speculator.last_stats.get(seq_id)
+        stats = running.setdefault(seq_id, SpecStats())
+        stats.add(verdict)
         events.append({
             "type": "spec", "ts": ts, "step": record.scheduled.step, "request_id": seq.request_id,
             "method": speculator.config.method, "greedy": seq.params.greedy,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p
+from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p, token_bits
 from kvscope.engine.sequence import Sequence
 
 TOP_CANDIDATES = 10
@@ -140,6 +140,16 @@ def _stage(name: str, applied: bool, logits: torch.Tensor, order: list[int], tex
                             "prob": round(c, 6)} for i, v, c in zip(order, values, chances)]}, probs
 
 
+def grammar_allowed(grammar, width: int) -> torch.Tensor | None:
+    """Which of `width` logits a grammar's latest mask let through (bool), or None before any."""
+    if grammar.last_bitmask is None:
+        return None
+    allowed = torch.zeros(width, dtype=torch.bool)
+    n = min(width, grammar.vocab_size)
+    allowed[:n] = token_bits(grammar.last_bitmask.unsqueeze(0), grammar.vocab_size)[0, :n].bool()
+    return allowed
+
+
 def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, text_of: Callable[[int], str],
                    ts: float, with_distribution: bool = False) -> dict:
     """logits: the model's [vocab] row for this sequence; `text_of`: a token id's text
@@ -149,7 +159,7 @@ def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, 
     counts the rest), while `logprob` stays the model's own, as on request.token."""
     p = seq.params
     model_row = logits.float()
-    allowed = seq.grammar.last_allowed(model_row.shape[0]) if seq.grammar is not None else None
+    allowed = grammar_allowed(seq.grammar, model_row.shape[0]) if seq.grammar is not None else None
     row = (model_row if allowed is None else model_row.masked_fill(~allowed, float("-inf"))).unsqueeze(0)
     stages = [("logits", True, row)]
     cur = apply_temperature(row, torch.tensor([p.temperature])) if not p.greedy else row

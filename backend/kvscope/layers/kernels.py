@@ -39,14 +39,14 @@ if TYPE_CHECKING:
 
 # -- CPU: the C kernels --------------------------------------------------------------------
 SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
-CPU_DTYPES = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
-CPU_PREFILL_DTYPES = {torch.float32: "paged_prefill_f32", torch.bfloat16: "paged_prefill_bf16"}
-_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
-_PREFILL_ARGTYPES = [ctypes.c_void_p] * 8 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+CPU_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# each kernel's pointer arguments; then six ints, the scale and the thread count
+POINTERS = {"paged_decode": 6, "paged_prefill": 8}
 
 
-def _entry_points(names: dict[torch.dtype, str], argtypes: list) -> dict[torch.dtype, object] | str:
-    """The built library's entry points per dtype, or why it could not be built (no
+@functools.cache
+def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
+    """The built library's kernels by (name, dtype), or why it could not be built (no
     compiler). A source missing from the install raises: that is a broken install."""
     if not SOURCE.is_file():
         raise NativeBuildError(f"{SOURCE} is missing: this kvscope install is incomplete (reinstall it)")
@@ -54,28 +54,26 @@ def _entry_points(names: dict[torch.dtype, str], argtypes: list) -> dict[torch.d
         lib = load(SOURCE)
     except NativeBuildError as exc:
         return str(exc)
-    kernels = {dtype: getattr(lib, name) for dtype, name in names.items()}
-    for fn in kernels.values():
-        fn.argtypes, fn.restype = argtypes, None
+    kernels = {(name, dtype): getattr(lib, f"{name}_{suffix}")
+               for name in POINTERS for dtype, suffix in CPU_DTYPES.items()}
+    for (name, _), fn in kernels.items():
+        fn.argtypes = [ctypes.c_void_p] * POINTERS[name] + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        fn.restype = None
     return kernels
 
 
-@functools.cache
-def _kernels() -> dict[torch.dtype, object] | str:
-    """The row kernel per dtype, or why it could not be built."""
-    return _entry_points(CPU_DTYPES, _ARGTYPES)
-
-
-@functools.cache
-def _prefill_kernels() -> dict[torch.dtype, object] | str:
-    return _entry_points(CPU_PREFILL_DTYPES, _PREFILL_ARGTYPES)
+def _kernel(name: str, dtype: torch.dtype):
+    kernels = _entry_points()
+    if isinstance(kernels, str):
+        raise RuntimeError(kernels)
+    return kernels[name, dtype]
 
 
 def cpu_unavailable(dtype: torch.dtype) -> str | None:
     """Why the kernel cannot run for this dtype here (None when it can); builds it once."""
     if dtype not in CPU_DTYPES:
         return f"the CPU paged-attention kernel takes float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
-    kernels = _kernels()
+    kernels = _entry_points()
     return kernels if isinstance(kernels, str) else None
 
 
@@ -83,9 +81,6 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
                context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [B, H, D]; caches: [num_blocks, block_size, KVH, D]; block_tables: [B, width] int32;
     context_lens: [B] int32 (each >= 1) → [B, H, D]."""
-    kernels = _kernels()
-    if isinstance(kernels, str):
-        raise RuntimeError(kernels)
     q = q.contiguous()
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
@@ -94,9 +89,9 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
         raise ValueError(f"{batch} query rows need {batch} block tables and context lengths, got "
                          f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
-    kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                     context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, head_dim,
-                     block_size, block_tables.shape[1], scale, torch.get_num_threads())
+    _kernel("paged_decode", q.dtype)(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                                     context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads,
+                                     head_dim, block_size, block_tables.shape[1], scale, torch.get_num_threads())
     return out
 
 
@@ -134,16 +129,14 @@ def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     """Causal attention for `spans` of the step's rows, read in place, written into `out`.
     q, out: [tokens, H, D] contiguous; each span's keys (this step's included) are already in
     the caches, at the positions its block table gives."""
-    kernels = _prefill_kernels()
-    if isinstance(kernels, str):
-        raise RuntimeError(kernels)
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     _check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
-    kernels[q.dtype](q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
-                     spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),
-                     len(spans.q_lens), num_heads, num_kv_heads, head_dim, block_size, spans.block_tables.shape[1],
-                     scale, torch.get_num_threads())
+    _kernel("paged_prefill", q.dtype)(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
+        spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),
+        len(spans.q_lens), num_heads, num_kv_heads, head_dim, block_size, spans.block_tables.shape[1],
+        scale, torch.get_num_threads())
 
 
 # Which kernel takes a span (a prompt, a chunk, a draft verification): the row kernel, one

@@ -32,14 +32,15 @@ class StreamDelta:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
-        engine.stream_text = True
+        engine.detokenizer.stream = True
         self.engine = engine
         self.idle_wait = idle_wait
         self.paused = False
-        self.pacing = Pacing()                       # slow motion and per-request paces
+        self.pacing = Pacing(engine)                 # slow motion, per-request paces, holds
         self._commands: queue.Queue = queue.Queue()
         self._wake = threading.Event()
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}   # seq_id -> (loop, queue, choice)
+        # seq_id -> (loop, queue, choice, when its tokens arrived)
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int, list[float]]] = {}
         self._stop = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="kvscope-engine", daemon=True)
@@ -55,17 +56,17 @@ class AsyncEngine:
         return await future
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str = "",
-                       source: str = "api", on_added: Callable[[Sequence], None] | None = None,
+                       on_added: Callable[[Sequence], None] | None = None,
                        cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
         """Deltas of every choice (params.n of them, told apart by `index`), until all finished."""
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue = asyncio.Queue()
 
         def add() -> list[Sequence]:
-            seq = self.engine.add_request(prompt, params, request_id, source, cache_salt=cache_salt)
+            seq = self.engine.add_request(prompt, params, request_id, cache_salt=cache_salt)
             choices = seq.choices
             for index, choice in enumerate(choices):
-                self._streams[choice.seq_id] = (loop, deltas, index)
+                self._streams[choice.seq_id] = (loop, deltas, index, [])
             for choice in choices:
                 if choice.is_finished:   # refused at admission: the reason is the last delta
                     self._close(choice)
@@ -161,7 +162,7 @@ class AsyncEngine:
     def _gate_paced(self, now: float) -> float | None:
         if not self.pacing.paced:
             return None
-        return self.pacing.gate(self.engine.live_sequences(), now)
+        return self.pacing.gate(now)
 
     def _step_and_push(self) -> bool:
         """One engine step and its deltas out; False when no request advanced."""
@@ -174,9 +175,10 @@ class AsyncEngine:
             self._fail_all(f"engine error: {exc}")
             return True
         stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
-        self.pacing.stepped(stepped, finished, time.perf_counter())
+        now = time.perf_counter()
+        self.pacing.stepped(stepped, deltas, finished, now)
         for d in deltas:
-            self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text, d.logprob))
+            self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text, d.logprob), now)
         for seq in finished:
             self._close(seq)
         return bool(deltas or finished) or self._computed_tokens() != before
@@ -213,18 +215,20 @@ class AsyncEngine:
             self._close(choice)
         return True
 
-    def _push(self, seq: Sequence, delta: StreamDelta) -> None:
+    def _push(self, seq: Sequence, delta: StreamDelta, now: float) -> None:
         stream = self._streams.get(seq.seq_id)
         if stream is not None:
-            loop, q, delta.index = stream
+            loop, q, delta.index, token_times = stream
+            token_times.append(now)
             loop.call_soon_threadsafe(q.put_nowait, delta)
 
     def _close(self, seq: Sequence) -> None:
         self.pacing.forget(seq)
         stream = self._streams.pop(seq.seq_id, None)
         if stream is not None:
-            loop, q, index = stream
-            output = RequestOutput.from_sequences([seq], tokenizer=self.engine.tokenizer, indices=[index])
+            loop, q, index, token_times = stream
+            output = RequestOutput.from_sequences([seq], tokenizer=self.engine.tokenizer, indices=[index],
+                                                  token_times=token_times)
             final = StreamDelta(seq.request_id, None, "", finished=True, output=output, index=index)
             loop.call_soon_threadsafe(q.put_nowait, final)
 

@@ -9,7 +9,7 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
@@ -172,9 +172,9 @@ class EngineService(SweepAccounts):
         tokens a step, whatever the engine's own chunking; no other request changes.
         `cache_salt` (vLLM's field): only requests with equal salts share prefix-cache blocks."""
         def add() -> Submitted:
-            self.instr.labels[rid] = label
+            self.instr.labels[rid] = replace(label, source=source)
             try:
-                seq = self.engine.add_request(ids, params, rid, source, cache_salt=cache_salt)
+                seq = self.engine.add_request(ids, params, rid, cache_salt=cache_salt)
             except ValueError as exc:
                 self.instr.labels.pop(rid, None)
                 return Submitted(rid, len(ids), str(exc))
@@ -182,7 +182,7 @@ class EngineService(SweepAccounts):
                 return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
             seq.prefill_chunk_size = prefill_chunk_tokens
             if label.held:
-                seq.allowance = 0
+                self.aengine.pacing.hold(seq)
             elif pace_s:
                 self.aengine.pacing.pace(seq, pace_s)
             if watch is not None:
@@ -194,8 +194,8 @@ class EngineService(SweepAccounts):
                      label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
         """A request's token deltas as an async iterator (OpenAI endpoints). Leaving the
         iteration early aborts the request and frees its blocks."""
-        self.instr.labels[rid] = label
-        async for delta in self.aengine.generate(ids, params, rid, source, cache_salt=cache_salt):
+        self.instr.labels[rid] = replace(label, source=source)
+        async for delta in self.aengine.generate(ids, params, rid, cache_salt=cache_salt):
             yield delta
 
     async def cancel(self, rid: str) -> bool:
@@ -211,27 +211,21 @@ class EngineService(SweepAccounts):
         await self.aengine.call(do)
 
     async def hold(self, rid: str) -> None:
-        def hold(seq):
-            self.aengine.pacing.unpace(seq)   # stepped by its owner now, not by time
-            seq.allowance = 0
-        await self.on_request(rid, hold)
+        await self.on_request(rid, self.aengine.pacing.hold)   # stepped by its owner now, not by time
         self.hub.set_held(rid, True)
         self.touch_hold(rid, True)
 
     async def next_token(self, rid: str) -> None:
         def release_one(seq):
-            if not seq.held:
+            if not seq.paused:
                 raise CommandError("invalid_field", f"request {rid!r} is not held: send hold first")
-            seq.allowance = 1
+            self.aengine.pacing.grant(seq)
         await self.on_request(rid, release_one)
         if rid in self.held_since:
             self.held_since[rid] = time.monotonic()
 
     async def release(self, rid: str) -> None:
-        def release(seq):
-            self.aengine.pacing.unpace(seq)
-            seq.allowance = None
-        await self.on_request(rid, release)
+        await self.on_request(rid, self.aengine.pacing.release)
         self.hub.set_held(rid, False)
         self.touch_hold(rid, False)
 
@@ -244,7 +238,6 @@ class EngineService(SweepAccounts):
             if missing:
                 raise CommandError("unknown_request", f"no request {missing[0]!r} is in flight")
             for seq in seqs:
-                seq.allowance = None
                 self.aengine.pacing.pace(seq, seconds)
         await self.aengine.call(pace)
         for rid in rids:

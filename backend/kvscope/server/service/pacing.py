@@ -1,17 +1,20 @@
 """How fast the engine may go, so a person can watch it.
 
-Two rules, both applied by the loop that drives the engine, between steps:
+Three rules, all applied by the loop that drives the engine, between steps:
 - slow motion: a minimum interval between any two engine steps (the instructor's, for the room);
 - a per-request pace: a minimum interval between two steps *of one request* (a learner's demo
   request), so a page can slow its own request down without slowing anyone else's. A paced
-  request sits out (its allowance is 0) until its interval has passed; the others keep running.
+  request sits out until its interval has passed; the others keep running;
+- a hold: a request draws only the tokens its owner grants (`next`: one more), then waits.
 
-Pacing only ever sets `Sequence.allowance` on requests it paces, so the scheduler needs no
-knowledge of it."""
+A request that sits out or waits is paused in the engine (`LLMEngine.pause`), which only skips
+it; what it may draw is kept here, so the engine knows nothing of paces or allowances."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine.scheduler import TokenDelta
 from kvscope.engine.sequence import Sequence
 
 MAX_INTERVAL_S = 10.0
@@ -31,8 +34,10 @@ class RequestPace:
 
 @dataclass
 class Pacing:
+    engine: LLMEngine
     min_step_interval_s: float = 0.0               # slow motion: engine-wide
     paced: dict[int, RequestPace] = field(default_factory=dict)   # seq_id -> its pace
+    allowance: dict[int, int] = field(default_factory=dict)       # seq_id -> tokens a held request may still draw
     last_step_at: float | None = None
 
     def set_slow_motion(self, seconds: float) -> None:
@@ -44,15 +49,28 @@ class Pacing:
         together (one batch a beat) instead of taking turns."""
         check_interval(seconds)
         if seconds == 0:
-            self.unpace(seq)
+            self.release(seq)
             return
-        seq.allowance = None   # a paced request is stepped by time, not by `next`
+        self.allowance.pop(seq.seq_id, None)   # a paced request is stepped by time, not by `next`
+        self.engine.resume(seq.request_id)     # until gate() finds it not due
         beat = next((p.due for sid, p in self.paced.items() if p.interval_s == seconds and sid != seq.seq_id), 0.0)
         self.paced[seq.seq_id] = RequestPace(seconds, beat)
 
-    def unpace(self, seq: Sequence) -> None:
-        if self.paced.pop(seq.seq_id, None) is not None:
-            seq.allowance = None
+    def hold(self, seq: Sequence) -> None:
+        """Its owner steps it now, a token at a time (grant), not its pace."""
+        self.paced.pop(seq.seq_id, None)
+        self.allowance[seq.seq_id] = 0
+        self.engine.pause(seq.request_id)
+
+    def grant(self, seq: Sequence, tokens: int = 1) -> None:
+        """A held request may draw `tokens` more, then waits again."""
+        self.allowance[seq.seq_id] = tokens
+        self.engine.resume(seq.request_id)
+
+    def release(self, seq: Sequence) -> None:
+        """Neither held nor paced: it runs at full speed."""
+        self.forget(seq)
+        self.engine.resume(seq.request_id)
 
     def wait_before_step(self, now: float) -> float:
         """Seconds the next engine step must still wait under slow motion (0: go)."""
@@ -60,28 +78,39 @@ class Pacing:
             return 0.0
         return max(0.0, self.last_step_at + self.min_step_interval_s - now)
 
-    def gate(self, seqs: list[Sequence], now: float) -> float | None:
-        """Hold each paced request that is not due yet, release the due ones. Returns the
-        earliest time a held one becomes due (None if none waits)."""
+    def gate(self, now: float) -> float | None:
+        """Pause each paced request that is not due yet, resume the due ones. Returns the
+        earliest time a paused one becomes due (None if none waits)."""
         earliest = None
-        for seq in seqs:
+        for seq in self.engine.live_sequences():
             pace = self.paced.get(seq.seq_id)
             if pace is None:
                 continue
-            seq.allowance = 0 if now < pace.due else None
-            if seq.held:
+            if now < pace.due:
+                self.engine.pause(seq.request_id)
                 earliest = pace.due if earliest is None else min(earliest, pace.due)
+            else:
+                self.engine.resume(seq.request_id)
         return earliest
 
-    def stepped(self, scheduled: list[Sequence], finished: list[Sequence], now: float) -> None:
-        """After a step: paced requests that ran wait a full interval from now."""
+    def stepped(self, scheduled: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
+                now: float) -> None:
+        """After a step: paced requests that ran wait a full interval from now; held ones that
+        drew their allowance wait for the next grant (paused before the next step)."""
         self.last_step_at = now
         for seq in scheduled:
             pace = self.paced.get(seq.seq_id)
             if pace is not None:
                 pace.due = now + pace.interval_s
+        for d in deltas:
+            left = self.allowance.get(d.seq.seq_id)
+            if left is not None:
+                self.allowance[d.seq.seq_id] = max(0, left - 1)
+                if left <= 1:
+                    self.engine.pause(d.seq.request_id)
         for seq in finished:
-            self.paced.pop(seq.seq_id, None)
+            self.forget(seq)
 
     def forget(self, seq: Sequence) -> None:
         self.paced.pop(seq.seq_id, None)
+        self.allowance.pop(seq.seq_id, None)
