@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -26,7 +27,7 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import AttentionMetadata, PagedRows, pick_routes, step_metadata
+from kvscope.layers.attention import AttentionMetadata, KeptQueries, PagedRows, pick_routes, step_metadata
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -36,6 +37,19 @@ log = logging.getLogger("kvscope.engine")
 # Embedded model, 1 thread, step time compiled/eager: 0.81x at batch 1, 0.91x at 16, 1.03x
 # at 32, 1.23x at 64. The C kernel pads nothing, so with it every decode batch compiles.
 MAX_REFERENCE_COMPILED_BATCH = 16
+
+
+def static_queries(runner, rows: int) -> KeptQueries:
+    """Where a decode graph keeps every row's queries while someone watches: one buffer, so
+    the graph recorded with it writes into it at every replay (capture copies them out)."""
+    layer = runner.attn_layers[0]
+    return KeptQueries(slice(None), torch.zeros(len(runner.attn_layers), rows, layer.num_heads, layer.head_dim,
+                                                dtype=runner.dtype, device=runner.device))
+
+
+def keeping(md: AttentionMetadata, static: KeptQueries) -> AttentionMetadata:
+    """The step's metadata for a graph: its queries (if it keeps them) into the static buffer."""
+    return md if md.queries is None else replace(md, queries=static)
 
 
 class DecodeLogits(torch.nn.Module):
@@ -103,6 +117,7 @@ class CompiledDecode:
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
                                      isolate_recompiles=True, options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
+        self.queries = static_queries(runner, self.max_batch or runner.config.max_num_seqs)
         start = time.perf_counter()
         self._warm_up()
         self.compile_seconds = time.perf_counter() - start
@@ -111,24 +126,32 @@ class CompiledDecode:
         return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        return self.forward(inputs.input_ids, inputs.positions, inputs.metadata)
+        md, n = inputs.metadata, len(inputs.input_ids)
+        if md.queries is not None and n > self.queries.out.shape[1]:   # max_num_seqs was raised
+            self.queries = static_queries(self.runner, n)
+        logits = self.forward(inputs.input_ids, inputs.positions, keeping(md, self.queries))
+        if md.queries is not None:
+            md.queries.out.copy_(self.queries.out[:, :n])
+        return logits
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
         """Compile the graphs on decode steps that write and read only the scratch block,
         prepared exactly as real steps are: a batch of one at two table widths (the width
         turns symbolic), then a batch of two (the batch size does; PyTorch keeps a batch of
-        one apart)."""
+        one apart); then both again keeping the queries, as a watched step does."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
-        for batch, width in ((1, 3), (1, 4), (2, 5)):
+        for batch, width, keep in ((1, 3, False), (1, 4, False), (2, 5, False), (1, 6, True), (2, 7, True)):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # no width equals a batch size: dynamo would tie the two
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
-            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph))
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph)
+            inputs.metadata.queries = static_queries(runner, batch) if keep else None
+            self.run(inputs)
         log.info("decode step compiled for this CPU")
 
 
@@ -147,7 +170,8 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.hidden = torch.zeros(max_batch, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.queries = static_queries(runner, max_batch)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}   # (bucket, keeps the queries) -> graph
         self._capture()
 
     def fits(self, batch: int) -> bool:
@@ -157,16 +181,17 @@ class DecodeGraphs:
     def _capture(self) -> None:
         pool = None
         model = self.runner.model
-        for b in reversed(self.buckets):
+        for b, keep in ((b, keep) for b in reversed(self.buckets) for keep in (False, True)):
             md = AttentionMetadata(self.runner.routes.graph, self.slot_mapping[:b],
-                                   decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]))
+                                   decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]),
+                                   queries=self.queries if keep else None)
             with step_metadata(model, md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
                     self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])
             pool = pool or graph.pool()
-            self.graphs[b] = graph
+            self.graphs[(b, keep)] = graph
         torch.cuda.synchronize()
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
@@ -179,5 +204,7 @@ class DecodeGraphs:
         self.context_lens[:b].zero_()
         self.context_lens[:n] = md.decode.context_lens
         self.block_tables[:n, :md.decode.block_tables.shape[1]] = md.decode.block_tables
-        self.graphs[b].replay()
+        self.graphs[(b, md.queries is not None)].replay()
+        if md.queries is not None:
+            md.queries.out.copy_(self.queries.out[:, :n])
         return self.hidden[:n]

@@ -13,8 +13,8 @@ from kvscope.engine.plan import pick_attention_backend
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers.attention import (SCALE_DTYPE, PagedAttention, as_bytes, attention_context, kv_cache_format,
-                                      pick_routes, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, as_bytes, attention_context,
+                                      kv_cache_format, pick_routes, step_metadata)
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
@@ -36,6 +36,7 @@ class StepResult:
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
     logits: torch.Tensor | None = None   # the step's scored rows, as the model gave them (observers read a watched row)
+    queries: KeptQueries | None = None   # the rows' queries it kept for keep_queries
 
 
 class ModelRunner:
@@ -53,6 +54,9 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
+        # set while someone watches (instrumentation/capture.py): (the step, whether it is decode
+        # only) -> the rows whose queries it keeps, or None
+        self.keep_queries: Callable[[SchedulerOutput, bool], KeptQueries | None] | None = None
         # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
         # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
         self.graphs, self.compiled, self.decode = record_decode(self)
@@ -125,6 +129,8 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
+        if self.keep_queries is not None:
+            md.queries = result.queries = self.keep_queries(out, replay)
         logits = None
         if replay and self.graphs is not None and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)
