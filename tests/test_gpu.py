@@ -71,8 +71,8 @@ def test_graphs_replay_every_decode_step(family):
         for b, graph in graphs.graphs.items():
             graph.replay = (lambda b=b, real=graph.replay: (replays.__setitem__(b, replays[b] + 1), real())[1])
         llm.generate(prompts[:3], greedy(10))
-        # three rows decode together (bucket 4) for nine steps; the first token is the prefill's
-        assert replays[4] >= 9 and sum(replays.values()) >= 9, replays
+        # three rows decode together (bucket 4, no queries kept) for nine steps; the first token is the prefill's
+        assert replays[(4, False)] >= 9 and sum(replays.values()) >= 9, replays
 
 
 def test_prefix_hits_chunking_and_preemption_on_cuda(tmp_path):

@@ -124,16 +124,15 @@ def attention_weights(q: torch.Tensor, keys: torch.Tensor, positions: list[int],
     return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
-def last_row_scores(q: torch.Tensor, keys: torch.Tensor, out: torch.Tensor) -> None:
-    """Many sequences' newest row at once. q: [N, H, D]; keys: [N, C, KVH, D] → out: [N, H, C],
-    q·k (unscaled). Each query head is spread over the width of every KV head's keys, zero but
-    for its own, so one product reads the gathered keys as they lie (no copy per KV head)."""
+def spread_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """q: [N, H, D] → [N, H, KVH * D]: each query head laid over the width of every KV head's
+    keys, zero but for its own, so one product with a row's gathered keys as they lie
+    ([C, KVH * D], no copy per KV head) gives every head's scores."""
     n, num_heads, d = q.shape
-    num_kv_heads = keys.shape[2]
     spread = q.new_zeros(n, num_kv_heads, num_heads // num_kv_heads, num_kv_heads, d)
     own = torch.arange(num_kv_heads, device=q.device)
-    spread[:, own, :, own, :] = q.view(n, num_kv_heads, -1, d).transpose(0, 1).to(spread.dtype)
-    torch.bmm(spread.view(n, num_heads, -1), keys.flatten(2).transpose(1, 2), out=out)
+    spread[:, own, :, own, :] = q.view(n, num_kv_heads, -1, d).transpose(0, 1)
+    return spread.view(n, num_heads, -1)
 
 
 class HostCopy:
@@ -262,11 +261,14 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     device = layers[0].k_cache.device
     tables = torch.tensor([w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
                            for w in decodes], device=device)   # padding: block 0, read and masked
-    q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)   # [layers, seqs, H, D]
-    scores = torch.empty(len(wanted), len(decodes), q.shape[2], width * block_size, device=device)
-    for i, layer in enumerate(wanted):
-        last_row_scores(q[layer.layer_idx].float(), gather_context(layer.readable_caches()[0], tables).float(),
-                        scores[i])
+    n = len(decodes)
+    q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
+    spread = spread_heads(q.flatten(0, 1).float(), layers[0].num_kv_heads)   # [layers * seqs, H, KVH * D]
+    scores = torch.empty(len(wanted) * n, spread.shape[1], width * block_size, device=device)
+    for i, layer in enumerate(wanted):   # q·k for every row's context, padding included
+        keys = gather_context(layer.readable_caches()[0], tables).float()   # [seqs, C, KVH, D]
+        torch.bmm(spread[i * n:(i + 1) * n], keys.flatten(2).transpose(1, 2), out=scores[i * n:(i + 1) * n])
+    scores = scores.view(len(wanted), n, *scores.shape[1:])
     lens = torch.tensor([w.end for w in decodes], device=device)
     past = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
     probs = scores.mul_(wanted[0].scale).masked_fill_(past[None, :, None, :], float("-inf")).softmax(dim=-1)
