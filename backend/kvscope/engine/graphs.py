@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 
 import torch
 
@@ -39,17 +38,12 @@ log = logging.getLogger("kvscope.engine")
 MAX_REFERENCE_COMPILED_BATCH = 16
 
 
-def static_queries(runner, rows: int) -> KeptQueries:
-    """Where a decode graph keeps every row's queries while someone watches: one buffer, so
-    the graph recorded with it writes into it at every replay (capture copies them out)."""
+def kept_queries(runner, rows: int) -> KeptQueries:
+    """Every row's queries, every layer's, in tensors of their own (a graph writes each whole:
+    a copy into part of a tensor costs a compiled step a copy of all of it)."""
     layer = runner.attn_layers[0]
-    return KeptQueries(slice(None), torch.zeros(len(runner.attn_layers), rows, layer.num_heads, layer.head_dim,
-                                                dtype=runner.dtype, device=runner.device))
-
-
-def keeping(md: AttentionMetadata, static: KeptQueries) -> AttentionMetadata:
-    """The step's metadata for a graph: its queries (if it keeps them) into the static buffer."""
-    return md if md.queries is None else replace(md, queries=static)
+    return KeptQueries(slice(None), [torch.zeros(rows, layer.num_heads, layer.head_dim, dtype=runner.dtype,
+                                                 device=runner.device) for _ in runner.attn_layers])
 
 
 class DecodeLogits(torch.nn.Module):
@@ -117,7 +111,6 @@ class CompiledDecode:
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
                                      isolate_recompiles=True, options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
-        self.queries = static_queries(runner, self.max_batch or runner.config.max_num_seqs)
         start = time.perf_counter()
         self._warm_up()
         self.compile_seconds = time.perf_counter() - start
@@ -126,31 +119,26 @@ class CompiledDecode:
         return self.max_batch is None or batch <= self.max_batch
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        md, n = inputs.metadata, len(inputs.input_ids)
-        if md.queries is not None and n > self.queries.out.shape[1]:   # max_num_seqs was raised
-            self.queries = static_queries(self.runner, n)
-        logits = self.forward(inputs.input_ids, inputs.positions, keeping(md, self.queries))
-        if md.queries is not None:
-            md.queries.out.copy_(self.queries.out[:, :n])
-        return logits
+        return self.forward(inputs.input_ids, inputs.positions, inputs.metadata)
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
         """Compile the graphs on decode steps that write and read only the scratch block,
         prepared exactly as real steps are: a batch of one at two table widths (the width
         turns symbolic), then a batch of two (the batch size does; PyTorch keeps a batch of
-        one apart); then both again keeping the queries, as a watched step does."""
+        one apart); then keeping the queries, as a watched step does, at batches of one, two and
+        three (each query tensor's size turns symbolic at the third)."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
-        for batch, width, keep in ((1, 3, False), (1, 4, False), (2, 5, False), (1, 6, True), (2, 7, True)):
+        for batch, width, keep in ((1, 3, False), (1, 4, False), (2, 5, False), (1, 6, True), (2, 7, True), (3, 8, True)):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # no width equals a batch size: dynamo would tie the two
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
             inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph)
-            inputs.metadata.queries = static_queries(runner, batch) if keep else None
+            inputs.metadata.queries = kept_queries(runner, batch) if keep else None
             self.run(inputs)
         log.info("decode step compiled for this CPU")
 
@@ -170,7 +158,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.hidden = torch.zeros(max_batch, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
-        self.queries = static_queries(runner, max_batch)
+        self.queries = kept_queries(runner, max_batch)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}   # (bucket, keeps the queries) -> graph
         self._capture()
 
@@ -184,7 +172,7 @@ class DecodeGraphs:
         for b, keep in ((b, keep) for b in reversed(self.buckets) for keep in (False, True)):
             md = AttentionMetadata(self.runner.routes.graph, self.slot_mapping[:b],
                                    decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]),
-                                   queries=self.queries if keep else None)
+                                   queries=KeptQueries(slice(None), [t[:b] for t in self.queries.out]) if keep else None)
             with step_metadata(model, md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
@@ -205,6 +193,6 @@ class DecodeGraphs:
         self.context_lens[:n] = md.decode.context_lens
         self.block_tables[:n, :md.decode.block_tables.shape[1]] = md.decode.block_tables
         self.graphs[(b, md.queries is not None)].replay()
-        if md.queries is not None:
-            md.queries.out.copy_(self.queries.out[:, :n])
+        for kept, static in zip(md.queries.out if md.queries is not None else [], self.queries.out):
+            kept.copy_(static[:n])
         return self.hidden[:n]

@@ -189,8 +189,7 @@ class QueryKeeper:
     with, and a decode row is small); a step with prompts only the watched sequences' rows."""
 
     def __init__(self, runner):
-        layer = runner.attn_layers[0]
-        self.shape = (len(runner.attn_layers), layer.num_heads, layer.head_dim)
+        self.shape = _query_shape(runner)
         self.dtype, self.device = runner.dtype, runner.device
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
 
@@ -206,10 +205,18 @@ class QueryKeeper:
         if not by_seq:
             return None
         rows = slice(None) if decode else torch.tensor(taken, device=self.device)
-        num_layers, num_heads, head_dim = self.shape
-        out = torch.empty(num_layers, row if decode else len(taken), num_heads, head_dim, dtype=self.dtype,
-                          device=self.device)
-        return StepQueries(rows, out, by_seq)
+        return StepQueries(rows, _empty(self.shape, row if decode else len(taken), self.dtype, self.device), by_seq)
+
+
+def _query_shape(runner) -> tuple[int, int, int]:
+    layer = runner.attn_layers[0]
+    return len(runner.attn_layers), layer.num_heads, layer.head_dim
+
+
+def _empty(shape: tuple[int, int, int], rows: int, dtype, device) -> list[torch.Tensor]:
+    """Where each layer's queries go: [rows, H, D] each."""
+    num_layers, num_heads, head_dim = shape
+    return [torch.empty(rows, num_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
 @dataclass
@@ -230,7 +237,9 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     step where it kept them, from a side pass where it did not."""
     result = Capture(watched)
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
-    queries = {w.seq.seq_id: kept.out[:, kept.by_seq[w.seq.seq_id]] for w in from_step}   # [L, rows, H, D]
+    if from_step:
+        stacked = torch.stack(kept.out)   # [layers, rows, H, D]
+    queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
     if rest := [w for w in watched if w not in from_step]:   # as deep as any row is drawn: decode rows go together
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
@@ -303,9 +312,7 @@ def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffe
         by_view[id(e.seq)].row_start = row
         row += e.num_new_tokens
     inputs = prepare_inputs(out, runner.block_size, buffers, runner.routes.eager)
-    layer = runner.attn_layers[0]
-    kept = KeptQueries(slice(None), torch.empty(len(runner.attn_layers), row, layer.num_heads, layer.head_dim,
-                                                dtype=runner.dtype, device=runner.device))   # [depth:] unused
+    kept = KeptQueries(slice(None), _empty(_query_shape(runner), row, runner.dtype, runner.device))   # [depth:] unused
     md = replace(inputs.metadata, queries=kept,   # K/V to the scratch slot: the cache holds them already
                  slot_mapping=torch.full_like(inputs.metadata.slot_mapping, runner.scratch_slot))
     handles = _internals_hooks(layers, watched, result) if any(w.internals for w in watched) else []
@@ -318,7 +325,8 @@ def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffe
     finally:
         for handle in handles:
             handle.remove()
-    return {w.seq.seq_id: kept.out[:, w.rows] for w in watched}
+    stacked = torch.stack(kept.out)
+    return {w.seq.seq_id: stacked[:, w.rows] for w in watched}
 
 
 def _internals_hooks(layers, watched: list[WatchedRows], result: Capture) -> list:

@@ -146,11 +146,11 @@ class AttentionMetadata:
 
 @dataclass
 class KeptQueries:
-    """Some rows' queries as attention got them (after RoPE), every layer's, copied into a
-    tensor made before the step: a copy_ a compiled graph and a CUDA graph make as well. A
+    """Some rows' queries as attention got them (after RoPE), every layer's, copied into
+    tensors made before the step: a copy_ a compiled graph and a CUDA graph make as well. A
     watched request's attention weights are computed from them after the step (capture.py)."""
     rows: slice | torch.Tensor                  # into the step's flattened tokens
-    out: torch.Tensor                           # [layers, at least as many rows, H, D]
+    out: list[torch.Tensor]                     # one per layer: [rows, H, D]
 
 
 def span_metadata(slot_mapping: torch.Tensor, span: PrefillSpan) -> AttentionMetadata:
@@ -315,9 +315,8 @@ class PagedAttention(nn.Module):
             raise RuntimeError("attention called outside a step: wrap the forward in step_metadata(model, md)")
         store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)
         store(self.v_cache, self.v_scales, md.slot_mapping, v, self.kv_format, self.v_scale)
-        if md.queries is not None:   # a graph's buffer may hold more rows than this step has
-            kept = q[md.queries.rows]
-            md.queries.out[self.layer_idx, :kept.shape[0]].copy_(kept)
+        if md.queries is not None:
+            md.queries.out[self.layer_idx].copy_(q[md.queries.rows])
         if md.route is Route.CPU_KERNELS:   # short spans' rows join the decode rows: not a prefix
             out = self._cpu_kernels(q, md)
         else:
