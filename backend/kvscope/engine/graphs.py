@@ -26,7 +26,8 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import AttentionMetadata, KeptQueries, PagedRows, pick_routes, step_metadata
+from kvscope.layers.attention import (AttentionMetadata, KeptQueries, PagedRows, pick_routes, query_room,
+                                      step_metadata)
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -36,14 +37,6 @@ log = logging.getLogger("kvscope.engine")
 # Embedded model, 1 thread, step time compiled/eager: 0.81x at batch 1, 0.91x at 16, 1.03x
 # at 32, 1.23x at 64. The C kernel pads nothing, so with it every decode batch compiles.
 MAX_REFERENCE_COMPILED_BATCH = 16
-
-
-def kept_queries(runner, rows: int) -> KeptQueries:
-    """Every row's queries, every layer's, in tensors of their own (a graph writes each whole:
-    a copy into part of a tensor costs a compiled step a copy of all of it)."""
-    layer = runner.attn_layers[0]
-    return KeptQueries(slice(None), [torch.zeros(rows, layer.num_heads, layer.head_dim, dtype=runner.dtype,
-                                                 device=runner.device) for _ in runner.attn_layers])
 
 
 class DecodeLogits(torch.nn.Module):
@@ -131,14 +124,16 @@ class CompiledDecode:
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
-        for batch, width, keep in ((1, 3, False), (1, 4, False), (2, 5, False), (1, 6, True), (2, 7, True), (3, 8, True)):
+        for batch, width, keep in ((1, 3, 0), (1, 4, 0), (2, 5, 0), (1, 6, 1), (2, 7, 1), (3, 8, 1)):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # no width equals a batch size: dynamo would tie the two
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
             inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph)
-            inputs.metadata.queries = kept_queries(runner, batch) if keep else None
+            if keep:
+                inputs.metadata.queries = KeptQueries(slice(None), query_room(runner.attn_layers, batch, runner.dtype,
+                                                                              runner.device))
             self.run(inputs)
         log.info("decode step compiled for this CPU")
 
@@ -158,7 +153,7 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.hidden = torch.zeros(max_batch, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
-        self.queries = kept_queries(runner, max_batch)
+        self.queries = query_room(runner.attn_layers, max_batch, runner.dtype, dev)   # every row's, while watched
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}   # (bucket, keeps the queries) -> graph
         self._capture()
 
@@ -172,7 +167,7 @@ class DecodeGraphs:
         for b, keep in ((b, keep) for b in reversed(self.buckets) for keep in (False, True)):
             md = AttentionMetadata(self.runner.routes.graph, self.slot_mapping[:b],
                                    decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]),
-                                   queries=KeptQueries(slice(None), [t[:b] for t in self.queries.out]) if keep else None)
+                                   queries=KeptQueries(slice(None), [t[:b] for t in self.queries]) if keep else None)
             with step_metadata(model, md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
@@ -193,6 +188,6 @@ class DecodeGraphs:
         self.context_lens[:n] = md.decode.context_lens
         self.block_tables[:n, :md.decode.block_tables.shape[1]] = md.decode.block_tables
         self.graphs[(b, md.queries is not None)].replay()
-        for kept, static in zip(md.queries.out if md.queries is not None else [], self.queries.out):
+        for kept, static in zip(md.queries.out if md.queries is not None else [], self.queries):
             kept.copy_(static[:n])
         return self.hidden[:n]

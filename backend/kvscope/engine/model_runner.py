@@ -36,7 +36,6 @@ class StepResult:
     spec_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> [k + 1, V] to verify
     spec: dict[int, object] = field(default_factory=dict)           # seq_id -> SpecVerdict
     logits: torch.Tensor | None = None   # the step's scored rows, as the model gave them (observers read a watched row)
-    queries: KeptQueries | None = None   # the rows' queries it kept for keep_queries
 
 
 class ModelRunner:
@@ -54,8 +53,7 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
-        # set while someone watches (instrumentation/capture.py): (the step, whether it is decode
-        # only) -> the rows whose queries it keeps, or None
+        # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
         self.keep_queries: Callable[[SchedulerOutput, bool], KeptQueries | None] | None = None
         # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
         # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
@@ -130,7 +128,7 @@ class ModelRunner:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
         if self.keep_queries is not None:
-            md.queries = result.queries = self.keep_queries(out, replay)
+            md.queries = self.keep_queries(out, replay)
         logits = None
         if replay and self.graphs is not None and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)

@@ -28,7 +28,7 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepBuffers, batch_order, prepare_inputs
-from kvscope.layers.attention import KeptQueries, gather_context, step_metadata
+from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
 
 
 @dataclass
@@ -189,9 +189,9 @@ class QueryKeeper:
     with, and a decode row is small); a step with prompts only the watched sequences' rows."""
 
     def __init__(self, runner):
-        self.shape = _query_shape(runner)
-        self.dtype, self.device = runner.dtype, runner.device
+        self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
+        self.kept: StepQueries | None = None   # what the last step run kept
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> StepQueries | None:
         by_seq, taken, row = {}, [], 0
@@ -202,21 +202,10 @@ class QueryKeeper:
                 by_seq[e.seq.seq_id] = slice(first, first + n)
                 taken += range(row, row + n)
             row += n
-        if not by_seq:
-            return None
-        rows = slice(None) if decode else torch.tensor(taken, device=self.device)
-        return StepQueries(rows, _empty(self.shape, row if decode else len(taken), self.dtype, self.device), by_seq)
-
-
-def _query_shape(runner) -> tuple[int, int, int]:
-    layer = runner.attn_layers[0]
-    return len(runner.attn_layers), layer.num_heads, layer.head_dim
-
-
-def _empty(shape: tuple[int, int, int], rows: int, dtype, device) -> list[torch.Tensor]:
-    """Where each layer's queries go: [rows, H, D] each."""
-    num_layers, num_heads, head_dim = shape
-    return [torch.empty(rows, num_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.kept = None if not by_seq else StepQueries(
+            slice(None) if decode else torch.tensor(taken, device=self.device),
+            query_room(self.layers, row if decode else len(taken), self.dtype, self.device), by_seq)
+        return self.kept
 
 
 @dataclass
@@ -312,7 +301,7 @@ def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffe
         by_view[id(e.seq)].row_start = row
         row += e.num_new_tokens
     inputs = prepare_inputs(out, runner.block_size, buffers, runner.routes.eager)
-    kept = KeptQueries(slice(None), _empty(_query_shape(runner), row, runner.dtype, runner.device))   # [depth:] unused
+    kept = KeptQueries(slice(None), query_room(runner.attn_layers, row, runner.dtype, runner.device))   # [depth:] unused
     md = replace(inputs.metadata, queries=kept,   # K/V to the scratch slot: the cache holds them already
                  slot_mapping=torch.full_like(inputs.metadata.slot_mapping, runner.scratch_slot))
     handles = _internals_hooks(layers, watched, result) if any(w.internals for w in watched) else []

@@ -139,6 +139,8 @@ class Instrumentation(EngineObserver):
         wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
                   for seq_id, w in self.watches.by_seq_id().items()}
         self._watched = watched_rows(scheduled, wanted)
+        if self._keeper is not None:
+            self._keeper.kept = None
         keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
         if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
             self._keeper = self._keeper or QueryKeeper(self.engine.runner)
@@ -248,7 +250,8 @@ class Instrumentation(EngineObserver):
             return events
         if self._side_buffers is None:
             self._side_buffers = StepBuffers(self.engine.device)
-        caught = capture(self.engine.runner, drawn_rows, record.result.queries, self._side_buffers)
+        kept = self._keeper.kept if self._keeper is not None else None
+        caught = capture(self.engine.runner, drawn_rows, kept, self._side_buffers)
         return events + self._attention_events(caught, watches, step, ts) + self._internals_events(caught, step, ts)
 
     def _attention_events(self, capture: Capture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:

@@ -153,6 +153,12 @@ class KeptQueries:
     out: list[torch.Tensor]                     # one per layer: [rows, H, D]
 
 
+def query_room(layers: list[PagedAttention], rows: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Room for `rows` rows of each layer's queries, a tensor per layer (a compiled step writes
+    each whole; into part of a shared one it would copy all of it)."""
+    return [torch.empty(rows, layer.num_heads, layer.head_dim, dtype=dtype, device=device) for layer in layers]
+
+
 def span_metadata(slot_mapping: torch.Tensor, span: PrefillSpan) -> AttentionMetadata:
     """One span through SDPA, outside the engine's steps (the KV quantization probe, the memory profile)."""
     return AttentionMetadata(Route.REFERENCE, slot_mapping, span.q_len, [span])
