@@ -1,8 +1,8 @@
 """A watched request's attention read from the step's own queries (instrumentation/capture.py)
 against transformers' eager attention on the same random weights: grouped-query attention
 (4 query heads on 2 KV heads), prompts split into chunks over several steps, the decode rows
-of several watched sequences and every layer in one product, with the compiled decode graph
-and eagerly. No side pass runs for rows the step computed, decode steps keep the compiled
+of ten watched sequences and every layer in one product per group of similar context length,
+with the compiled decode graph and eagerly. No side pass runs for rows the step computed, decode steps keep the compiled
 graph, and nothing is kept once nobody watches."""
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from kvscope.sampling_params import SamplingParams
 from server_harness import check_event
 
 F16_ATOL = 1e-3
-PROMPT_LENS = [37, 5, 22, 9]   # the first is computed in three chunks of at most 16 tokens
-SPECS = [WatchSpec(), WatchSpec(layers=frozenset({0, 2}), heads=frozenset({1, 3})), WatchSpec(), None]
+PROMPT_LENS = [37, 5, 22, 9, 3, 12, 8, 15, 6, 11]   # the first is computed in three chunks of at most 16 tokens
+# ten watched decode rows a step: two groups of similar context length
+SPECS = [WatchSpec(), WatchSpec(layers=frozenset({0, 2}), heads=frozenset({1, 3})), WatchSpec(), None] + [WatchSpec()] * 6
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def reference(checkpoint):
 @pytest.mark.parametrize("compiled", [True, False])
 def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, reference, compiled, monkeypatch):
     engine = LLMEngine(model=str(checkpoint), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128,
-                       max_num_batched_tokens=16, max_num_seqs=8, num_threads=1, cpu_compile=compiled)
+                       max_num_batched_tokens=16, max_num_seqs=16, num_threads=1, cpu_compile=compiled)
     assert (engine.runner.compiled is not None) == compiled
     side_passes, compiled_runs = [], []
     real_side_pass = capture.side_pass

@@ -27,7 +27,8 @@ import torch
 from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_inputs import StepBuffers, batch_order, prepare_inputs
+from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
+                                       prepare_inputs)
 from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
 
 
@@ -232,9 +233,12 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     if rest := [w for w in watched if w not in from_step]:   # as deep as any row is drawn: decode rows go together
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
-    decodes = [w for w in watched if w.end - w.first == 1]
-    if decodes:
-        _decode_weights(layers, decodes, queries, runner.block_size, result)
+    # decode rows in groups of similar context length (as the reference attention groups them):
+    # each group is padded to its own longest context, not to the longest of all
+    decodes = sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end)
+    size = max(1, cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)) or 1))
+    for start in range(0, len(decodes), size):
+        _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
     for w in watched:
         if w.end - w.first > 1:
             blocks = torch.tensor(w.view.block_table[:cdiv(w.end, runner.block_size)], device=runner.device)
