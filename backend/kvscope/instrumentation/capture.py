@@ -227,25 +227,24 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     step where it kept them, from a side pass where it did not."""
     result = Capture(watched)
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
-    if from_step:
-        stacked = torch.stack(kept.out)   # [layers, rows, H, D]
+    stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
     if rest := [w for w in watched if w not in from_step]:   # as deep as any row is drawn: decode rows go together
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
     # decode rows in groups of similar context length (as the reference attention groups them):
     # each group is padded to its own longest context, not to the longest of all
-    decodes = sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end)
-    size = max(1, cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)) or 1))
-    for start in range(0, len(decodes), size):
-        _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
+    if decodes := sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end):
+        size = cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)))
+        for start in range(0, len(decodes), size):
+            _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
     for w in watched:
         if w.end - w.first > 1:
             blocks = torch.tensor(w.view.block_table[:cdiv(w.end, runner.block_size)], device=runner.device)
             for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
                 keys = gather_context(layer.readable_caches()[0], blocks, w.end)
                 probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, w.positions, layer.scale)
-                kept_heads = HostCopy(_heads(probs, w.heads, 0).half())
+                kept_heads = HostCopy(_heads(probs, w.heads).half())
                 mean = HostCopy(probs.mean(0).half())
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     result.attention[(w.seq.seq_id, layer.layer_idx, recomputed)] = (
@@ -283,13 +282,14 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
                     means[li, i, None, :w.end])
 
 
-def _head_index(heads: list[int] | None, num_heads: int):
+def _head_index(heads: list[int] | None, num_heads: int) -> slice | list[int]:
     return slice(None) if heads is None or len(heads) == num_heads else heads
 
 
-def _heads(probs: torch.Tensor, heads: list[int] | None, dim: int) -> torch.Tensor:
-    index = _head_index(heads, probs.shape[dim])
-    return probs if isinstance(index, slice) else probs.index_select(dim, torch.tensor(index, device=probs.device))
+def _heads(probs: torch.Tensor, heads: list[int] | None) -> torch.Tensor:
+    """probs [H, ...] cut to the heads asked for."""
+    index = _head_index(heads, probs.shape[0])
+    return probs if isinstance(index, slice) else probs[index]
 
 
 def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffers,
