@@ -229,7 +229,7 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
     stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
-    if rest := [w for w in watched if w not in from_step]:   # as deep as any row is drawn: decode rows go together
+    if rest := [w for w in watched if w.seq.seq_id not in queries]:   # as deep as any row is drawn: decode rows go together
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
     # decode rows in groups of similar context length (as the reference attention groups them):
