@@ -253,8 +253,8 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
 
 
 def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_size: int, result: Capture) -> None:
-    """Every watched decode row in every layer any of them wants: one softmax, one copy to
-    the host for all of them; each event reads its part."""
+    """Every decode row of `decodes` (sorted by context length) in every layer any of them
+    wants: one softmax, one copy to the host for all of them; each event reads its part."""
     wanted = [layer for layer in layers if any(w.wants(layer.layer_idx) for w in decodes)]
     if not wanted:
         return
@@ -262,17 +262,19 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     device = layers[0].k_cache.device
     tables = torch.tensor([w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
                            for w in decodes], device=device)   # padding: block 0, read and masked
-    n = len(decodes)
+    n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
-    spread = spread_heads(q.flatten(0, 1).float(), layers[0].num_kv_heads)   # [layers * seqs, H, KVH * D]
-    scores = torch.empty(len(wanted) * n, spread.shape[1], width * block_size, device=device)
-    for i, layer in enumerate(wanted):   # q·k for every row's context, padding included
-        keys = gather_context(layer.readable_caches()[0], tables).float()   # [seqs, C, KVH, D]
+    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, layers[0].num_kv_heads)   # [layers * seqs, H, .]
+    scores = torch.empty(len(wanted) * n, spread.shape[1], context, device=device)
+    for i, layer in enumerate(wanted):   # q·k for every row's context, up to the longest
+        keys = gather_context(layer.readable_caches()[0], tables, context).float()   # [seqs, C, KVH, D]
         torch.bmm(spread[i * n:(i + 1) * n], keys.flatten(2).transpose(1, 2), out=scores[i * n:(i + 1) * n])
     scores = scores.view(len(wanted), n, *scores.shape[1:])
-    lens = torch.tensor([w.end for w in decodes], device=device)
-    past = torch.arange(width * block_size, device=device)[None, :] >= lens[:, None]
-    probs = scores.mul_(wanted[0].scale).masked_fill_(past[None, :, None, :], float("-inf")).softmax(dim=-1)
+    if decodes[0].end < context:   # shorter contexts than the longest: mask their padding
+        lens = torch.tensor([w.end for w in decodes], device=device)
+        past = torch.arange(context, device=device)[None, :] >= lens[:, None]
+        scores.masked_fill_(past[None, :, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
     halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
     for li, layer in enumerate(wanted):
         for i, w in enumerate(decodes):
