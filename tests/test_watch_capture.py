@@ -21,7 +21,8 @@ from server_harness import check_event
 F16_ATOL = 1e-3
 PROMPT_LENS = [37, 5, 22, 9, 3, 12, 8, 15, 6, 11]   # the first is computed in three chunks of at most 16 tokens
 # ten watched decode rows a step: two groups of similar context length
-SPECS = [WatchSpec(), WatchSpec(layers=frozenset({0, 2}), heads=frozenset({1, 3})), WatchSpec(), None] + [WatchSpec()] * 6
+SPECS = [WatchSpec(), WatchSpec(layers=frozenset({0, 2}), heads=frozenset({1, 3})), WatchSpec(), None,
+         *[WatchSpec()] * 6]
 
 
 @pytest.fixture(scope="module")

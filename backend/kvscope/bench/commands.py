@@ -190,7 +190,9 @@ def run_kvscope(engine, prompts, outputs, clock=time.perf_counter) -> dict:
 
 def _instrument_modes(args) -> list[str]:
     """The runs --instrument asks for: watch runs off, listen and watch-N for each --watchers N."""
-    return ["off", "listen", *(f"watch-{n}" for n in args.watchers)] if args.instrument == "watch" else [args.instrument]
+    if args.instrument != "watch":
+        return [args.instrument]
+    return ["off", "listen", *(f"watch-{n}" for n in args.watchers)]
 
 
 def _instrumented(engine, prompts, outputs, mode: str, clock: str = "wall") -> dict:

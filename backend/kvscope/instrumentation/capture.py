@@ -229,7 +229,8 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
     stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
-    if rest := [w for w in watched if w.seq.seq_id not in queries]:   # as deep as any row is drawn: decode rows go together
+    # the side pass runs as deep as any row is drawn: decode rows are computed together
+    if rest := [w for w in watched if w.seq.seq_id not in queries]:
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
     # decode rows in groups of similar context length (as the reference attention groups them):
@@ -307,7 +308,8 @@ def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffe
         by_view[id(e.seq)].row_start = row
         row += e.num_new_tokens
     inputs = prepare_inputs(out, runner.block_size, buffers, runner.routes.eager)
-    kept = KeptQueries(slice(None), query_room(runner.attn_layers, row, runner.dtype, runner.device))   # [depth:] unused
+    # every layer's room (those past `depth` stay unused)
+    kept = KeptQueries(slice(None), query_room(runner.attn_layers, row, runner.dtype, runner.device))
     md = replace(inputs.metadata, queries=kept,   # K/V to the scratch slot: the cache holds them already
                  slot_mapping=torch.full_like(inputs.metadata.slot_mapping, runner.scratch_slot))
     handles = _internals_hooks(layers, watched, result) if any(w.internals for w in watched) else []

@@ -134,6 +134,7 @@ class Instrumentation(EngineObserver):
         queries of those whose attention is drawn (capture.py). Never asks for an eager
         step: every row keeps its fast path."""
         if not self.watches:
+            self._stop_keeping()   # after a step that failed before on_step
             return False
         num_heads = self.facts.num_heads
         wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
@@ -240,8 +241,9 @@ class Instrumentation(EngineObserver):
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
-            events += sampling_events([r.seq for r in sampled], step, logits, [drawn[r.seq.seq_id][0] for r in sampled],
-                                      self._token_text, ts, [watches[r.seq.seq_id].internals for r in sampled])
+            events += sampling_events([r.seq for r in sampled], step, logits,
+                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts,
+                                      [watches[r.seq.seq_id].internals for r in sampled])
         for r in watched:
             if (w := watches.get(r.seq.seq_id)) is not None:
                 w.covered = max(w.covered, r.end)
