@@ -85,11 +85,10 @@ stage bench_latency 60 "$PY" -m kvscope.cli bench latency --model "$MODEL" --dev
 stage bench_throughput 150 "$PY" -m kvscope.cli bench throughput --model "$MODEL" --device cuda --dtype bfloat16 \
     --load-format dummy --no-hf --num-requests 256 --input-len 100 1024 --output-len 100 1024
 if "$PY" -m kvscope.cli bench throughput --help 2>/dev/null | grep -q -- "--watchers"; then
-    for n in 1 32; do
-        stage "bench_watch_$n" 60 "$PY" -m kvscope.cli bench throughput --model "$MODEL" --device cuda \
-            --dtype bfloat16 --load-format dummy --no-hf --num-requests 64 --input-len 100 200 --output-len 64 128 \
-            --instrument watch --watchers "$n"
-    done
+    # off, listen, watch-1 and watch-32 alternated in one run, so their ratios share the card's state
+    stage bench_watch 120 "$PY" -m kvscope.cli bench throughput --model "$MODEL" --device cuda \
+        --dtype bfloat16 --load-format dummy --no-hf --num-requests 64 --input-len 100 200 --output-len 64 128 \
+        --instrument watch --watchers 1 32
 else
     skip bench_watch "this kvscope's bench throughput has no --watchers"
 fi

@@ -59,13 +59,14 @@ def test_bench_throughput_prints_both_engines_and_the_roofline():
     assert "attention cpu_paged" in out and " 0 prefix-cache blocks reused" in out, out   # every run starts cold
 
 
-def test_bench_throughput_instrument_watch_prints_off_listen_and_watch_n():
+def test_bench_throughput_instrument_watch_prints_off_listen_and_each_watch_n():
     proc = kvscope("bench", "throughput", "--num-requests", "4", "--input-len", "8", "16", "--output-len", "4", "8",
-                   "--device", "cpu", "--no-hf", "--no-cpu-compile", "--instrument", "watch", "--watchers", "2",
+                   "--device", "cpu", "--no-hf", "--no-cpu-compile", "--instrument", "watch", "--watchers", "1", "2",
                    "--clock", "cpu", timeout=600)
     assert proc.returncode == 0, proc.stderr
     line = re.search(r"instrumentation \(same run, alternated, medians of 1, cpu clock\): off ([\d,]+) tok/s \(100%\), "
-                     r"listen [\d,]+ tok/s \(\d+%\), watch-2 [\d,]+ tok/s \(\d+%\)", proc.stdout)
+                     r"listen [\d,]+ tok/s \(\d+%\), watch-1 [\d,]+ tok/s \(\d+%\), watch-2 [\d,]+ tok/s \(\d+%\)",
+                     proc.stdout)
     assert line and int(line.group(1).replace(",", "")) > 0, proc.stdout
 
 

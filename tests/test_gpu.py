@@ -71,8 +71,8 @@ def test_graphs_replay_every_decode_step(family):
         for b, graph in graphs.graphs.items():
             graph.replay = (lambda b=b, real=graph.replay: (replays.__setitem__(b, replays[b] + 1), real())[1])
         llm.generate(prompts[:3], greedy(10))
-        # three rows decode together (bucket 4) for nine steps; the first token is the prefill's
-        assert replays[4] >= 9 and sum(replays.values()) >= 9, replays
+        # three rows decode together (bucket 4, no queries kept) for nine steps; the first token is the prefill's
+        assert replays[(4, False)] >= 9 and sum(replays.values()) >= 9, replays
 
 
 def test_prefix_hits_chunking_and_preemption_on_cuda(tmp_path):
@@ -140,3 +140,37 @@ def test_two_engines_in_turn_give_their_memory_back():
     gc.collect()
     torch.cuda.empty_cache()
     assert torch.cuda.memory_allocated() <= after_first + 2**20
+
+
+def test_watched_attention_from_the_cuda_graphs_equals_transformers(tmp_path):
+    """A watched request's decode steps replay the graphs that keep the queries; the weights
+    computed from those queries and the paged keys equal transformers' eager attention."""
+    from transformers import AutoModelForCausalLM
+
+    from kvscope.instrumentation import Instrumentation, WatchSpec
+    from kvscope.instrumentation.encode import binary_frame, decode
+    directory = make_checkpoint("qwen3", tmp_path / "m")
+    with LLM(str(directory), device="cuda", dtype="float32", attention_backend="triton") as llm:
+        engine = llm.engine
+        replays = {key: 0 for key in engine.runner.graphs.graphs}
+        for key, graph in engine.runner.graphs.graphs.items():
+            graph.replay = (lambda key=key, real=graph.replay: (replays.__setitem__(key, replays[key] + 1), real())[1])
+        events = []
+        instr = Instrumentation(engine, events.extend)
+        seqs = [engine.add_request(p, greedy(8)) for p in random_prompts(13, [30, 7, 50])]
+        for seq in (seqs[0], seqs[2]):
+            instr.watch(seq.request_id, "test", WatchSpec(), seq)
+        while engine.has_unfinished():
+            engine.step()
+        instr.detach()
+        assert sum(n for (_, keep), n in replays.items() if keep) >= 7, replays
+        hf = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager", dtype=torch.float32).eval()
+        att = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
+        for seq in (seqs[0], seqs[2]):
+            with torch.no_grad():
+                ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+            mine = [a for a in att if a["request_id"] == seq.request_id]
+            assert len(mine) == 8 * len(ref)   # the prompt and 7 decode steps, every layer
+            for a in mine:
+                want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
+                assert torch.allclose(torch.from_numpy(a["weights"]), want, atol=1e-3), (a["layer"], a["step"])

@@ -35,8 +35,9 @@ def add_bench_subcommands(bench: argparse.ArgumentParser) -> None:
     tp.add_argument("--instrument", choices=["off", "listen", "watch"], default="off",
                     help="attach instrumentation: none, a listener, or a listener watching --watchers requests "
                          "(watch also runs off and listen, alternated, and prints all three)")
-    tp.add_argument("--watchers", type=int, default=1,
-                    help="with --instrument watch: requests watched, each by a viewer of its own")
+    tp.add_argument("--watchers", type=int, nargs="+", default=[1],
+                    help="with --instrument watch: requests watched, each by a viewer of its own; several "
+                         "counts run alternated in the same run (e.g. --watchers 1 32)")
     tp.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="kvscope's runs timed by the wall clock, or by this process's CPU time (steadier on a "
                          "shared machine; set OMP_NUM_THREADS=1 so idle threads' spinning is not counted)")
@@ -187,10 +188,18 @@ def run_kvscope(engine, prompts, outputs, clock=time.perf_counter) -> dict:
             "failed": sum(s.finish_reason == "error" for s in seqs)}
 
 
-def _instrumented(engine, prompts, outputs, mode: str, watchers: int, clock: str = "wall") -> dict:
-    """One run with instrumentation `mode` attached for it (kvscope.instrumentation.bench)."""
+def _instrument_modes(args) -> list[str]:
+    """The runs --instrument asks for: watch runs off, listen and watch-N for each --watchers N."""
+    if args.instrument != "watch":
+        return [args.instrument]
+    return ["off", "listen", *(f"watch-{n}" for n in args.watchers)]
+
+
+def _instrumented(engine, prompts, outputs, mode: str, clock: str = "wall") -> dict:
+    """One run with instrumentation `mode` (off, listen, watch-N) attached for it (kvscope.instrumentation.bench)."""
     from kvscope.instrumentation import attach_for_bench
-    instr = attach_for_bench(engine, mode, watchers)
+    kind, _, watchers = mode.partition("-")
+    instr = attach_for_bench(engine, kind, int(watchers or 0))
     try:
         return run_kvscope(engine, prompts, outputs, time.process_time if clock == "cpu" else time.perf_counter)
     finally:
@@ -198,10 +207,10 @@ def _instrumented(engine, prompts, outputs, mode: str, watchers: int, clock: str
             instr.detach()
 
 
-def _instrument_line(by_mode: dict[str, list[dict]], watchers: int, clock: str) -> str:
+def _instrument_line(by_mode: dict[str, list[dict]], clock: str) -> str:
     rates = {m: _median(r)["generated"] / _median(r)["elapsed"] for m, r in by_mode.items()}
     off = rates["off"]
-    parts = [f"{'watch-' + str(watchers) if m == 'watch' else m} {r:,.0f} tok/s ({100 * r / off:.0f}%)"
+    parts = [f"{m} {r:,.0f} tok/s ({100 * r / off:.0f}%)"
              for m, r in rates.items()]
     return (f"instrumentation (same run, alternated, medians of {len(by_mode['off'])}, {clock} clock): "
             + ", ".join(parts))
@@ -305,15 +314,15 @@ def _throughput_one(args, model_arg: str | None) -> dict:
     print(_settings_line(engine))
     ceilings = _start_ceilings(engine)
     # --instrument watch runs all three, alternated, so their figures share the machine's load
-    modes = ("off", "listen", "watch") if args.instrument == "watch" else (args.instrument,)
+    modes = _instrument_modes(args)
     peer = vllm_peer.start(engine, max_len, args) if against_vllm else None
     try:
         # warm-up. A GPU's first pass over the workload is slower by a factor of three or more
         # (Triton compiling each kernel variant, the caching allocator growing): it runs whole
         if engine.device.type == "cuda":
-            _instrumented(engine, prompts, outputs, args.instrument, args.watchers)
+            _instrumented(engine, prompts, outputs, modes[-1])
         else:
-            _instrumented(engine, prompts[:4], [4] * 4, args.instrument, args.watchers)
+            _instrumented(engine, prompts[:4], [4] * 4, modes[-1])
         if peer is not None:
             # vLLM's engine core is still settling when it says ready: a first timed kvscope
             # run beside it once measured 0.09x of what the next two measured
@@ -324,7 +333,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
         by_mode, vllm_runs, hf_runs = {m: [] for m in modes}, [], {size: [] for size in args.hf_batch_size}
         for _ in range(max(1, args.repeats)):   # alternated, so every engine sees the same machine load
             for mode in modes:
-                by_mode[mode].append(_instrumented(engine, prompts, outputs, mode, args.watchers, args.clock))
+                by_mode[mode].append(_instrumented(engine, prompts, outputs, mode, args.clock))
             if peer is not None:
                 vllm_runs.append(peer.throughput(prompts, outputs))
             if model is not None:
@@ -335,17 +344,17 @@ def _throughput_one(args, model_arg: str | None) -> dict:
             peer.close()
     if args.clock == "cpu" and (peer is not None or model is not None):
         print("note: only kvscope's runs are timed by CPU time; transformers and vLLM by the wall clock")
-    ours_runs = by_mode[args.instrument]
+    ours_runs = by_mode[modes[-1]]
     ours = _median(ours_runs)
     ours_rate = ours["generated"] / ours["elapsed"]
     runs = f", median of {len(ours_runs)}" if len(ours_runs) > 1 else ""
     runs += ", cpu clock" if args.clock == "cpu" else ""
     if len(modes) > 1:
-        print(_instrument_line(by_mode, args.watchers, args.clock))
+        print(_instrument_line(by_mode, args.clock))
     print(f"kvscope: {ours['generated']} output tokens in {ours['elapsed']:.2f} s = {ours_rate:,.0f} tok/s "
           f"({ours['steps']} steps, {ours['preemptions']} preemptions, {ours['failed']} failed, "
           f"{ours['prefix_hits']} prefix-cache blocks reused, "
-          f"instrumentation {args.instrument}{runs})")
+          f"instrumentation {modes[-1]}{runs})")
     print(f"kv cache: peak {ours['peak_used_blocks']}/{engine.plan.num_blocks} blocks used "
           f"(budget {engine.plan.kv_cache_bytes / 2**20:.1f} MiB, never exceeded: preallocated)")
     row = {"model": label, "kvscope": f"{ours_rate:,.0f} tok/s"}

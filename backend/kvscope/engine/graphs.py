@@ -26,7 +26,8 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import AttentionMetadata, PagedRows, pick_routes, step_metadata
+from kvscope.layers.attention import (AttentionMetadata, KeptQueries, PagedRows, pick_routes, query_room,
+                                      step_metadata)
 from kvscope.sampling_params import SamplingParams
 
 log = logging.getLogger("kvscope.engine")
@@ -118,17 +119,22 @@ class CompiledDecode:
         """Compile the graphs on decode steps that write and read only the scratch block,
         prepared exactly as real steps are: a batch of one at two table widths (the width
         turns symbolic), then a batch of two (the batch size does; PyTorch keeps a batch of
-        one apart)."""
+        one apart); then keeping the queries, as a watched step does, at batches of one, two and
+        three (each query tensor's size turns symbolic at the third)."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)
-        for batch, width in ((1, 3), (1, 4), (2, 5)):
+        for batch, width, keep in ((1, 3, 0), (1, 4, 0), (2, 5, 0), (1, 6, 1), (2, 7, 1), (3, 8, 1)):
             out = SchedulerOutput(step=-1)
             for _ in range(batch):   # no width equals a batch size: dynamo would tie the two
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
-            self.run(prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph))
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph)
+            if keep:
+                inputs.metadata.queries = KeptQueries(slice(None), query_room(runner.attn_layers, batch, runner.dtype,
+                                                                              runner.device))
+            self.run(inputs)
         log.info("decode step compiled for this CPU")
 
 
@@ -147,7 +153,8 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(max_batch, width, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=dev)
         self.hidden = torch.zeros(max_batch, runner.model.config.hidden_size, dtype=runner.dtype, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.queries = query_room(runner.attn_layers, max_batch, runner.dtype, dev)   # every row's, while watched
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}   # (bucket, keeps the queries) -> graph
         self._capture()
 
     def fits(self, batch: int) -> bool:
@@ -157,16 +164,17 @@ class DecodeGraphs:
     def _capture(self) -> None:
         pool = None
         model = self.runner.model
-        for b in reversed(self.buckets):
+        for b, keep in ((b, keep) for b in reversed(self.buckets) for keep in (False, True)):
             md = AttentionMetadata(self.runner.routes.graph, self.slot_mapping[:b],
-                                   decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]))
+                                   decode=PagedRows(slice(None), self.block_tables[:b], self.context_lens[:b]),
+                                   queries=KeptQueries(slice(None), [t[:b] for t in self.queries]) if keep else None)
             with step_metadata(model, md):
                 self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])   # warm-up
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool):
                     self.hidden[:b] = model(self.input_ids[:b], self.positions[:b])
             pool = pool or graph.pool()
-            self.graphs[b] = graph
+            self.graphs[(b, keep)] = graph
         torch.cuda.synchronize()
 
     def run(self, ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
@@ -179,5 +187,7 @@ class DecodeGraphs:
         self.context_lens[:b].zero_()
         self.context_lens[:n] = md.decode.context_lens
         self.block_tables[:n, :md.decode.block_tables.shape[1]] = md.decode.block_tables
-        self.graphs[b].replay()
+        self.graphs[(b, md.queries is not None)].replay()
+        for kept, static in zip(md.queries.out if md.queries is not None else [], self.queries):
+            kept.copy_(static[:n])
         return self.hidden[:n]

@@ -13,8 +13,8 @@ from kvscope.engine.plan import pick_attention_backend
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
-from kvscope.layers.attention import (SCALE_DTYPE, PagedAttention, as_bytes, attention_context, kv_cache_format,
-                                      pick_routes, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, as_bytes, attention_context,
+                                      kv_cache_format, pick_routes, step_metadata)
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
@@ -53,6 +53,8 @@ class ModelRunner:
         self.sampler = Sampler(device, config.seed)
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
+        # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
+        self.keep_queries: Callable[[SchedulerOutput, bool], KeptQueries | None] | None = None
         # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
         # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
         self.graphs, self.compiled, self.decode = record_decode(self)
@@ -125,6 +127,8 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
         result = StepResult()
+        if self.keep_queries is not None:
+            md.queries = self.keep_queries(out, replay)
         logits = None
         if replay and self.graphs is not None and self.graphs.fits(len(ids)):
             hidden = self.graphs.run(ids, pos, md)

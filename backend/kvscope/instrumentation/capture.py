@@ -1,18 +1,22 @@
-"""What a watched request's widgets draw, read out of the model by a side pass.
+"""What a watched request's widgets draw, read from the engine's own step.
 
-The engine's step runs as it would unwatched (compiled on a CPU, CUDA graphs on a GPU):
-fast kernels never materialise attention weights, and no hook runs inside a graph. After
-the step, a side pass re-runs the watched rows only, and no further than the deepest
-layer anyone watches: the engine's own step for just those rows, except that their K/V
-go to the runner's scratch slot (the cache already holds them: the step wrote them). A
-forward hook on each watched attention layer takes the rows' queries and rebuilds their
-weights against the keys in the paged cache, for the heads viewers asked for, in half
-precision, and starts the copy to the host without waiting for it. Rows the prefix cache
-spared the engine are included in the same pass, so every prompt row shows. A watch that
-asks for the model's internals also hooks every decoder layer (its input and output), its
-attention and MLP sublayers and the MLP's gate/up projection, in the same side pass.
+The step runs as it would unwatched (compiled on a CPU, CUDA graphs on a GPU). While someone
+watches, each attention layer also copies queries into a tensor made before the step
+(attention.KeptQueries, a copy_ that a compiled graph and a CUDA graph make too): every row's
+in a decode step, whose graph keeps the shapes it was recorded with, the watched rows' in a
+step with prompts. After the step, the watched rows' attention weights are computed from
+those queries and the keys the step has just written to the paged cache, for the layers and
+heads viewers asked for, the decode rows of every watched sequence and layer in one batched
+product, kept in half precision and copied to the host without waiting (HostCopy).
 
-With nobody watching there is no side pass and no hook."""
+A side pass runs only for what the step did not compute: rows the prefix cache spared the
+engine (the first step a request is watched, so every prompt row shows) and a watch of the
+model's internals (the residual stream and the MLP, caught by forward hooks on every decoder
+layer). It re-runs those sequences' rows, no further than the deepest layer needed, writing
+their K/V to the runner's scratch slot (the cache holds them already), and keeps its queries
+the same way.
+
+With nobody watching nothing is kept and nothing runs after the step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -23,14 +27,15 @@ import torch
 from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.step_inputs import StepBuffers, batch_order, prepare_inputs
-from kvscope.layers.attention import PagedAttention, gather_context, step_metadata
+from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
+                                       prepare_inputs)
+from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
 
 
 @dataclass
 class SeqView:
-    """What the side pass reads of a sequence, as it was when the step was scheduled (by the
-    time the side pass runs the engine has appended tokens, and freed a finished one's blocks)."""
+    """What capture reads of a sequence, as it was when the step was scheduled (by the time
+    capture runs the engine has appended tokens, and freed a finished one's blocks)."""
     token_ids: list[int]
     block_table: list[int]
     forks: list = field(default_factory=list)
@@ -40,7 +45,7 @@ class SeqView:
 class WatchedRows:
     """One watched sequence's rows: scheduled this step, and recomputed before them."""
     seq: Sequence
-    first: int                      # first position the side pass computes (earlier ones were captured)
+    first: int                      # first position captured (earlier ones were, in earlier steps)
     step_start: int                 # first position the step computed; [first, step_start) were recomputed
     end: int                        # one past the last position computed
     view: SeqView
@@ -48,7 +53,7 @@ class WatchedRows:
     layers: set[int] | None = None  # layers to capture (None: every layer)
     heads: list[int] | None = None  # heads to keep (None: every head)
     internals: bool = False         # also the residual stream and the MLP's activations
-    row_start: int = 0              # its first row in the side pass
+    row_start: int = 0              # its first row in the side pass, when it takes one
 
     @property
     def positions(self) -> list[int]:
@@ -64,6 +69,11 @@ class WatchedRows:
         cut = self.step_start - self.first
         parts = [(slice(0, cut), list(range(self.first, self.step_start)), self.step_start, True)] if cut else []
         return parts + [(slice(cut, None), list(range(self.step_start, self.end)), self.end, False)]
+
+    @property
+    def side(self) -> bool:
+        """It needs the side pass: rows the step did not compute, or the model's internals."""
+        return self.internals or self.first < self.step_start
 
     def wants(self, layer: int) -> bool:
         return self.layers is None or layer in self.layers
@@ -106,7 +116,7 @@ def watched_rows(scheduled: SchedulerOutput, wanted: dict[int, WatchWanted]) -> 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, positions: list[int], scale: float) -> torch.Tensor:
     """q: [rows, H, D] at absolute `positions`; keys: [context, KVH, D] → causal softmax
-    weights [H, rows, context] in float32."""
+    weights [H, rows, context] in float32 (the eager model's, as transformers computes them)."""
     q, keys = q.float(), keys.float()
     keys = keys.repeat_interleave(q.shape[1] // keys.shape[1], dim=1)
     scores = torch.einsum("rhd,chd->hrc", q, keys) * scale
@@ -115,16 +125,15 @@ def attention_weights(q: torch.Tensor, keys: torch.Tensor, positions: list[int],
     return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
 
 
-def last_row_weights(q: torch.Tensor, keys: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """Many sequences' newest row at once (decode steps). q: [N, H, D]; keys: [N, C, KVH, D],
-    each padded past its own length `lens` → weights [N, H, C] in float32 (0 past each length)."""
+def spread_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """q: [N, H, D] → [N, H, KVH * D]: each query head laid over the width of every KV head's
+    keys, zero but for its own, so one product with a row's gathered keys as they lie
+    ([C, KVH * D], no copy per KV head) gives every head's scores."""
     n, num_heads, d = q.shape
-    num_kv_heads = keys.shape[2]
-    grouped = q.float().view(n, num_kv_heads, num_heads // num_kv_heads, d)   # query heads sharing a KV head
-    by_head = keys.float().transpose(1, 2).contiguous()                         # [N, KVH, C, D]
-    scores = torch.matmul(grouped, by_head.transpose(-1, -2)).reshape(n, num_heads, -1) * scale
-    valid = torch.arange(keys.shape[1], device=q.device)[None, :] < lens[:, None]
-    return scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1)
+    spread = q.new_zeros(n, num_kv_heads, num_heads // num_kv_heads, num_kv_heads, d)
+    own = torch.arange(num_kv_heads, device=q.device)
+    spread[:, own, :, own, :] = q.view(n, num_kv_heads, -1, d).transpose(0, 1)
+    return spread.view(n, num_heads, -1)
 
 
 class HostCopy:
@@ -167,119 +176,176 @@ class HostView:
         return part if dtype is None else part.astype(dtype)
 
 
+
+
 @dataclass
-class SideCapture:
-    """The side pass's hooks and what they caught."""
+class StepQueries(KeptQueries):
+    """The queries a step keeps for capture, and where each watched sequence's rows are among them."""
+    by_seq: dict[int, slice] = field(default_factory=dict)   # seq_id -> its rows of `out`
+
+
+class QueryKeeper:
+    """The model runner's `keep_queries` while someone watches: which rows' queries a step
+    keeps. A decode step keeps every row (a decode graph keeps the shapes it was recorded
+    with, and a decode row is small); a step with prompts only the watched sequences' rows."""
+
+    def __init__(self, runner):
+        self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
+        self.seq_ids: set[int] = set()   # whose rows the next step keeps
+        self.kept: StepQueries | None = None   # what the last step run kept
+
+    def __call__(self, out: SchedulerOutput, decode: bool) -> StepQueries | None:
+        by_seq, taken, row = {}, [], 0
+        for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
+            n = e.num_new_tokens
+            if e.seq.seq_id in self.seq_ids:
+                first = row if decode else len(taken)
+                by_seq[e.seq.seq_id] = slice(first, first + n)
+                taken += range(row, row + n)
+            row += n
+        self.kept = None if not by_seq else StepQueries(
+            slice(None) if decode else torch.tensor(taken, device=self.device),
+            query_room(self.layers, row if decode else len(taken), self.dtype, self.device), by_seq)
+        return self.kept
+
+
+@dataclass
+class Capture:
+    """What capture computed for a step's watched rows."""
     watched: list[WatchedRows]
-    block_size: int
     # (seq, layer, recomputed) -> (positions, weights [heads, rows, context], mean over every
     # head [rows, context]), in float16
     attention: dict[tuple[int, int, bool], tuple[list[int], HostView, HostView]] = field(default_factory=dict)
     # internals, float32 on the CPU, [rows, ...] each: (seq, layer, what) -> tensor, where
     # what is "input", "attention" (the sublayer's output), "mlp", "output", "gate", "up"
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
-    _handles: list = field(default_factory=list)
-    _blocks: dict[int, torch.Tensor] = field(default_factory=dict)   # seq -> blocks holding its context
-    _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # decode rows' padded tables
-
-    def install(self, layers) -> "SideCapture":
-        for i, layer in enumerate(layers):
-            if any(w.wants(i) for w in self.watched):
-                self._handles.append(layer.self_attn.attn.register_forward_hook(self._on_attention))
-        if any(w.internals for w in self.watched):
-            for i, layer in enumerate(layers):
-                self._handles += [
-                    layer.register_forward_pre_hook(lambda m, args, i=i: self._keep(i, "input", args[1])),
-                    layer.register_forward_hook(lambda m, args, out, i=i: self._keep(i, "output", out)),
-                    layer.self_attn.register_forward_hook(lambda m, args, out, i=i: self._keep(i, "attention", out)),
-                    layer.mlp.register_forward_hook(lambda m, args, out, i=i: self._keep(i, "mlp", out)),
-                    layer.mlp.gate_up_proj.register_forward_hook(lambda m, args, out, i=i: self._keep_gate_up(i, out)),
-                ]
-        return self
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _keep(self, layer: int, what: str, t: torch.Tensor) -> None:
-        for w in self.watched:
-            if w.internals:
-                self.tensors[(w.seq.seq_id, layer, what)] = t[w.rows].float().cpu()
-
-    def _keep_gate_up(self, layer: int, t: torch.Tensor) -> None:
-        gate, up = t.chunk(2, dim=-1)
-        self._keep(layer, "gate", gate)
-        self._keep(layer, "up", up)
-
-    def _on_attention(self, module: PagedAttention, inputs, _output) -> None:
-        q, layer = inputs[0], module.layer_idx
-        keys = module.readable_caches()[0]
-        watching = [w for w in self.watched if w.wants(layer)]
-        decodes = [w for w in watching if w.end - w.first == 1]
-        if decodes:   # one batched product for every sequence's single row
-            tables, lens = self._decode_tables(decodes, q.device)
-            probs = last_row_weights(q[[w.row_start for w in decodes]], gather_context(keys, tables), lens,
-                                     module.scale)
-            # one conversion and one copy to the host for all of them; each event reads its part
-            halves, means = HostCopy(probs.half()), HostCopy(probs.mean(1).half())
-            for i, w in enumerate(decodes):
-                heads = slice(None) if w.heads is None or len(w.heads) == probs.shape[1] else w.heads
-                self.attention[(w.seq.seq_id, layer, False)] = (
-                    [w.first], halves[i, heads, None, :w.end], means[i, None, :w.end])
-        for w in watching:
-            if w.end - w.first > 1:
-                blocks = self._blocks_of(w, q.device)
-                probs = attention_weights(q[w.rows], gather_context(keys, blocks, w.end), w.positions, module.scale)
-                kept = HostCopy((probs if w.heads is None or len(w.heads) == probs.shape[0] else probs[w.heads]).half())
-                mean = HostCopy(probs.mean(0).half())
-                for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
-                    self.attention[(w.seq.seq_id, layer, recomputed)] = (
-                        positions, kept[:, rows, :context], mean[rows, :context])
-
-    def _blocks_of(self, w: WatchedRows, device) -> torch.Tensor:
-        if w.seq.seq_id not in self._blocks:
-            self._blocks[w.seq.seq_id] = torch.tensor(w.view.block_table[:cdiv(w.end, self.block_size)],
-                                                      dtype=torch.long, device=device)
-        return self._blocks[w.seq.seq_id]
-
-    def _decode_tables(self, decodes: list[WatchedRows], device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode rows' block tables, padded to the widest (block 0: read, then masked), and their context lengths."""
-        key = tuple(w.seq.seq_id for w in decodes)
-        if key not in self._tables:
-            width = max(cdiv(w.end, self.block_size) for w in decodes)
-            rows = [w.view.block_table[:cdiv(w.end, self.block_size)] for w in decodes]
-            self._tables[key] = (torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=device),
-                                 torch.tensor([w.end for w in decodes], device=device))
-        return self._tables[key]
 
 
 @torch.inference_mode()
-def side_pass(model: torch.nn.Module, runner, watched: list[WatchedRows], buffers: StepBuffers) -> SideCapture:
-    """Run the watched rows again, after the step, as far as the deepest watched layer."""
-    layers = model.model.layers
+def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffers: StepBuffers) -> Capture:
+    """Attention weights (and internals) for the step's watched rows: their queries from the
+    step where it kept them, from a side pass where it did not."""
+    result = Capture(watched)
+    from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
+    stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
+    queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
+    # the side pass runs as deep as any row is drawn: decode rows are computed together
+    if rest := [w for w in watched if w.seq.seq_id not in queries]:
+        queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
+    layers = runner.attn_layers
+    # decode rows in groups of similar context length (as the reference attention groups them):
+    # each group is padded to its own longest context, not to the longest of all
+    if decodes := sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end):
+        size = cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)))
+        for start in range(0, len(decodes), size):
+            _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
+    for w in watched:
+        if w.end - w.first > 1:
+            blocks = torch.tensor(w.view.block_table[:cdiv(w.end, runner.block_size)], device=runner.device)
+            for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
+                keys = gather_context(layer.readable_caches()[0], blocks, w.end)
+                probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, w.positions, layer.scale)
+                kept_heads = HostCopy(_heads(probs, w.heads).half())
+                mean = HostCopy(probs.mean(0).half())
+                for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
+                    result.attention[(w.seq.seq_id, layer.layer_idx, recomputed)] = (
+                        positions, kept_heads[:, rows, :context], mean[rows, :context])
+    return result
+
+
+def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_size: int, result: Capture) -> None:
+    """Every decode row of `decodes` (sorted by context length) in every layer any of them
+    wants: one softmax, one copy to the host for all of them; each event reads its part."""
+    wanted = [layer for layer in layers if any(w.wants(layer.layer_idx) for w in decodes)]
+    if not wanted:
+        return
+    width = max(cdiv(w.end, block_size) for w in decodes)
+    device = layers[0].k_cache.device
+    tables = torch.tensor([w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
+                           for w in decodes], device=device)   # padding: block 0, read and masked
+    n, context = len(decodes), max(w.end for w in decodes)
+    q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
+    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, layers[0].num_kv_heads)   # [layers * seqs, H, .]
+    scores = torch.empty(len(wanted) * n, spread.shape[1], context, device=device)
+    for i, layer in enumerate(wanted):   # q·k for every row's context, up to the longest
+        keys = gather_context(layer.readable_caches()[0], tables, context).float()   # [seqs, C, KVH, D]
+        torch.bmm(spread[i * n:(i + 1) * n], keys.flatten(2).transpose(1, 2), out=scores[i * n:(i + 1) * n])
+    scores = scores.view(len(wanted), n, *scores.shape[1:])
+    if decodes[0].end < context:   # shorter contexts than the longest: mask their padding
+        lens = torch.tensor([w.end for w in decodes], device=device)
+        past = torch.arange(context, device=device)[None, :] >= lens[:, None]
+        scores.masked_fill_(past[None, :, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
+    for li, layer in enumerate(wanted):
+        for i, w in enumerate(decodes):
+            if w.wants(layer.layer_idx):
+                result.attention[(w.seq.seq_id, layer.layer_idx, False)] = (
+                    [w.first], halves[li, i, _head_index(w.heads, probs.shape[2]), None, :w.end],
+                    means[li, i, None, :w.end])
+
+
+def _head_index(heads: list[int] | None, num_heads: int) -> slice | list[int]:
+    return slice(None) if heads is None or len(heads) == num_heads else heads
+
+
+def _heads(probs: torch.Tensor, heads: list[int] | None) -> torch.Tensor:
+    """probs [H, ...] cut to the heads asked for."""
+    index = _head_index(heads, probs.shape[0])
+    return probs if isinstance(index, slice) else probs[index]
+
+
+def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffers,
+              result: Capture) -> dict[int, torch.Tensor]:
+    """Run these sequences' rows again through the first `depth` layers, keeping their
+    queries (returned: seq_id -> [layers, rows, H, D]) and, for a watch of the internals,
+    each decoder layer's tensors (into result.tensors)."""
+    model, layers = runner.model, runner.model.model.layers
     out = SchedulerOutput(step=-1, entries=[w.entry() for w in watched])
     row = 0
-    by_seq = {id(w.view): w for w in watched}
+    by_view = {id(w.view): w for w in watched}
     for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
-        by_seq[id(e.seq)].row_start = row
+        by_view[id(e.seq)].row_start = row
         row += e.num_new_tokens
     inputs = prepare_inputs(out, runner.block_size, buffers, runner.routes.eager)
-    capture = SideCapture(watched, runner.block_size).install(layers)
+    # every layer's room (those past `depth` stay unused)
+    kept = KeptQueries(slice(None), query_room(runner.attn_layers, row, runner.dtype, runner.device))
+    md = replace(inputs.metadata, queries=kept,   # K/V to the scratch slot: the cache holds them already
+                 slot_mapping=torch.full_like(inputs.metadata.slot_mapping, runner.scratch_slot))
+    handles = _internals_hooks(layers, watched, result) if any(w.internals for w in watched) else []
     try:
-        run_layers(model, inputs, runner.scratch_slot, max(w.depth(len(layers)) for w in watched))
+        with step_metadata(model, md):   # the decoder's forward, stopped after `depth` layers
+            x = model.model.embed_tokens(inputs.input_ids)
+            rope = model.model.rotary.cos_sin(inputs.positions, x.dtype)
+            for decoder_layer in layers[:depth]:
+                x = decoder_layer(rope, x)
     finally:
-        capture.remove()
-    return capture
+        for handle in handles:
+            handle.remove()
+    stacked = torch.stack(kept.out)
+    return {w.seq.seq_id: stacked[:, w.rows] for w in watched}
 
 
-def run_layers(model: torch.nn.Module, inputs, scratch_slot: int, depth: int) -> None:
-    """The decoder's first `depth` layers over a step's inputs, writing K/V to the scratch
-    slot (the one place that knows how a step hands its metadata to the attention layers)."""
-    md = replace(inputs.metadata, slot_mapping=torch.full_like(inputs.metadata.slot_mapping, scratch_slot))
-    decoder = model.model
-    with step_metadata(model, md):   # the decoder's forward, stopped after `depth` layers
-        x = decoder.embed_tokens(inputs.input_ids)
-        rope = decoder.rotary.cos_sin(inputs.positions, x.dtype)
-        for layer in decoder.layers[:depth]:
-            x = layer(rope, x)
+def _internals_hooks(layers, watched: list[WatchedRows], result: Capture) -> list:
+    """Forward hooks on every decoder layer (its input and output), its attention and MLP
+    sublayers and the MLP's gate/up projection, keeping the watched rows' tensors."""
+    def keep(layer: int, what: str, t: torch.Tensor) -> None:
+        for w in watched:
+            if w.internals:
+                result.tensors[(w.seq.seq_id, layer, what)] = t[w.rows].float().cpu()
+
+    def keep_gate_up(layer: int, t: torch.Tensor) -> None:
+        gate, up = t.chunk(2, dim=-1)
+        keep(layer, "gate", gate)
+        keep(layer, "up", up)
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles += [
+            layer.register_forward_pre_hook(lambda m, args, i=i: keep(i, "input", args[1])),
+            layer.register_forward_hook(lambda m, args, out, i=i: keep(i, "output", out)),
+            layer.self_attn.register_forward_hook(lambda m, args, out, i=i: keep(i, "attention", out)),
+            layer.mlp.register_forward_hook(lambda m, args, out, i=i: keep(i, "mlp", out)),
+            layer.mlp.gate_up_proj.register_forward_hook(lambda m, args, out, i=i: keep_gate_up(i, out)),
+        ]
+    return handles

@@ -20,11 +20,11 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.capture import SideCapture, WatchedRows, WatchWanted, side_pass, watched_rows
+from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, WatchWanted, capture, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
 from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, grammar_allowed,
-                                           sampling_event, token_texts)
+                                           sampling_events, token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -74,7 +74,8 @@ class Instrumentation(EngineObserver):
         # prune: it forgets a request once it has delivered the request's last event
         self.watches = watches if watches is not None else WatchRegistry()
         self._prune_watches = watches is None
-        self._watched: list[WatchedRows] = []      # this step's watched rows, for the side pass after it
+        self._watched: list[WatchedRows] = []      # this step's watched rows, captured after it
+        self._keeper: QueryKeeper | None = None     # tells the runner whose queries a step keeps; made on first use
         self._side_buffers: StepBuffers | None = None   # the side pass's own input arrays, made on first use
         self._embedding_facts: internals.EmbeddingFacts | None = None   # computed on first use
         self._token_text = token_texts(engine.tokenizer)
@@ -87,6 +88,11 @@ class Instrumentation(EngineObserver):
 
     def detach(self) -> None:
         self.engine.remove_observer(self)
+        self._stop_keeping()
+
+    def _stop_keeping(self) -> None:
+        if self.engine.runner.keep_queries is self._keeper:
+            self.engine.runner.keep_queries = None
 
     # -- between steps -----------------------------------------------------------------
     def on_request_added(self, seq: Sequence) -> None:
@@ -139,14 +145,23 @@ class Instrumentation(EngineObserver):
 
     # -- inside a step -----------------------------------------------------------------
     def on_scheduled(self, scheduled) -> bool:
-        """Note where the watched sequences sit in this step; the side pass runs after it.
-        Never asks for an eager step: the other rows keep their fast path."""
+        """Note where the watched sequences sit in this step, and ask the step to keep the
+        queries of those whose attention is drawn (capture.py). Never asks for an eager
+        step: every row keeps its fast path."""
         if not self.watches:
+            self._stop_keeping()   # after a step that failed before on_step
             return False
         num_heads = self.facts.num_heads
         wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
                   for seq_id, w in self.watches.by_seq_id().items()}
         self._watched = watched_rows(scheduled, wanted)
+        if self._keeper is not None:
+            self._keeper.kept = None
+        keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
+        if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
+            self._keeper = self._keeper or QueryKeeper(self.engine.runner)
+            self._keeper.seq_ids = keep
+            self.engine.runner.keep_queries = self._keeper
         return False
 
     def _token_event(self, d: TokenDelta, step: int, ts: float) -> dict:
@@ -175,6 +190,7 @@ class Instrumentation(EngineObserver):
         if self._watched:
             events += self._watched_events(record, self._watched, ts)
             self._watched = []
+            self._stop_keeping()
         events += [self._finished_event(seq, ts) for seq in record.finished]
         events.append(self._step_event(record, ts))
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
@@ -236,7 +252,8 @@ class Instrumentation(EngineObserver):
         self.watches.drop_viewer(viewer)
 
     def _watched_events(self, record: StepRecord, watched: list[WatchedRows], ts: float) -> list[dict]:
-        """Sampling from the step's own logits rows, then the side pass for attention and internals."""
+        """Sampling from the step's own logits rows, then attention from the queries it kept
+        (and internals, from a side pass)."""
         watches: dict[int, Watch] = self.watches.by_seq_id()
         step, drawn = record.scheduled.step, record.result.tokens
         sampled = [r for r in watched if r.sample_row is not None and r.seq.seq_id in drawn
@@ -244,21 +261,22 @@ class Instrumentation(EngineObserver):
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
-            events += [sampling_event(r.seq, step, row, drawn[r.seq.seq_id][0], self._token_text, ts,
-                                      with_distribution=watches[r.seq.seq_id].internals)
-                       for r, row in zip(sampled, logits)]
+            events += sampling_events([r.seq for r in sampled], step, logits,
+                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts,
+                                      [watches[r.seq.seq_id].internals for r in sampled])
         for r in watched:
             if (w := watches.get(r.seq.seq_id)) is not None:
                 w.covered = max(w.covered, r.end)
-        passing = [r for r in watched if r.internals or r.layers is None or r.layers]
-        if not passing or self.tensor_parallel:   # a side pass would need every rank: sampling only there
+        drawn_rows = [r for r in watched if r.internals or r.layers is None or r.layers]
+        if not drawn_rows or self.tensor_parallel:   # a side pass would need every rank: sampling only there
             return events
         if self._side_buffers is None:
             self._side_buffers = StepBuffers(self.engine.device)
-        capture = side_pass(self.engine.model, self.engine.runner, passing, self._side_buffers)
-        return events + self._attention_events(capture, watches, step, ts) + self._internals_events(capture, step, ts)
+        kept = self._keeper.kept if self._keeper is not None else None
+        caught = capture(self.engine.runner, drawn_rows, kept, self._side_buffers)
+        return events + self._attention_events(caught, watches, step, ts) + self._internals_events(caught, step, ts)
 
-    def _attention_events(self, capture: SideCapture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:
+    def _attention_events(self, capture: Capture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:
         rows = {r.seq.seq_id: r for r in capture.watched}
         num_heads, num_kv_heads = self.facts.num_heads, self.facts.num_kv_heads
         events = []
@@ -272,7 +290,7 @@ class Instrumentation(EngineObserver):
                                           weights, mean, heads, num_heads, num_kv_heads, ts, recomputed))
         return events
 
-    def _internals_events(self, capture: SideCapture, step: int, ts: float) -> list[dict]:
+    def _internals_events(self, capture: Capture, step: int, ts: float) -> list[dict]:
         events = []
         model, tokenizer = self.engine.model, self.engine.tokenizer
         for r in capture.watched:

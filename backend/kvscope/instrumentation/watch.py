@@ -130,14 +130,9 @@ def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], 
             "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
-def _stage(name: str, applied: bool, logits: torch.Tensor, order: list[int], texts: dict[int, str]) -> dict:
-    """One stage of the sampler as the widget shows it: how many tokens it keeps, and the
-    candidates' logits and probabilities (read in one gather each)."""
-    probs = logits.softmax(dim=0)
-    values, chances = logits[order].tolist(), probs[order].tolist()
-    return {"name": name, "applied": applied, "kept": int(torch.isfinite(logits).sum()),
-            "candidates": [{"id": i, "text": texts[i], "logit": None if v == float("-inf") else round(v, 4),
-                            "prob": round(c, 6)} for i, v, c in zip(order, values, chances)]}, probs
+STAGES = (("temperature", apply_temperature, lambda p: p.temperature, 1.0),   # name, filter, its argument, a no-op one
+          ("top_k", apply_top_k, lambda p: p.top_k, 0), ("top_p", apply_top_p, lambda p: p.top_p, 1.0),
+          ("min_p", apply_min_p, lambda p: p.min_p, 0.0))
 
 
 def grammar_allowed(grammar, width: int) -> torch.Tensor | None:
@@ -150,56 +145,86 @@ def grammar_allowed(grammar, width: int) -> torch.Tensor | None:
     return allowed
 
 
-def sampling_event(seq: Sequence, step: int, logits: torch.Tensor, chosen: int, text_of: Callable[[int], str],
-                   ts: float, with_distribution: bool = False) -> dict:
-    """logits: the model's [vocab] row for this sequence; `text_of`: a token id's text
-    (token_texts: cached, as every step shows the likeliest few again); `with_distribution` adds the
-    logits themselves (watches that ask for internals). A request under structured outputs
-    is shown as the sampler saw it: the grammar's forbidden tokens at -inf (`allowed_tokens`
-    counts the rest), while `logprob` stays the model's own, as on request.token."""
-    p = seq.params
-    model_row = logits.float()
-    allowed = grammar_allowed(seq.grammar, model_row.shape[0]) if seq.grammar is not None else None
-    row = (model_row if allowed is None else model_row.masked_fill(~allowed, float("-inf"))).unsqueeze(0)
-    stages = [("logits", True, row)]
-    cur = apply_temperature(row, torch.tensor([p.temperature])) if not p.greedy else row
-    stages.append(("temperature", not p.greedy, cur))
-    for name, on, fn, arg in (("top_k", p.top_k > 0, apply_top_k, torch.tensor([p.top_k])),
-                              ("top_p", p.top_p < 1.0, apply_top_p, torch.tensor([p.top_p])),
-                              ("min_p", p.min_p > 0.0, apply_min_p, torch.tensor([p.min_p]))):
-        if on and not p.greedy:
-            cur = fn(cur, arg)
-        stages.append((name, on and not p.greedy, cur))
-    top = row[0].topk(min(TOP_CANDIDATES, row.shape[1]))
-    order = [i for i, v in zip(top.indices.tolist(), top.values.tolist()) if v > float("-inf")]
-    if chosen not in order:
-        order.append(chosen)
-    texts = {i: text_of(i) for i in order}
-    out_stages, previous, final = [], None, None
-    for name, applied, lg in stages:
-        if lg is previous:   # a stage that changed nothing (greedy: all of them) shows what the last one did
-            out_stages.append({**out_stages[-1], "name": name, "applied": applied})
+def _applies(name: str, p) -> bool:
+    return not p.greedy and (name == "temperature" or (p.top_k > 0 if name == "top_k" else
+                                                       p.top_p < 1.0 if name == "top_p" else p.min_p > 0.0))
+
+
+def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chosen: list[int],
+                    text_of: Callable[[int], str], ts: float, with_distribution: list[bool]) -> list[dict]:
+    """The sampler's view of each watched draw, every row at once. logits: the model's [rows,
+    vocab] rows for `seqs`; `text_of`: a token id's text (token_texts: cached, as every step
+    shows the likeliest few again); `with_distribution` adds the logits themselves (watches
+    that ask for internals). Each stage shows how many tokens it keeps and the candidates'
+    logits and probabilities; a stage a request does not apply shows what the one before
+    did. A request under structured outputs is shown as the sampler saw it: the grammar's
+    forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob` stays the
+    model's own, as on request.token."""
+    model_rows = logits.float()
+    vocab = model_rows.shape[1]
+    masks = [grammar_allowed(s.grammar, vocab) if s.grammar is not None else None for s in seqs]
+    rows = model_rows
+    if any(m is not None for m in masks):
+        every = torch.ones(vocab, dtype=torch.bool)
+        rows = model_rows.masked_fill(~torch.stack([every if m is None else m for m in masks]).to(rows.device),
+                                      float("-inf"))
+    params = [s.params for s in seqs]
+    stages, cur = [("logits", [True] * len(seqs), rows)], rows
+    for name, fn, arg, noop in STAGES:   # one filter over every row; rows it does not apply to keep their values
+        on = [_applies(name, p) for p in params]
+        if any(on):
+            new = fn(cur, torch.tensor([arg(p) if o else noop for p, o in zip(params, on)], device=rows.device))
+            cur = torch.where(torch.tensor(on, device=rows.device)[:, None], new, cur)
+        stages.append((name, on, cur))
+    top = rows.topk(min(TOP_CANDIDATES, vocab), dim=1)
+    orders = [[i for i, v in zip(ids, values) if v > float("-inf")]
+              for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    orders = [order if c in order else order + [c] for order, c in zip(orders, chosen)]
+    width = max(map(len, orders))
+    index = torch.tensor([order + [order[0]] * (width - len(order)) for order in orders], device=rows.device)
+    shown, seen = [], None
+    for name, on, t in stages:
+        if t is seen:   # no row applied it: every row shows the stage before
+            shown.append((name, on, None))
             continue
-        stage, final = _stage(name, applied, lg[0], order, texts)
-        out_stages.append(stage)
-        previous = lg
-    p_chosen = final[chosen]
+        probs = t.softmax(dim=1)
+        shown.append((name, on, (t.gather(1, index).tolist(), probs.gather(1, index).tolist(),
+                                 torch.isfinite(t).sum(1).tolist())))
+        seen = t
+    final = probs   # the last stage's: each row's own last filter
+    picked = torch.tensor(chosen, device=rows.device)[:, None]
+    p_chosen = final.gather(1, picked)
     above = final > p_chosen   # the draw's place in the sorted distribution: the mass of the likelier tokens
-    rank, low = int(above.sum()), float(final[above].sum())
-    draw = {"method": "greedy" if p.greedy else "sample", "rank": rank,
-            "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + float(p_chosen), 1.0), 6)}
-    logprob = float(model_row.log_softmax(dim=0)[chosen])
-    event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
-            "index": seq.num_output_tokens - 1,
-            "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
-            "stages": out_stages, "draw": draw,
-            "chosen": {"id": chosen, "text": texts[chosen], "prob": round(float(p_chosen), 6),
-                       "logprob": round(logprob, 6)}}
-    if allowed is not None:
-        event["allowed_tokens"] = int(allowed.sum())
-    if with_distribution:
-        event["distribution"] = raw_distribution(row[0])
-    return event
+    ranks, lows = above.sum(1).tolist(), (final * above).sum(1).tolist()
+    logprobs = model_rows.log_softmax(dim=1).gather(1, picked)[:, 0].tolist()
+    events = []
+    for r, (seq, p, c, order) in enumerate(zip(seqs, params, chosen, orders)):
+        texts = {i: text_of(i) for i in order}
+        out_stages, at = [], None
+        for name, on, values in shown:
+            if values is not None and on[r]:
+                at = values
+                logit_values, chances, kept = values[0][r], values[1][r], values[2][r]
+                out_stages.append({"name": name, "applied": True, "kept": kept, "candidates": [
+                    {"id": i, "text": texts[i], "logit": None if v == float("-inf") else round(v, 4),
+                     "prob": round(ch, 6)} for i, v, ch in zip(order, logit_values, chances)]})
+            else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
+                out_stages.append({**out_stages[-1], "name": name, "applied": on[r]})
+        p_c = at[1][r][order.index(c)]
+        low = lows[r]
+        draw = {"method": "greedy" if p.greedy else "sample", "rank": ranks[r],
+                "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + p_c, 1.0), 6)}
+        event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
+                 "index": seq.num_output_tokens - 1,
+                 "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
+                 "stages": out_stages, "draw": draw,
+                 "chosen": {"id": c, "text": texts[c], "prob": round(p_c, 6), "logprob": round(logprobs[r], 6)}}
+        if masks[r] is not None:
+            event["allowed_tokens"] = int(masks[r].sum())
+        if with_distribution[r]:
+            event["distribution"] = raw_distribution(rows[r])
+        events.append(event)
+    return events
 
 
 def raw_distribution(logits: torch.Tensor) -> dict:

@@ -141,11 +141,26 @@ class AttentionMetadata:
     num_prefill_tokens: int = 0                 # the spans' rows come first, the decode rows after
     spans: list[PrefillSpan] | VarlenSpans | TiledSpans | None = None   # as route.prefill takes them
     decode: PagedRows | list[DecodeGroup] | None = None                 # as route.decode takes them
+    queries: KeptQueries | None = None          # rows whose queries the step keeps (someone watches them)
+
+
+@dataclass
+class KeptQueries:
+    """Some rows' queries as attention got them (after RoPE), every layer's, copied into
+    tensors made before the step: a copy_ a compiled graph and a CUDA graph make as well. A
+    watched request's attention weights are computed from them after the step (capture.py)."""
+    rows: slice | torch.Tensor                  # into the step's flattened tokens
+    out: list[torch.Tensor]                     # one per layer: [rows, H, D]
+
+
+def query_room(layers: list[PagedAttention], rows: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
+    """Room for `rows` rows of each layer's queries, a tensor per layer (a compiled step writes
+    each whole; into part of a shared one it would copy all of it)."""
+    return [torch.empty(rows, layer.num_heads, layer.head_dim, dtype=dtype, device=device) for layer in layers]
 
 
 def span_metadata(slot_mapping: torch.Tensor, span: PrefillSpan) -> AttentionMetadata:
-    """One span through SDPA, for side passes outside the engine's steps (a watched request's
-    recomputed rows, the KV quantization probe, the memory profile)."""
+    """One span through SDPA, outside the engine's steps (the KV quantization probe, the memory profile)."""
     return AttentionMetadata(Route.REFERENCE, slot_mapping, span.q_len, [span])
 
 
@@ -306,6 +321,8 @@ class PagedAttention(nn.Module):
             raise RuntimeError("attention called outside a step: wrap the forward in step_metadata(model, md)")
         store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)
         store(self.v_cache, self.v_scales, md.slot_mapping, v, self.kv_format, self.v_scale)
+        if md.queries is not None:
+            md.queries.out[self.layer_idx].copy_(q[md.queries.rows])
         if md.route is Route.CPU_KERNELS:   # short spans' rows join the decode rows: not a prefix
             out = self._cpu_kernels(q, md)
         else:
