@@ -215,3 +215,22 @@ def test_backends_that_cannot_compile_say_why(checkpoint, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")     # triton's interpreter runs on a CPU, eagerly
     llm = LLM(str(checkpoint), device="cpu", dtype="float32", cpu_compile=True, attention_backend="triton")
     assert llm.engine.plan.decode == "eager: the triton attention backend runs eagerly"
+
+
+def test_fused_elementwise_steps_keep_the_tokens(checkpoint):
+    """The GPU path compiles every layer's norms, rotary embedding and activation before it
+    captures its graphs (CausalLM.fuse_elementwise); the same compiled functions, run on this
+    CPU inside an eager engine, give the unfused engine's tokens and log-probabilities."""
+    prompts = prompts_of([3, 17, 40])
+    kw = dict(device="cpu", dtype="float32", block_size=16)
+    with LLM(str(checkpoint), **kw) as plain, LLM(str(checkpoint), **kw) as fused:
+        fused.engine.runner.model.fuse_elementwise()
+        norm = fused.engine.runner.model.model.norm
+        assert norm.ops is not plain.engine.runner.model.model.norm.ops
+        runs = [llm.generate(prompts, greedy(12, logprobs=0)) for llm in (plain, fused)]
+    for a, b in zip(*runs):
+        x, y = a.outputs[0], b.outputs[0]
+        assert x.token_ids == y.token_ids
+        got = torch.tensor([lp[t].logprob for lp, t in zip(y.logprobs, y.token_ids)])
+        want = torch.tensor([lp[t].logprob for lp, t in zip(x.logprobs, x.token_ids)])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)

@@ -48,6 +48,7 @@ def test_greedy_matches_transformers_on_cuda(family, backend, eager):
         plan = llm.engine.plan
         assert plan.attention_backend == backend
         assert (llm.engine.runner.graphs is None) == eager, plan
+        assert eager or "fused by torch.compile" in plan.decode, plan
         assert tokens(llm.generate(prompts, greedy())) == reference
 
 
@@ -174,3 +175,26 @@ def test_watched_attention_from_the_cuda_graphs_equals_transformers(tmp_path):
             for a in mine:
                 want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
                 assert torch.allclose(torch.from_numpy(a["weights"]), want, atol=1e-3), (a["layer"], a["step"])
+
+
+def test_a_decode_step_waits_for_the_gpu_once(tmp_path):
+    """Inputs go to the GPU through pinned memory without waiting; the one wait a plain decode
+    step makes is for its sampled ids (torch's sync debug mode warns at every synchronising call)."""
+    import warnings
+    directory = make_checkpoint("qwen3", tmp_path / "m")
+    with LLM(str(directory), device="cuda", dtype="bfloat16") as llm:
+        engine = llm.engine
+        for prompt in random_prompts(7, [20, 33, 9]):
+            engine.add_request(prompt, greedy(40))
+        for _ in range(3):    # the prompts, then plain decode steps
+            engine.step()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(10):
+                    engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) <= 10, [str(w.message) for w in syncs[:5]]

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from kvscope.engine.model_runner import StepPlan, load_model_and_runner
 from kvscope.engine.plan import resolve_device
+from kvscope.engine.step_inputs import sampled_rows
 from kvscope.layers.attention import step_metadata
 from kvscope.layers.parallel import TPGroup, split
 from kvscope.models.loader import read_model_config, resolve_model_path
@@ -155,5 +156,5 @@ def replay(runner, plan: StepPlan) -> None:
     with step_metadata(runner.model, plan.metadata):
         hidden = runner.model(plan.input_ids, plan.positions)
     if plan.sample_rows:
-        runner.model.compute_logits(hidden[plan.sample_rows])
+        runner.model.compute_logits(sampled_rows(hidden, plan.sample_rows))
     runner.model.tp.comm.take()   # only rank 0's count is published

@@ -3,8 +3,9 @@ operations are not issued one by one from Python every step. `record_decode` dec
 start-up, from the config's `enforce_eager` (vLLM's switch) and `cpu_compile`.
 
 On a GPU, CUDA graphs (DecodeGraphs): one graph per batch-size bucket replays the whole
-forward pass in one launch. Inputs are copied into fixed buffers first; rows beyond the
-real batch write to a scratch block and attend to nothing.
+forward pass in one launch, its element-wise steps fused by torch.compile first
+(models/decoder.py, Elementwise). Inputs are copied into fixed buffers first; rows beyond
+the real batch write to a scratch block and attend to nothing.
 
 On a CPU, torch.compile (CompiledDecode), public interface only: inductor fuses each
 layer's norms, RoPE and residual adds into a few generated C++ kernels, called with the
@@ -61,7 +62,9 @@ def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, s
     reason = capture_unavailable(runner) if on_gpu else compile_unavailable(runner)
     if reason is None and on_gpu:
         runner.routes = pick_routes(runner.attention_backend, "cuda graphs", runner.dtype, runner.block_size)
-        return DecodeGraphs(runner, max_batch=min(config.max_num_seqs, 512)), None, "cuda graphs"
+        runner.model.fuse_elementwise()   # compiled before capture: the graphs replay the fused kernels
+        graphs = DecodeGraphs(runner, max_batch=min(config.max_num_seqs, 512))
+        return graphs, None, "cuda graphs (norms, RoPE, activation fused by torch.compile)"
     if reason is None:
         try:
             runner.routes = pick_routes(runner.attention_backend, "compiled", runner.dtype, runner.block_size)

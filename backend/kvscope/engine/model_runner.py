@@ -12,7 +12,7 @@ from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import StepBuffers, prepare_inputs
+from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows, to_device
 from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, as_bytes, attention_context,
                                       kv_cache_format, pick_routes, step_metadata)
 from kvscope.layers.parallel import TPGroup
@@ -107,8 +107,7 @@ class ModelRunner:
         """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src, dst = (to_device(torch.tensor(column), self.device) for column in zip(*copies))
         for cache in self.kv_caches:
             raw = as_bytes(cache)    # fp8 has no indexing kernels on CPU; its bytes copy the same
             raw[dst] = raw[src]
@@ -140,7 +139,7 @@ class ModelRunner:
         if not seqs:
             return result
         if logits is None:
-            logits = self.model.compute_logits(hidden[inputs.sample_rows]).float()
+            logits = self.model.compute_logits(sampled_rows(hidden, inputs.sample_rows)).float()
         result.logits = logits
         drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
         plain, plain_rows = (seqs, None) if not drafts else self._split_drafts(seqs, drafts, logits, result)

@@ -11,6 +11,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
+from kvscope.engine.step_inputs import to_device
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 
 NEG_INF = float("-inf")
@@ -50,14 +51,15 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, then top-k, top-p, min-p — each applied only if some row asks for it."""
-    dev = logits.device
-    logits = apply_temperature(logits, torch.tensor([p.temperature for p in params], device=dev))
+    def column(values: list) -> torch.Tensor:
+        return to_device(torch.tensor(values), logits.device)
+    logits = apply_temperature(logits, column([p.temperature for p in params]))
     if any(p.top_k > 0 for p in params):
-        logits = apply_top_k(logits, torch.tensor([p.top_k for p in params], device=dev))
+        logits = apply_top_k(logits, column([p.top_k for p in params]))
     if any(p.top_p < 1.0 for p in params):
-        logits = apply_top_p(logits, torch.tensor([p.top_p for p in params], device=dev))
+        logits = apply_top_p(logits, column([p.top_p for p in params]))
     if any(p.min_p > 0.0 for p in params):
-        logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], device=dev))
+        logits = apply_min_p(logits, column([p.min_p for p in params]))
     return logits
 
 
@@ -86,7 +88,7 @@ class Sampler:
         unseeded = [r for r, g in enumerate(batch.generators) if g is None]
         if unseeded:
             noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
-        is_greedy = torch.tensor([p.greedy for p in batch.params], device=logits.device)
+        is_greedy = to_device(torch.tensor([p.greedy for p in batch.params]), logits.device)
         return torch.where(is_greedy, greedy, row_argmax(probs / noise))
 
 

@@ -61,7 +61,22 @@ class StepBuffers:
         return self.offsets[:n]
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array) if self.on_cpu else torch.from_numpy(array).to(self.device)
+        return to_device(torch.from_numpy(array), self.device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory without waiting: a plain copy
+    from pageable memory blocks the host until the GPU has done all it was given (the profile's
+    cudaStreamSynchronize a copy); the sampled ids are the step's one wait."""
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
+
+
+def sampled_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The hidden states scored this step: every row as it is (a plain decode step), else the
+    rows picked by an index sent without a wait."""
+    if len(rows) == hidden.shape[0] and rows == list(range(len(rows))):
+        return hidden
+    return hidden[to_device(torch.tensor(rows), hidden.device)]
 
 
 def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
