@@ -119,7 +119,7 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
             viewer.wake.clear()
             if viewer.overflowed:
                 return   # evict() closes it
-            frame, essential = viewer.take_frame(service.hub.snapshot_text)
+            frame, essential = viewer.take_frame(service.hub.snapshot_texts)
             if frame is None:
                 continue
             if ws.application_state != WebSocketState.CONNECTED:
