@@ -4,14 +4,13 @@ Commands that need kvscope's own engine are refused with a sentence saying so.""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kvscope import __version__
 from kvscope.instrumentation.facts import backend_facts, h100_reference
-from kvscope.instrumentation.observer import Clock, RequestLabel
+from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SCHEMA_VERSION
 from kvscope.server.attach.kv_pool import AttachedPool
 from kvscope.server.attach.kv_subscriber import KVSubscriber
@@ -24,11 +23,8 @@ from kvscope.server.attach.requests import run_request
 from kvscope.server.attach.vllm_client import VllmClient, completion_params
 from kvscope.server.api.commands import HANDLERS
 from kvscope.server.config import ServerConfig
-from kvscope.server.classroom.hub import Hub
-from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
-from kvscope.server.service.metrics import Metrics
-from kvscope.server.classroom.policy import Policy
-from kvscope.server.service.engine_service import Submitted
+from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS
+from kvscope.server.service.engine_service import ClassService, Submitted
 from kvscope.server.errors import CommandError
 
 log = logging.getLogger("kvscope.attach")
@@ -42,18 +38,12 @@ NEEDS_ENGINE = ("watch", "unwatch", "hold", "next", "release", "pace", "pause", 
                 "slow_motion", "set_knobs", "inject", "record_start", "record_stop", "kv_quant")
 
 
-class AttachService(SweepAccounts):
+class AttachService(ClassService):
     def __init__(self, servers: VllmServer | list[VllmServer], config: ServerConfig,
                  kv_events_override: str | None = None):
-        super().__init__()
+        super().__init__(config)
         servers = [servers] if isinstance(servers, VllmServer) else list(servers)
-        self.config = config
         self.kv_events_override = kv_events_override
-        self.clock = Clock()
-        self.started_at = time.time()
-        self.metrics = Metrics()
-        self.policy = Policy(config)
-        self.hub = Hub(self.clock, self.metrics)
         self.replicas: list[Replica] = []
         for server in servers:
             self.replicas.append(Replica(len(self.replicas), server, len(self.pools)))
@@ -62,12 +52,9 @@ class AttachService(SweepAccounts):
         self.router = Router()
         self.policy_totals = {p: dict(POLICY_ZERO) for p in POLICIES}
         self.in_flight: dict[int, int] = {}      # pool -> requests kvscope sent and has not heard back about
-        self.tasks: dict[str, asyncio.Task] = {}
-        self._ids = itertools.count(1)
+        self.tasks: dict[str, asyncio.Task] = {}   # learners' requests, until vLLM finishes them
         self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-attach")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pollers: list[asyncio.Task] = []
-        self._runs: set[asyncio.Task] = set()   # sweeps (commands.sweep), until done
         self._synthetic_ids: list[list[int]] | None = None
         self.hello = self._hello()
         self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE},
@@ -164,10 +151,11 @@ class AttachService(SweepAccounts):
         for replica in self.replicas:
             for pool in replica.pools:
                 self._start_pool(pool)
-            self._pollers.append(self._loop.create_task(self._poll(replica)))
+            self.spawn(self._poll(replica))
 
     def stop(self) -> None:
-        for task in [*self._pollers, *self.tasks.values(), *self._runs]:
+        super().stop()
+        for task in self.tasks.values():
             task.cancel()
         for pool in self.pools:
             pool.stop()
@@ -357,14 +345,6 @@ class AttachService(SweepAccounts):
     def touch_hold(self, rid: str, held: bool) -> None:
         raise self._needs_engine("holding a request")
 
-    @property
-    def learner_share(self) -> int:
-        limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else 16
-
-    def new_request_id(self) -> str:
-        return f"r{next(self._ids)}"
-
     def completion_params(self, params) -> dict:
         """vLLM's fields for kvscope's SamplingParams; where the server can, it is asked to
         publish the prefix blocks each request reused (so the pool draws their hits)."""
@@ -425,12 +405,6 @@ class AttachService(SweepAccounts):
     @property
     def num_watched(self) -> int:
         return 0
-
-    def spawn(self, coro) -> None:
-        """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
 
     async def sweep_prompt_ids(self) -> list[list[int]]:
         """The story prompts tokenized by vLLM's tokenizer, once."""

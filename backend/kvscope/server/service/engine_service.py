@@ -37,34 +37,22 @@ class Submitted:
     error: str | None = None
 
 
-class EngineService(SweepAccounts):
-    def __init__(self, engine: LLMEngine, config: ServerConfig):
+class ClassService(SweepAccounts):
+    """What both services (our engine's, an attached vLLM's) keep for the class: the hub,
+    the policy, the metrics, request ids, and the runs the server drives (sweeps)."""
+    default_learner_share = 16
+
+    def __init__(self, config: ServerConfig, watches: WatchRegistry | None = None):
         super().__init__()
-        self.engine, self.config = engine, config
-        self.clock = Clock()
-        self.started_at = time.time()
+        self.config, self.clock, self.started_at = config, Clock(), time.time()
         self.metrics = Metrics()
         self.policy = Policy(config)
-        # tokenizing a long prompt takes a while: one worker thread, never the event loop
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
-        watches = WatchRegistry()   # one record of who watches what, shared by the hub
         self.hub = Hub(self.clock, self.metrics, watches)
-        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
-        self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
-        self.model_name = engine.model_config.name or engine.model_path.name
-        self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
-        self.aengine: AsyncEngine | None = None
         self._ids = itertools.count(1)
-        self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
-        self._reaper: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()   # runs the server drives (sweeps), until done
+        self._tasks: set[asyncio.Task] = set()
 
-    # -- life cycle ---------------------------------------------------------------------
-    def start(self) -> None:
-        """Bind to the running event loop and start the engine thread."""
-        self.hub.bind(asyncio.get_running_loop())
-        self.aengine = AsyncEngine(self.engine)
-        self._reaper = asyncio.get_running_loop().create_task(self._cancel_stale_holds())
+    def new_request_id(self) -> str:
+        return f"r{next(self._ids)}"
 
     def spawn(self, coro) -> None:
         """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
@@ -73,19 +61,44 @@ class EngineService(SweepAccounts):
         task.add_done_callback(self._tasks.discard)
 
     def stop(self) -> None:
-        for task in [self._reaper, *self._tasks]:
-            if task is not None:
-                task.cancel()
-        self.hub.stop_recording()
-        if self.aengine is not None:
-            self.aengine.shutdown()
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        for task in self._tasks:
+            task.cancel()
 
     @property
     def learner_share(self) -> int:
         """Requests learners may have in flight together: below the engine's capacity."""
         limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
+        return limit if limit is not None else self.default_learner_share
+
+
+class EngineService(ClassService):
+    def __init__(self, engine: LLMEngine, config: ServerConfig):
+        watches = WatchRegistry()   # one record of who watches what, shared by the hub
+        super().__init__(config, watches)
+        self.engine = engine
+        # tokenizing a long prompt takes a while: one worker thread, never the event loop
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
+        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
+        self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
+        self.model_name = engine.model_config.name or engine.model_path.name
+        self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
+        self.aengine: AsyncEngine | None = None
+        self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
+        self.default_learner_share = max(1, engine.config.max_num_seqs // 2)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind to the running event loop and start the engine thread."""
+        self.hub.bind(asyncio.get_running_loop())
+        self.aengine = AsyncEngine(self.engine)
+        self.spawn(self._cancel_stale_holds())
+
+    def stop(self) -> None:
+        super().stop()
+        self.hub.stop_recording()
+        if self.aengine is not None:
+            self.aengine.shutdown()
+        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -105,9 +118,6 @@ class EngineService(SweepAccounts):
                     self.held_since.pop(rid, None)
                     if rid in self.hub.requests:
                         await self.cancel(rid)
-
-    def new_request_id(self) -> str:
-        return f"r{next(self._ids)}"
 
     # -- prompts ------------------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> dict:
