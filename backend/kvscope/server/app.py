@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from kvscope.server.api.openai_api import openai_router
@@ -45,7 +45,7 @@ def recording_folders(service: EngineService) -> list[Path]:
 
 def service_app(service, title: str, docs_url: str | None) -> FastAPI:
     """The app both servers start from (`kvscope serve` and `kvscope attach`): the service
-    started and stopped with it, the host check, tokens kept out of the access log."""
+    started and stopped with it, the host check, tokens kept out of the access log, /metrics."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()
@@ -58,6 +58,10 @@ def service_app(service, title: str, docs_url: str | None) -> FastAPI:
     app.add_middleware(SecurityMiddleware, bind_host=service.config.host, extra_hosts=service.config.extra_hosts)
     hide_tokens_in_server_logs()
     app.state.service = service
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
     return app
 
 

@@ -1,5 +1,5 @@
 """REST beside the WebSocket: tokenize, generate as Server-Sent Events (the same
-`request.*` events a viewer sees), health, metrics, and the list of recordings."""
+`request.*` events a viewer sees), health, and the list of recordings."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +14,7 @@ from kvscope.instrumentation.schema import COMMANDS, obj
 from kvscope.server.classroom.hub import dumps
 from kvscope.server.classroom.policy import one_prompt_form
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import check_schema, printable, sampling_params, strict_json
+from kvscope.server.api.validation import check_schema, error_event, sampling_params, strict_json
 from kvscope.server.errors import CommandError
 
 _submit = COMMANDS["submit"]["properties"]
@@ -27,8 +27,8 @@ STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prom
 
 
 def error_response(exc: CommandError) -> JSONResponse:
-    body = {"type": "error", "ts": 0.0, "ref": None, "code": exc.code, "message": printable(exc.message), "cmd": None}
-    return JSONResponse(body, status_code=STATUS.get(exc.code, 400), headers=getattr(exc, "headers", dict)())
+    return JSONResponse(error_event(exc.code, exc.message), status_code=STATUS.get(exc.code, 400),
+                        headers=getattr(exc, "headers", dict)())
 
 
 def admitted_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
@@ -41,8 +41,8 @@ def admitted_caller(service: EngineService, request: Request) -> tuple[bool, str
     return instructor, caller
 
 
-async def read_json(request: Request, max_bytes: int):
-    """The body as JSON: declared as JSON (a browser sends text/plain cross-site without asking),
+async def read_json(request: Request, max_bytes: int, validator: Draft202012Validator | None = None):
+    """The body as JSON (checked against `validator`): declared as JSON (a browser sends text/plain cross-site without asking),
     at most max_bytes, parsed without recursion errors."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
@@ -60,14 +60,11 @@ async def read_json(request: Request, max_bytes: int):
             raise too_large
         chunks.append(chunk)
     try:
-        return strict_json(b"".join(chunks))
+        body = strict_json(b"".join(chunks))
     except (ValueError, RecursionError):
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
-
-
-async def json_body(request: Request, validator: Draft202012Validator, max_bytes: int) -> dict:
-    body = await read_json(request, max_bytes)
-    check_schema(validator, body)
+    if validator is not None:
+        check_schema(validator, body)
     return body
 
 
@@ -90,7 +87,7 @@ def rest_router(service: EngineService) -> APIRouter:
     async def tokenize(request: Request):
         try:
             instructor, _ = admitted_caller(service, request)
-            body = await json_body(request, TOKENIZE, service.config.max_body_bytes)
+            body = await read_json(request, service.config.max_body_bytes, TOKENIZE)
             policy.check_prompt_text(body["text"], instructor, "text")
             return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
         except CommandError as exc:
@@ -100,7 +97,7 @@ def rest_router(service: EngineService) -> APIRouter:
     async def generate(request: Request):
         try:
             instructor, _ = admitted_caller(service, request)
-            body = await json_body(request, GENERATE, service.config.max_body_bytes)
+            body = await read_json(request, service.config.max_body_bytes, GENERATE)
             one_prompt_form(body)
             ids, text = await service.checked_prompt(body, instructor)
             params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
@@ -127,10 +124,6 @@ def rest_router(service: EngineService) -> APIRouter:
                 "running": engine.num_running, "waiting": engine.num_waiting,
                 "viewers": len(hub.viewers), "free_blocks": engine.num_free_blocks,
                 "num_blocks": engine.plan.num_blocks}
-
-    @router.get("/metrics")
-    async def metrics():
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @router.get("/api/recordings")
     async def recordings():

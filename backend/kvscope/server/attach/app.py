@@ -4,7 +4,6 @@ and chapter pages as `kvscope serve`, without kvscope's engine routes (/api/gene
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.responses import Response
 
 from kvscope.server.app import mount_site, service_app
 from kvscope.server.attach.service import AttachService
@@ -19,10 +18,6 @@ def create_attach_app(service: AttachService) -> FastAPI:
         return {"status": "ok" if service.connected else "disconnected", "attached": s.url,
                 "vllm_version": s.version, "model": s.model, "viewers": len(service.hub.viewers),
                 "kv_events": service.kv_events_note(), **service.figures}
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     mount_site(app, service)
     return app
