@@ -204,6 +204,16 @@ class AttachService(ClassService):
         delta = mirror.delta(self.clock()) if mirror is not None else None
         self.hub.dispatch(events + ([{**delta, "pool": pool.index}] if delta else []))
 
+    async def _scrape(self, replica: Replica) -> dict | None:
+        """Each rank's Sample from one /metrics scrape; None when the server does not answer."""
+        try:
+            r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
+            r.raise_for_status()
+        except Exception:
+            return None
+        dp = replica.server.data_parallel_size > 1
+        return {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools}
+
     async def _poll(self, replica: Replica) -> None:
         """Scrape one server's /metrics once a second; notice it going away (DOWN_AFTER
         failed scrapes in a row, so one slow answer on a busy server is not a disconnect)
@@ -211,11 +221,8 @@ class AttachService(ClassService):
         failures = 0
         while True:
             await asyncio.sleep(POLL_S)
-            try:
-                r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
-                r.raise_for_status()
-                text = r.text
-            except Exception:
+            samples = await self._scrape(replica)
+            if samples is None:
                 failures += 1
                 if replica.connected and failures >= DOWN_AFTER:
                     replica.connected = False
@@ -223,8 +230,6 @@ class AttachService(ClassService):
                     self.hub.broadcast(self.engine_state("step"))
                 continue
             failures = 0
-            samples = {p.rank: parse(text, engine=str(p.rank) if replica.server.data_parallel_size > 1 else None)
-                       for p in replica.pools}
             if not replica.connected and not await self._reconnect(replica, samples):
                 continue
             if self._take_samples(replica, samples):
@@ -296,19 +301,12 @@ class AttachService(ClassService):
         if policy not in POLICIES:
             raise CommandError("invalid_field", f"policy: one of {', '.join(POLICIES)}")
         for replica in self.replicas:
-            await self._scrape_now(replica)
+            samples = await self._scrape(replica)
+            if samples is not None:
+                self._take_samples(replica, samples)
         self.router.policy = policy
         self.hub.broadcast(self.engine_state("knobs"))
         session.ack(msg, policy=policy)
-
-    async def _scrape_now(self, replica: Replica) -> None:
-        try:
-            r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
-            r.raise_for_status()
-        except Exception:
-            return
-        dp = replica.server.data_parallel_size > 1
-        self._take_samples(replica, {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools})
 
     def policy_figures(self) -> dict:
         """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""
@@ -322,12 +320,11 @@ class AttachService(ClassService):
 
     # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:
-        raise CommandError("attach", f"{msg['type']!r} needs kvscope's own engine; this server is attached to "
-                                     f"vLLM at {self.server.url}, which shows its requests, blocks and metrics only")
+        raise self._needs_engine(repr(msg["type"]))
 
     def _needs_engine(self, what: str) -> CommandError:
         return CommandError("attach", f"{what} needs kvscope's own engine; this server is attached to vLLM at "
-                                      f"{self.server.url}, which runs a prompt as vLLM schedules it")
+                                      f"{self.server.url}, which schedules its requests itself")
 
     # What commands.py reads of kvscope's engine for a submit's options (watching, its own
     # chunk size, a grammar): attached, each is refused with a sentence, never an AttributeError.
