@@ -114,11 +114,8 @@ class Policy:
     def limits(self):
         return self.config.limits
 
-    def max_chars(self, instructor: bool) -> int | None:
-        return None if instructor else self.limits.max_prompt_chars
-
     def check_prompt_text(self, text: str, instructor: bool, what: str = "the prompt") -> None:
-        check_text(text, what, self.max_chars(instructor))
+        check_text(text, what, None if instructor else self.limits.max_prompt_chars)
 
     def check_prompt_tokens(self, ids: list[int], instructor: bool) -> None:
         if not instructor and len(ids) > self.limits.max_prompt_tokens:
@@ -153,7 +150,6 @@ class Policy:
             when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"
             raise RateLimited(f"at most {rate:g} prompts a minute (bursts of {bucket.burst:g}) per caller without "
                               f"the instructor token (kvscope serve --rest-requests-per-minute); {when}", wait)
-
 
     def _admit_class(self, cost: int) -> None:
         """All limited REST callers together: learner ids are the browser's choice, this is not."""

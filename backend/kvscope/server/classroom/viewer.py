@@ -89,8 +89,8 @@ class Viewer:
         limits = config.limits
         self.messages = TokenBucket(limits.messages_per_second, 2 * limits.messages_per_second)
         self.submits = per_minute(limits.submits_per_minute)
-        self._signature: tuple[str, ...] = ()
-        self._filtered = False
+        self.signature: tuple[str, ...] = ()   # families with no filter: viewers sharing one share frames
+        self.filtered = False
 
     @property
     def is_instructor(self) -> bool:
@@ -108,17 +108,8 @@ class Viewer:
         self._resign()
 
     def _resign(self) -> None:
-        self._signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
-        self._filtered = any(not flt.is_open for flt in self.families.values())
-
-    @property
-    def signature(self) -> tuple[str, ...]:
-        """Families subscribed with no filter: viewers sharing one share serialised frames."""
-        return self._signature
-
-    @property
-    def filtered(self) -> bool:
-        return self._filtered
+        self.signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
+        self.filtered = any(not flt.is_open for flt in self.families.values())
 
     # -- outgoing queue ----------------------------------------------------------------
     def offer(self, chunk: Chunk) -> int:
@@ -158,10 +149,6 @@ class Viewer:
         self.dropped += dropped
         return dropped
 
-    @property
-    def pending_events(self) -> int:
-        return self.display_count + self.essential_count
-
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
         """What is queued as one frame (an object, or an array of objects) of about
         max_frame_out_bytes at most, or one binary frame, and whether it held essential
@@ -200,5 +187,5 @@ class Viewer:
     def summary(self) -> dict:
         return {"client_id": self.id, "role": self.role, "peer": self.peer,
                 "connected_s": round(time.monotonic() - self.connected_at, 3),
-                "families": sorted(self.families), "pending": self.pending_events,
+                "families": sorted(self.families), "pending": self.display_count + self.essential_count,
                 "dropped": self.dropped, "active_requests": len(self.active)}
