@@ -1,9 +1,7 @@
 """The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
 from __future__ import annotations
 
-import os
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, Response
@@ -16,6 +14,7 @@ from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.ws import serve_websocket
+from kvscope.server.pages.content import frontend_dir
 from kvscope.server.pages.routes import mount_pages
 
 WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
@@ -23,24 +22,6 @@ WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this,
 # connection first: with equal timeouts a request sent as the server closes it is lost
 # before the engine sees it.
 KEEP_ALIVE_S = 75
-PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
-
-
-def frontend_dir(configured: Path | None = None) -> Path | None:
-    """KVSCOPE_FRONTEND_DIR, the configured folder, or frontend/ at the repository root."""
-    for candidate in (os.environ.get("KVSCOPE_FRONTEND_DIR"), configured,
-                      PACKAGE_DIR.parents[1] / "frontend", PACKAGE_DIR / "frontend"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
-
-
-def recording_folders(service: EngineService) -> list[Path]:
-    folders = [service.config.recordings_dir]
-    front = frontend_dir(service.config.frontend_dir)
-    if front is not None:
-        folders.append(front / "recordings")
-    return folders
 
 
 def service_app(service, title: str, docs_url: str | None) -> FastAPI:
@@ -76,6 +57,8 @@ def create_app(service: EngineService) -> FastAPI:
 def mount_site(app: FastAPI, service) -> None:
     """What every kvscope server serves, its own engine behind it or an attached vLLM: the
     event WebSocket, the replay socket, the static front end, the chapters and the console."""
+    front = frontend_dir(service.config.frontend_dir)
+
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
         await serve_websocket(websocket, service)
@@ -86,13 +69,13 @@ def mount_site(app: FastAPI, service) -> None:
                               service.config.extra_origins):
             await websocket.close(code=1008, reason="origin not allowed")
             return
-        await serve_replay(websocket, recording_folders(service), name, service.config.limits.max_frame_bytes)
+        await serve_replay(websocket, [service.config.recordings_dir, front / "recordings"], name,
+                           service.config.limits.max_frame_bytes)
 
-    front = frontend_dir(service.config.frontend_dir)
-    if front is not None:
+    if front.is_dir():
         app.mount("/static", StaticFiles(directory=front), name="static")
     mount_pages(app)
-    if front is not None:
+    if front.is_dir():
         @app.get("/console", include_in_schema=False)
         async def console():
             return FileResponse(front / "console.html")

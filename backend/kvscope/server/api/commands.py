@@ -308,24 +308,24 @@ def announce(s: Session, reason: str) -> None:
 
 
 async def pause(s: Session, msg: dict) -> None:
-    s.service.pause()
+    s.service.aengine.pause()
     s.ack(msg)
     announce(s, "pause")
 
 
 async def resume(s: Session, msg: dict) -> None:
-    s.service.resume()
+    s.service.aengine.resume()
     s.ack(msg)
     announce(s, "resume")
 
 
 async def step(s: Session, msg: dict) -> None:
-    s.ack(msg, step=await s.service.step())
+    s.ack(msg, step=await s.service.aengine.step_now())
     announce(s, "step")
 
 
 async def reset(s: Session, msg: dict) -> None:
-    aborted = await s.service.reset()
+    aborted = await s.service.aengine.reset()
     s.ack(msg, aborted=aborted)
     announce(s, "reset")
 

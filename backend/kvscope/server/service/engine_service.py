@@ -282,19 +282,7 @@ class EngineService(ClassService):
     def num_watched(self) -> int:
         return len(self.instr.watches)
 
-    # -- instructor controls -------------------------------------------------------------
-    def pause(self) -> None:
-        self.aengine.pause()
-
-    def resume(self) -> None:
-        self.aengine.resume()
-
-    async def step(self) -> int | None:
-        return await self.aengine.step_now()
-
-    async def reset(self) -> int:
-        return await self.aengine.reset()
-
+    # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
         def apply():
