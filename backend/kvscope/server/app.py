@@ -1,4 +1,4 @@
-"""The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
+"""The FastAPI app both servers run: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
@@ -12,7 +12,6 @@ from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
 from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
-from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.ws import serve_websocket
 from kvscope.server.pages.content import frontend_dir
 from kvscope.server.pages.routes import mount_pages
@@ -24,9 +23,11 @@ WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this,
 KEEP_ALIVE_S = 75
 
 
-def service_app(service, title: str, docs_url: str | None) -> FastAPI:
-    """The app both servers start from (`kvscope serve` and `kvscope attach`): the service
-    started and stopped with it, the host check, tokens kept out of the access log, /metrics."""
+def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> FastAPI:
+    """The app both servers run, our engine behind it or an attached vLLM: the service started
+    and stopped with it, the host check, tokens kept out of the access log, /healthz, /metrics,
+    the event and replay sockets, the static front end, the chapters and the console. Attached,
+    there are no /api or /v1 routes of ours: those belong to the vLLM server."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()
@@ -35,29 +36,22 @@ def service_app(service, title: str, docs_url: str | None) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title=title, lifespan=lifespan, docs_url=docs_url, redoc_url=None)
+    app = FastAPI(title=title, lifespan=lifespan, docs_url="/api/docs" if engine_routes else None, redoc_url=None)
     app.add_middleware(SecurityMiddleware, bind_host=service.config.host, extra_hosts=service.config.extra_hosts)
     hide_tokens_in_server_logs()
     app.state.service = service
+    if engine_routes:
+        app.include_router(rest_router(service))
+        app.include_router(openai_router(service))
+    front = frontend_dir(service.config.frontend_dir)
+
+    @app.get("/healthz")
+    async def healthz():
+        return service.health()
 
     @app.get("/metrics")
     async def metrics():
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
-    return app
-
-
-def create_app(service: EngineService) -> FastAPI:
-    app = service_app(service, "kvscope", docs_url="/api/docs")
-    app.include_router(rest_router(service))
-    app.include_router(openai_router(service))
-    mount_site(app, service)
-    return app
-
-
-def mount_site(app: FastAPI, service) -> None:
-    """What every kvscope server serves, its own engine behind it or an attached vLLM: the
-    event WebSocket, the replay socket, the static front end, the chapters and the console."""
-    front = frontend_dir(service.config.frontend_dir)
 
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
@@ -79,6 +73,7 @@ def mount_site(app: FastAPI, service) -> None:
         @app.get("/console", include_in_schema=False)
         async def console():
             return FileResponse(front / "console.html")
+    return app
 
 
 def run(app: FastAPI, config, log_level: str) -> None:

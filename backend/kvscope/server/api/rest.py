@@ -1,5 +1,5 @@
 """REST beside the WebSocket: tokenize, generate as Server-Sent Events (the same
-`request.*` events a viewer sees), health, and the list of recordings."""
+`request.*` events a viewer sees), and the list of recordings."""
 from __future__ import annotations
 
 import asyncio
@@ -114,16 +114,6 @@ def rest_router(service: EngineService) -> APIRouter:
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
         final = await until_disconnect(request, last_event(service, rid, queue))
         return JSONResponse(final) if final is not None else Response(status_code=499)
-
-    @router.get("/healthz")
-    async def healthz():
-        engine = service.engine
-        return {"status": "ok" if service.aengine and service.aengine.error is None else "degraded",
-                "model": service.model_name, "step": engine.num_steps,
-                "paused": bool(service.aengine and service.aengine.paused),
-                "running": engine.num_running, "waiting": engine.num_waiting,
-                "viewers": len(hub.viewers), "free_blocks": engine.num_free_blocks,
-                "num_blocks": engine.plan.num_blocks}
 
     @router.get("/api/recordings")
     async def recordings():

@@ -140,6 +140,12 @@ class AttachService(ClassService):
                          "pools": [p.state(KV_EVENTS_HINT) for p in self.pools],
                          "router": {"policy": self.router.policy, "totals": self.policy_figures()}}}
 
+    def health(self) -> dict:
+        s = self.server
+        return {"status": "ok" if self.connected else "disconnected", "attached": s.url,
+                "vllm_version": s.version, "model": s.model, "viewers": len(self.hub.viewers),
+                "kv_events": self.kv_events_note(), **self.figures}
+
     def kv_events_note(self) -> str:
         return "; ".join(f"{p.name}: {p.events_note(KV_EVENTS_HINT)}" if len(self.pools) > 1 else p.events_note(KV_EVENTS_HINT)
                          for p in self.pools)

@@ -345,6 +345,13 @@ class EngineService(ClassService):
                 "num_waiting": engine.num_waiting, "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
 
+    def health(self) -> dict:
+        engine, aengine = self.engine, self.aengine
+        return {"status": "ok" if aengine and aengine.error is None else "degraded", "model": self.model_name,
+                "step": engine.num_steps, "paused": bool(aengine and aengine.paused), "running": engine.num_running,
+                "waiting": engine.num_waiting, "viewers": len(self.hub.viewers), "free_blocks": engine.num_free_blocks,
+                "num_blocks": engine.plan.num_blocks}
+
     def recording_preamble(self) -> list[dict]:
         """What a recording starts with, so a replay opens like a live connection."""
         state = self.engine_state("recording")
