@@ -103,7 +103,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     cells = len(layers or range(facts.num_layers)) * len(heads or range(facts.num_heads))
     if cells > limit and not s.viewer.is_instructor:
         raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; the limit is {limit}")
-    if s.service.num_watched >= s.service.config.max_watched_requests:
+    if len(s.service.instr.watches) >= s.service.config.max_watched_requests:
         raise CommandError("too_many_requests",
                            f"{s.service.config.max_watched_requests} requests are watched already; unwatch one first")
     return WatchSpec(None if layers is None else frozenset(layers), None if heads is None else frozenset(heads),

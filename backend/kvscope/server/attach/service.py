@@ -405,10 +405,6 @@ class AttachService(ClassService):
         for rid in request_ids:
             await self.cancel(rid)
 
-    @property
-    def num_watched(self) -> int:
-        return 0
-
     async def sweep_prompt_ids(self) -> list[list[int]]:
         """The story prompts tokenized by vLLM's tokenizer, once."""
         if self._synthetic_ids is None:

@@ -1,14 +1,7 @@
-"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the
-kvscope marks of docs/authoring.md:
-
-- `[[term]]` / `[[shown words|term]]` → `<kv-term>` with the glossary's short definition
-  as a tooltip (hover and keyboard focus). An unknown term raises RenderError.
-- a ```quiz fence (YAML) → `<kv-quiz>` markup: radio groups, answers and every `why`.
-- a widget element on a line of its own → the element as a block (not inside a <p>).
-- `![caption](figures/name.svg)` on a line of its own → the SVG from frontend/figures/
-  inlined in a <figure> (inline, so the theme's CSS variables and dark mode reach it).
-- `<kv-value key=… format=…>` stays as written; its key and format are checked.
-"""
+"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the kvscope
+marks of docs/authoring.md (`[[term]]`, ```quiz, a widget or a figure alone on its line,
+`<kv-value>`); a mark that breaks the contract raises RenderError. Figures are inlined SVG,
+so the theme's CSS variables and dark mode reach them."""
 from __future__ import annotations
 
 import hashlib

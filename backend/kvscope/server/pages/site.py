@@ -144,8 +144,6 @@ class Site:
         return self._cached("/glossary", build)
 
     def not_found(self, path: str) -> str:
-        with self._lock:
-            self._fresh()
         return self._render("not_found.html", page="not-found", path=path, chapters=self.chapter_list())
 
     def render_all(self) -> dict[str, str]:

@@ -28,17 +28,12 @@ STATIC_SPECIFIER = re.compile(r"""(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.{1,2}/[^
 TEMPLATE_SPECIFIER = re.compile(r"(\bimport\s*\(\s*)`(\.{1,2}/[^`]*)`")
 
 
-def module_name(path: str) -> str:
-    """frontend-relative path → the name the import map knows it by."""
-    return PREFIX + path
-
-
 def rewrite_specifiers(source: str, path: str) -> str:
     """Relative specifiers in the module at `path` (relative to frontend/) → module names."""
     folder = posixpath.dirname(path)
 
     def resolve(specifier: str) -> str:
-        return module_name(posixpath.normpath(posixpath.join(folder, specifier)))
+        return PREFIX + posixpath.normpath(posixpath.join(folder, specifier))
 
     source = STATIC_SPECIFIER.sub(lambda m: f"{m.group(1)}{m.group(2)}{resolve(m.group(3))}{m.group(2)}", source)
     return TEMPLATE_SPECIFIER.sub(lambda m: f"{m.group(1)}`{resolve(m.group(2))}`", source)
@@ -53,7 +48,7 @@ def import_map(frontend: Path) -> dict:
     for file in sorted((frontend / "js").rglob("*.js")):
         path = file.relative_to(frontend).as_posix()
         source = rewrite_specifiers(file.read_text(encoding="utf-8"), path)
-        imports[module_name(path)] = data_url("text/javascript", source.encode("utf-8"))
+        imports[PREFIX + path] = data_url("text/javascript", source.encode("utf-8"))
     return {"imports": imports}
 
 

@@ -278,10 +278,6 @@ class EngineService(ClassService):
             await self.aengine.abort(rid)
         await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
 
-    @property
-    def num_watched(self) -> int:
-        return len(self.instr.watches)
-
     # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
