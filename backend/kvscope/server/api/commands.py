@@ -4,7 +4,7 @@ refuse; the caller turns that into an `error` event carrying the message's ref."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
@@ -40,7 +40,7 @@ class Session:
         v = self.viewer
         return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
                 "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
-                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share,
+                "limits": {**asdict(self.service.config.limits), "max_learner_requests": self.service.learner_share,
                            "max_sweep_in_flight": self.service.sweep_cap}}
 
     def own(self, rid: str) -> None:

@@ -74,13 +74,9 @@ def validate_command(msg: dict) -> str:
 def check_schema(validator: Draft202012Validator, value) -> None:
     error = best_match(validator.iter_errors(value))
     if error is not None:
-        raise CommandError("invalid_field", describe(error))
-
-
-def describe(error) -> str:
-    path = ".".join(str(p) for p in error.absolute_path)
-    message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
-    return f"{path}: {message}" if path else message
+        path = ".".join(str(p) for p in error.absolute_path)
+        message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
+        raise CommandError("invalid_field", f"{path}: {message}" if path else message)
 
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:
