@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from kvscope import __version__
 from kvscope.instrumentation.facts import backend_facts, h100_reference
@@ -53,7 +52,6 @@ class AttachService(ClassService):
         self.policy_totals = {p: dict(POLICY_ZERO) for p in POLICIES}
         self.in_flight: dict[int, int] = {}      # pool -> requests kvscope sent and has not heard back about
         self.tasks: dict[str, asyncio.Task] = {}   # learners' requests, until vLLM finishes them
-        self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-attach")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._synthetic_ids: list[list[int]] | None = None
         self.hello = self._hello()
@@ -165,7 +163,6 @@ class AttachService(ClassService):
             task.cancel()
         for pool in self.pools:
             pool.stop()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _start_pool(self, pool: RankPool) -> None:
         """A fresh pool (a new or restarted vLLM), filled from the publisher's replay."""
@@ -265,8 +262,7 @@ class AttachService(ClassService):
         subscribers fetch what they missed); a restarted one (its counters went back, or
         its KV events moved) starts from empty pools."""
         try:
-            server = await asyncio.get_running_loop().run_in_executor(
-                self._threads, probe, replica.server.url, self.kv_events_override if replica.index == 0 else None)
+            server = await self.off_loop(probe, replica.server.url, self.kv_events_override if replica.index == 0 else None)
         except AttachError:
             return False
         before = sum(s.values.get("prompt_tokens", 0) for s in (replica.sample or {}).values())
@@ -353,10 +349,6 @@ class AttachService(ClassService):
         publish the prefix blocks each request reused (so the pool draws their hits)."""
         extra = {"vllm_xargs": {"kv_cache_report_mode": "full"}} if self.server.supports_full_kv_report else {}
         return {**completion_params(params), **extra}
-
-    async def off_loop(self, fn, *args):
-        result = fn(*args)
-        return await result if asyncio.iscoroutine(result) else result
 
     def tokenize(self, text: str, chat: bool = False):
         raise CommandError("attach", "the token view needs kvscope's tokenizer; attached to vLLM it shows its recording")

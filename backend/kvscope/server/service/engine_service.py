@@ -50,6 +50,8 @@ class ClassService(SweepAccounts):
         self.hub = Hub(self.clock, self.metrics, watches)
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task] = set()
+        # tokenizing a long prompt (or probing a server) takes a while: one worker thread, never the event loop
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-worker")
 
     def new_request_id(self) -> str:
         return f"r{next(self._ids)}"
@@ -63,6 +65,11 @@ class ClassService(SweepAccounts):
     def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the worker thread, so the event loop keeps serving everyone."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     @property
     def learner_share(self) -> int:
@@ -76,8 +83,6 @@ class EngineService(ClassService):
         watches = WatchRegistry()   # one record of who watches what, shared by the hub
         super().__init__(config, watches)
         self.engine = engine
-        # tokenizing a long prompt takes a while: one worker thread, never the event loop
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
         self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
         self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
         self.model_name = engine.model_config.name or engine.model_path.name
@@ -98,7 +103,6 @@ class EngineService(ClassService):
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -156,10 +160,6 @@ class EngineService(ClassService):
             self.policy.check_prompt_text(text, instructor)
         self.policy.check_prompt_tokens(ids, instructor)
         return ids, text
-
-    async def off_loop(self, fn, *args):
-        """fn(*args) on the tokenizer thread, so the event loop keeps serving everyone."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:
