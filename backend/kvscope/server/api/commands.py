@@ -111,9 +111,8 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add `in_flight` requests to the learners' share, and one to their own
-    (a sweep is one, whatever its levels; `in_flight` 0: none, as kv_quant)? One submit's
-    allowance either way."""
+    """May this learner add `in_flight` requests to the learners' share and one to their own (a
+    sweep is one; `in_flight` 0 for kv_quant)? It costs one submit's allowance either way."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
@@ -218,11 +217,9 @@ async def pace(s: Session, msg: dict) -> None:
 
 
 async def sweep(s: Session, msg: dict) -> None:
-    """Throughput against latency at rising concurrency, as one job the server drives
-    (service.sweep): the requests are this viewer's, so its page sees their events, and they
-    arrive as fast as the engine finishes the last ones. For a learner: one submit, one request
-    of their in-flight limit, its top level within the sweep cap and reserved in the
-    learners' share until it ends; one learner sweep at a time (two would measure each other)."""
+    """Throughput against latency at rising concurrency, one job the server drives. For a
+    learner: one submit, one request of their limit, its top level within the sweep cap and
+    reserved in the learners' share; one learner sweep at a time (two would measure each other)."""
     levels, max_tokens = msg["levels"], msg["max_tokens"]
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise CommandError("invalid_field", f"levels: {levels} must rise")
@@ -254,10 +251,8 @@ DEFAULT_KV_QUANT_TOKENS = 16
 
 
 async def kv_quant(s: Session, msg: dict) -> None:
-    """What an 8-bit KV cache buys (blocks at this engine's budget) and costs (logit error and
-    greedy agreement against the unquantized cache) for one prompt, on the engine's own
-    weights and a small cache of its own: no request is added, the pool is untouched. For a
-    learner it costs one submit."""
+    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, on the
+    engine's weights and a cache of its own (the pool is untouched); a learner's costs one submit."""
     if ("prompt" in msg) == ("prompt_token_ids" in msg):
         raise CommandError("invalid_field", "give exactly one of prompt or prompt_token_ids")
     service = s.service

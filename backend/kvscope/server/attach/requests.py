@@ -1,6 +1,5 @@
-"""One learner's prompt sent to vLLM and told back as kvscope's `request.*` events: the
-same lifecycle a request on kvscope's own engine has (added, a token at a time, finished
-with its cached tokens and latencies), measured here at the client side of vLLM's API."""
+"""One learner's prompt sent to vLLM and told back as the `request.*` events our own engine's
+requests have, measured at the client side of vLLM's API."""
 from __future__ import annotations
 
 import asyncio
@@ -12,10 +11,8 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 async def run_request(service, target, rid: str, ids: list[int], params, source: str, label, extra: dict) -> None:
-    """Stream one completion to `target` (a RankPool: its server, and its data-parallel rank
-    through vLLM's X-data-parallel-rank header) (`extra`: more /v1/completions fields, such
-    as cache_salt); every outcome ends in exactly one `request.finished`, a server that dies
-    mid-request included (its error line; requests to other servers go on)."""
+    """Stream one completion to `target` (a RankPool); every outcome ends in exactly one
+    `request.finished`, a server that dies mid-request included."""
     clock, pool, replica, p = service.clock, target.mirror, target.replica, params
     service.publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source, "owner": label.owner,
               "prompt": label.prompt[:300] if label.prompt is not None else None, "prompt_token_ids": list(ids),

@@ -150,10 +150,8 @@ class Viewer:
         return dropped
 
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
-        """What is queued as one frame (an object, or an array of objects) of about
-        max_frame_out_bytes at most, or one binary frame, and whether it held essential
-        events; the rest waits for the next frame. `snapshots(kind)` gives fresh
-        `kv`/`memory` texts."""
+        """One frame of about max_frame_out_bytes at most (or one binary frame), and whether it
+        held essential events; `snapshots(kind)` gives fresh `kv`/`memory` texts."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:
