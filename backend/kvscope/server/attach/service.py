@@ -1,6 +1,5 @@
-"""The attached server as ws.py and commands.py see it: the same surface as EngineService
-(hub, hello, policy, tokenize, submit, cancel, engine_state), backed by a vLLM server.
-Commands that need kvscope's own engine are refused with a sentence saying so."""
+"""The attached server as ws.py and commands.py see it: EngineService's surface backed by vLLM
+servers; what needs kvscope's own engine is refused with a sentence saying so."""
 from __future__ import annotations
 
 import asyncio

@@ -1,13 +1,10 @@
 """The fan-out: engine events in (from the engine thread, a batch per step), frames out to
-every viewer, every SSE follower of a request (`/api/generate`), the recording and the metrics.
-
-Each event is serialised once: JSON text, or a binary frame for an event with arrays (a
-watched request's attention, encoded here on the event loop: reading its arrays waits
-for their copy to the host, never the engine thread). Viewers whose subscriptions carry
-no filters and who have no request of their own in the batch share one pre-joined chunk
-per distinct set of families, so the work per step grows with the number of *kinds* of
-viewer, not with the number of viewers × events. The hub is the StreamState a late joiner's
-snapshots come from (stream_state.py)."""
+every viewer, the SSE followers of a request, the recording and the metrics; the hub is also
+the StreamState late joiners' snapshots come from. Each event is serialised once (JSON, or a
+binary frame for a watched request's arrays, encoded on the event loop so the engine thread
+never waits for their copy to the host). Viewers with no filters and no request of their own
+in the batch share one chunk per set of families: the work per step grows with the kinds of
+viewer, not with viewers × events."""
 from __future__ import annotations
 
 import asyncio

@@ -1,19 +1,10 @@
-"""What lets an exported page run from a static host and from file:// alike.
-
-Chromium refuses to fetch module scripts (and `fetch()` recordings) from file:// URLs,
-but it does load classic scripts from files, and module scripts from data: URLs. So an
-exported page gets:
-
-- an import map, inserted by a classic script (`static/js/importmap.js`), that names every
-  module `kvscope/<path>` and maps it to a data: URL of that module's own source. The
-  sources are the files in frontend/js, unchanged except that their relative import
-  specifiers are spelled as those names (a data: URL has no folder to be relative to).
-  Each module stays a separate module, loaded once; nothing is bundled or minified.
-- each recording as a classic script (`static/recordings/<name>.js`) that registers a
-  data: URL of the recording in `window.kvscopeRecordings[<name>]`, which `fetch()` may read
-  from any page. A page loads its own recording's script; a widget that needs another
-  recording loads that script when it asks for it (frontend/js/widgets/lib/recording.js).
-"""
+"""What lets an exported page run from a static host and from file:// alike. Chromium will not
+fetch module scripts or recordings from file:// URLs, but it loads classic scripts from files
+and modules from data: URLs. So an exported page gets an import map (inserted by a classic
+script) naming every module of frontend/js `kvscope/<path>`, each a data: URL of its own
+source with its relative imports spelled as those names (nothing bundled), and each recording
+as a classic script registering a data: URL in `window.kvscopeRecordings[<name>]`, which
+`fetch()` may read (frontend/js/widgets/lib/recording.js loads them)."""
 from __future__ import annotations
 
 import base64
