@@ -131,17 +131,6 @@ def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
                                            f"try again in {max(1, math.ceil(s.viewer.submits.retry_after()))} s")
 
 
-async def structured_outputs(service: EngineService, raw: dict) -> StructuredOutputsParams:
-    """vLLM's StructuredOutputsParams from a submit, its grammar compiled: a bad schema or
-    regex is an invalid_field reply, never a failed step."""
-    try:
-        constraint = StructuredOutputsParams(**raw)
-        await service.compile_grammar(constraint)
-    except ValueError as exc:
-        raise CommandError("invalid_field", f"structured_outputs: {exc}") from None
-    return constraint
-
-
 async def submit(s: Session, msg: dict) -> None:
     one_prompt_form(msg)
     service, viewer = s.service, s.viewer
@@ -153,8 +142,13 @@ async def submit(s: Session, msg: dict) -> None:
     if chunk is not None and not service.engine.config.enable_chunked_prefill:
         raise CommandError("invalid_field", "prefill_chunk_tokens: this engine runs with chunked prefill off "
                                             "(kvscope serve --no-enable-chunked-prefill), so prompts are never cut")
-    if "structured_outputs" in msg:
-        params = replace(params, structured_outputs=await structured_outputs(service, msg["structured_outputs"]))
+    if "structured_outputs" in msg:   # compiled now: a bad schema is an invalid_field reply, never a failed step
+        try:
+            constraint = StructuredOutputsParams(**msg["structured_outputs"])
+            await service.compile_grammar(constraint)
+        except ValueError as exc:
+            raise CommandError("invalid_field", f"structured_outputs: {exc}") from None
+        params = replace(params, structured_outputs=constraint)
     check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)

@@ -18,7 +18,7 @@ from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
-from kvscope.server.api.rest import STATUS, admitted_caller, read_json, until_disconnect
+from kvscope.server.api.rest import STATUS, admitted_call, until_disconnect
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.validation import printable
 from kvscope.server.errors import CommandError
@@ -196,8 +196,7 @@ def openai_router(service: EngineService) -> APIRouter:
 
     async def checked_call(request: Request, chat: bool):
         """(body, params, prompts), or an OpenAIError or CommandError: every check before the engine."""
-        instructor, caller = admitted_caller(service, request)
-        body = await read_json(request, service.config.max_body_bytes)
+        instructor, caller, body = await admitted_call(service, request)
         error = best_match((CHAT if chat else COMPLETION).iter_errors(body))
         if error is not None:
             param = ".".join(str(p) for p in error.absolute_path) or None

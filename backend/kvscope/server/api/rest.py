@@ -31,19 +31,16 @@ def error_response(exc: CommandError) -> JSONResponse:
                         headers=getattr(exc, "headers", dict)())
 
 
-def admitted_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
-    """(instructor?, rate bucket key) of a caller within its rate: the key is a learner id
-    (?learner= or X-Kvscope-Learner) or the address."""
+async def admitted_call(service: EngineService, request: Request,
+                        validator: Draft202012Validator | None = None) -> tuple[bool, str | None, dict]:
+    """(instructor?, rate bucket key, JSON body) of a caller within its rate; the key is a learner
+    id (?learner= or X-Kvscope-Learner) or the address. The body must be declared as JSON (a
+    browser sends text/plain cross-site without asking) and is parsed without recursion errors."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
     instructor, caller = service.policy.rest_caller(request.headers, host, learner)
     service.policy.admit_rest(caller)
-    return instructor, caller
-
-
-async def read_json(request: Request, max_bytes: int, validator: Draft202012Validator | None = None):
-    """The body as JSON (checked against `validator`): declared as JSON (a browser sends text/plain cross-site without asking),
-    at most max_bytes, parsed without recursion errors."""
+    max_bytes = service.config.max_body_bytes
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise CommandError("unsupported_media_type",
@@ -65,7 +62,7 @@ async def read_json(request: Request, max_bytes: int, validator: Draft202012Vali
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
     if validator is not None:
         check_schema(validator, body)
-    return body
+    return instructor, caller, body
 
 
 async def until_disconnect(request: Request, awaitable):
@@ -86,8 +83,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
         try:
-            instructor, _ = admitted_caller(service, request)
-            body = await read_json(request, service.config.max_body_bytes, TOKENIZE)
+            instructor, _, body = await admitted_call(service, request, TOKENIZE)
             policy.check_prompt_text(body["text"], instructor, "text")
             return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
         except CommandError as exc:
@@ -96,8 +92,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/generate")
     async def generate(request: Request):
         try:
-            instructor, _ = admitted_caller(service, request)
-            body = await read_json(request, service.config.max_body_bytes, GENERATE)
+            instructor, _, body = await admitted_call(service, request, GENERATE)
             one_prompt_form(body)
             ids, text = await service.checked_prompt(body, instructor)
             params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
