@@ -76,10 +76,6 @@ class AttachService(ClassService):
         return all(r.connected for r in self.replicas)
 
     @property
-    def pool(self) -> AttachedPool | None:
-        return self.pools[0].mirror
-
-    @property
     def figures(self) -> dict:
         """The whole deployment's figures: every server's /metrics summed."""
         return sum_figures([p.figures for p in self.pools])
@@ -150,7 +146,7 @@ class AttachService(ClassService):
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.hub.bind(self._loop)
+        self.hub.loop = self._loop
         for replica in self.replicas:
             for pool in replica.pools:
                 self._start_pool(pool)
@@ -472,8 +468,6 @@ def unreported(server: VllmServer, model_known: bool) -> list[str]:
 
 def unknown_model(name: str, max_model_len: int) -> dict:
     """hello.model when the checkpoint is not on this machine: only what vLLM says."""
-    return {"name": name, "architecture": "unknown (served by vLLM)", "num_layers": 0, "hidden_size": 0,
-            "num_heads": 0, "num_kv_heads": 0, "head_dim": 0, "intermediate_size": 0, "vocab_size": 0,
-            "max_position_embeddings": max_model_len, "rope_theta": 0.0, "num_params": 0, "dtype": "unknown",
-            "dtype_reason": "the checkpoint is not on this machine", "dtype_bytes": 0, "weight_bytes": 0,
-            "kv_bytes_per_token": 0, "tie_word_embeddings": False}
+    return {"name": name, **dict.fromkeys(MODEL_FIELDS, 0), "architecture": "unknown (served by vLLM)",
+            "max_position_embeddings": max_model_len, "rope_theta": 0.0, "dtype": "unknown",
+            "dtype_reason": "the checkpoint is not on this machine", "tie_word_embeddings": False}

@@ -35,7 +35,7 @@ class Hub(StreamState):
         self.viewers: dict[str, Viewer] = {}
         self.followers: dict[str, list[asyncio.Queue]] = defaultdict(list)   # request id -> SSE callers' queues
         self.recorder: Recorder | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None   # the server's, set as it starts
         self._inbox: list[dict] = []
         self._serialised: dict[int, tuple[float, str]] = {}   # id(event) -> (its ts, its JSON)
         self._lock = threading.Lock()
@@ -43,9 +43,6 @@ class Hub(StreamState):
         self._last_ts = 0.0
 
     # -- from the engine thread --------------------------------------------------------
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
     def publish_threadsafe(self, events: list[dict]) -> None:
         """The observer's sink: hand a batch to the event loop, one wake-up per burst."""
         if self.loop is None:     # before the server runs (start-up snapshot): apply directly

@@ -94,7 +94,7 @@ class EngineService(ClassService):
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
         """Bind to the running event loop and start the engine thread."""
-        self.hub.bind(asyncio.get_running_loop())
+        self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
         self.spawn(self._cancel_stale_holds())
 
