@@ -77,21 +77,16 @@ async def tokenize(s: Session, msg: dict) -> None:
 
 
 # -- requests ------------------------------------------------------------------------------
-def check_learner_watch(s: Session, num_prompt_tokens: int) -> None:
+def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     """A watch's output grows with the prompt's square and costs everyone engine time."""
     limits = s.service.config.limits
-    if num_prompt_tokens > limits.max_watched_prompt_tokens:
+    if not s.viewer.is_instructor and num_prompt_tokens > limits.max_watched_prompt_tokens:
         raise CommandError("invalid_field", f"watch: the prompt has {num_prompt_tokens} tokens; learners may watch "
                                             f"prompts of at most {limits.max_watched_prompt_tokens} "
                                             f"(kvscope serve --max-watched-prompt-tokens)")
     mine = sum(1 for rid in s.viewer.active if s.hub.watches.spec(rid, s.viewer.id) is not None)
-    if mine >= limits.max_watches:
+    if not s.viewer.is_instructor and mine >= limits.max_watches:
         raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
-
-
-def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
-    if not s.viewer.is_instructor:
-        check_learner_watch(s, num_prompt_tokens)
     facts = s.service.instr.facts
     layers = raw.get("layers")
     heads = raw.get("heads")
@@ -99,10 +94,10 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
         bad = [x for x in values or [] if x >= n]
         if bad:
             raise CommandError("invalid_field", f"watch.{name}: {bad[0]} is out of range; the model has {n}")
-    limit = s.service.config.limits.max_watched_layers_x_heads
     cells = len(layers or range(facts.num_layers)) * len(heads or range(facts.num_heads))
-    if cells > limit and not s.viewer.is_instructor:
-        raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; the limit is {limit}")
+    if cells > limits.max_watched_layers_x_heads and not s.viewer.is_instructor:
+        raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; "
+                                            f"the limit is {limits.max_watched_layers_x_heads}")
     if len(s.service.instr.watches) >= s.service.config.max_watched_requests:
         raise CommandError("too_many_requests",
                            f"{s.service.config.max_watched_requests} requests are watched already; unwatch one first")

@@ -89,12 +89,10 @@ async def read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, ma
                     player.set_speed(msg["speed"], now)
                 if msg["action"] == "play":
                     player.play(now)
-                elif msg["action"] == "pause":
-                    player.pause()
                 else:
                     player.pause()
-                    for event in player.step():
-                        await ws.send_text(dumps(event))
+                for event in player.step() if msg["action"] == "step" else ():
+                    await ws.send_text(dumps(event))
                 await ws.send_text(dumps({"type": "ack", "ts": 0.0, "ref": message_ref(msg), "cmd": "replay",
                                           "position": player.position, "total": len(player.events)}))
             except CommandError as exc:

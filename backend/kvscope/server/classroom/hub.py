@@ -29,7 +29,7 @@ def family(event_type: str) -> str:
 
 
 class Hub(StreamState):
-    def __init__(self, clock, metrics=None, watches: WatchRegistry | None = None):
+    def __init__(self, clock, metrics, watches: WatchRegistry | None = None):
         super().__init__(clock, metrics)
         self.watches = watches if watches is not None else WatchRegistry()   # the instrumentation's
         self.viewers: dict[str, Viewer] = {}
@@ -168,7 +168,7 @@ class Hub(StreamState):
 
     def _offer(self, v: Viewer, chunk: Chunk) -> None:
         dropped = v.offer(chunk)
-        if dropped and self.metrics is not None:
+        if dropped:
             self.metrics.dropped.inc(dropped)
 
     def _stamp(self, event: dict) -> None:
@@ -205,13 +205,11 @@ class Hub(StreamState):
     # -- viewers and followers ---------------------------------------------------------
     def add(self, v: Viewer) -> None:
         self.viewers[v.id] = v
-        if self.metrics is not None:
-            self.metrics.viewers.set(len(self.viewers))
+        self.metrics.viewers.set(len(self.viewers))
 
     def remove(self, v: Viewer) -> None:
         self.viewers.pop(v.id, None)
-        if self.metrics is not None:
-            self.metrics.viewers.set(len(self.viewers))
+        self.metrics.viewers.set(len(self.viewers))
 
     def follow(self, rid: str) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
