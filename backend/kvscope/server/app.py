@@ -77,7 +77,6 @@ def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> F
 
 
 def run(app: FastAPI, config, log_level: str) -> None:
-    """Serve `app` (either server's) until interrupted."""
     import uvicorn
     uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                   ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,

@@ -52,9 +52,7 @@ def content_security_policy(host_header: str | None) -> str:
 def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
     """Same host:port as the page's server (its Host already checked against the allow-list),
     any localhost port, or an --allow-origin. Non-browser clients send no Origin and are allowed."""
-    if origin is None:
-        return True
-    if origin in extra:
+    if origin is None or origin in extra:
         return True
     try:
         parts = urlsplit(origin)

@@ -388,10 +388,6 @@ class AttachService(ClassService):
         task.cancel()
         return True
 
-    async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            await self.cancel(rid)
-
     async def sweep_prompt_ids(self) -> list[list[int]]:
         """The story prompts tokenized by vLLM's tokenizer, once."""
         if self._synthetic_ids is None:

@@ -11,7 +11,6 @@ HTML_HEADERS = {"Cache-Control": "no-cache"}
 
 
 def mount_pages(app: FastAPI, site: Site | None = None) -> Site:
-    """Adds the page routes to `app` and returns the Site that renders them."""
     site = site or Site()
     app.state.pages = site
 

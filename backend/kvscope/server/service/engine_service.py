@@ -67,6 +67,11 @@ class ClassService(SweepAccounts):
             task.cancel()
         self._worker.shutdown(wait=False, cancel_futures=True)
 
+    async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
+        """A viewer left: its requests are cancelled."""
+        for rid in request_ids:
+            await self.cancel(rid)
+
     async def off_loop(self, fn, *args):
         """fn(*args) on the worker thread, so the event loop keeps serving everyone."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
@@ -93,7 +98,6 @@ class EngineService(ClassService):
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
-        """Bind to the running event loop and start the engine thread."""
         self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
         self.spawn(self._cancel_stale_holds())
@@ -273,9 +277,7 @@ class EngineService(ClassService):
         await self.aengine.call(lambda: self.instr.unwatch(rid, viewer_id))
 
     async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
-        """A viewer left: cancel its requests and end its watches."""
-        for rid in request_ids:
-            await self.aengine.abort(rid)
+        await super().drop_viewer(viewer_id, request_ids)
         await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
 
     # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
