@@ -27,11 +27,6 @@ def is_token(given: str | None, config: ServerConfig) -> bool:
                                                   config.instructor_token.encode())
 
 
-def bearer_token(headers) -> str | None:
-    auth = headers.get("authorization", "")
-    return auth.removeprefix("Bearer ").strip() or None
-
-
 def is_loopback(host: str | None) -> bool:
     try:
         return host is not None and ipaddress.ip_address(host).is_loopback
@@ -129,7 +124,7 @@ class Policy:
     # -- REST and OpenAI callers ---------------------------------------------------------
     def rest_caller(self, headers, client_host: str | None, learner: str | None = None) -> tuple[bool, str | None]:
         """(instructor?, the key of the caller's rate bucket, None when not limited)."""
-        if is_token(bearer_token(headers), self.config):
+        if is_token(headers.get("authorization", "").removeprefix("Bearer ").strip(), self.config):
             return True, None
         if is_loopback(client_host) and not self.config.limit_loopback:
             return False, None

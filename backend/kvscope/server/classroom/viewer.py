@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.ratelimit import TokenBucket, per_minute
@@ -57,12 +57,11 @@ class Chunk:
     essential: bool
     kv: int = 0
     memory: int = 0
-    size: int = -1          # bytes on the wire
+    size: int = field(init=False)   # bytes on the wire
 
     def __post_init__(self):
-        if self.size < 0:
-            ascii_or_binary = isinstance(self.text, bytes) or self.text.isascii()
-            self.size = len(self.text) if ascii_or_binary else len(self.text.encode("utf-8", "surrogatepass"))
+        ascii_or_binary = isinstance(self.text, bytes) or self.text.isascii()
+        self.size = len(self.text) if ascii_or_binary else len(self.text.encode("utf-8", "surrogatepass"))
 
     @property
     def binary(self) -> bool:
