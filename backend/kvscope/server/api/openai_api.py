@@ -303,7 +303,8 @@ async def complete(call: Completion, params: SamplingParams):
         parts = [logprobs_for(call.service, call.chat, t, lp, 0) for t, lp in texts.get(i, [])]
         logprobs = {k: [x for p in parts for x in p[k]] for k in parts[0]} if parts else None
         content = {"message": {"role": "assistant", "content": choice.text}} if call.chat else {"text": choice.text}
-        choices.append({"index": i, **content, "logprobs": logprobs, "finish_reason": FINISH.get(choice.finish_reason, "stop")})
+        choices.append({"index": i, **content, "logprobs": logprobs,
+                        "finish_reason": FINISH.get(choice.finish_reason, "stop")})
     return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
             "choices": choices, "usage": call.usage()}
 

@@ -73,7 +73,8 @@ async def handle(session: Session, data: str | bytes) -> None:
         session.hub.send(viewer, error_event(exc.code, exc.message, msg, exc.request_id))
     except Exception as exc:   # a bug must not cost the viewer its connection
         log.exception("command failed: %r", str(msg.get("type"))[:40])
-        session.hub.send(viewer, error_event("internal", f"the server failed on this message: {type(exc).__name__}", msg))
+        failed = f"the server failed on this message: {type(exc).__name__}"
+        session.hub.send(viewer, error_event("internal", failed, msg))
 
 
 CLOSE_TIMEOUT_S = 5.0

@@ -14,13 +14,14 @@ async def run_request(service, target, rid: str, ids: list[int], params, source:
     """Stream one completion to `target` (a RankPool); every outcome ends in exactly one
     `request.finished`, a server that dies mid-request included."""
     clock, pool, replica, p = service.clock, target.mirror, target.replica, params
-    service.publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source, "owner": label.owner,
-              "prompt": label.prompt[:300] if label.prompt is not None else None, "prompt_token_ids": list(ids),
-              "num_prompt_tokens": len(ids),
-              "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-                         "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
-                         "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos, "logprobs": None},
-              "watched": False, "held": False}], target)
+    service.publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source,
+                      "owner": label.owner, "prompt": label.prompt[:300] if label.prompt is not None else None,
+                      "prompt_token_ids": list(ids), "num_prompt_tokens": len(ids),
+                      "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                                 "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
+                                 "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
+                                 "logprobs": None},
+                      "watched": False, "held": False}], target)
     if pool is not None:
         pool.track(rid, ids)
     service.in_flight[target.index] = service.in_flight.get(target.index, 0) + 1
@@ -65,9 +66,9 @@ async def run_request(service, target, rid: str, ids: list[int], params, source:
         if pool is not None:
             pool.finish(rid)
         num_cached = cached if cached is not None else hits * service.block_size
-        service.publish([{"type": "request.finished", "ts": clock(), "request_id": rid, "reason": reason, "error": error,
-                  "text": "".join(text), "num_prompt_tokens": len(ids), "num_output_tokens": index,
-                  "num_cached_tokens": num_cached, "num_preemptions": 0,
-                  "ttft_s": None if ttft is None else round(ttft, 6),
-                  "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl,
-                  **({"pool": target.index} if len(service.pools) > 1 else {})}], target)
+        service.publish([{"type": "request.finished", "ts": clock(), "request_id": rid, "reason": reason,
+                          "error": error, "text": "".join(text), "num_prompt_tokens": len(ids),
+                          "num_output_tokens": index, "num_cached_tokens": num_cached, "num_preemptions": 0,
+                          "ttft_s": None if ttft is None else round(ttft, 6),
+                          "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl,
+                          **({"pool": target.index} if len(service.pools) > 1 else {})}], target)

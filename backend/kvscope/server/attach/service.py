@@ -257,7 +257,8 @@ class AttachService(ClassService):
         subscribers fetch what they missed); a restarted one (its counters went back, or
         its KV events moved) starts from empty pools."""
         try:
-            server = await self.off_loop(probe, replica.server.url, self.kv_events_override if replica.index == 0 else None)
+            override = self.kv_events_override if replica.index == 0 else None
+            server = await self.off_loop(probe, replica.server.url, override)
         except AttachError:
             return False
         before = sum(s.values.get("prompt_tokens", 0) for s in (replica.sample or {}).values())
