@@ -118,7 +118,7 @@ def test_a_huge_body_is_refused_unread_and_prompts_are_tokenized_off_the_loop(se
         assert response.status_code == 200
     finally:
         del service.prompt_ids
-    assert threads and all(name.startswith("kvscope-tokenize") for name in threads)
+    assert threads and all(name.startswith("kvscope-worker") for name in threads)
 
 
 # -- /v1 took a JSON body sent as text/plain (a cross-site form can send that) ------------

@@ -65,7 +65,7 @@ def test_the_wheel_installs_and_generates_on_a_cpu(tmp_path):
 SERVER_CHECK = """
 import importlib
 for name in ("kvscope.server.main", "kvscope.server.attach.main", "kvscope.server.attach.service",
-             "kvscope.server.attach.app", "kvscope.server.attach.probe"):
+             "kvscope.server.app", "kvscope.server.attach.probe"):
     importlib.import_module(name)
 import torch
 assert torch.version.cuda is None, torch.version.cuda

@@ -1,12 +1,10 @@
-"""The FastAPI app: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
+"""The FastAPI app both servers run: WebSocket, REST, OpenAI routes, static front end and chapter pages."""
 from __future__ import annotations
 
-import os
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from kvscope.server.api.openai_api import openai_router
@@ -14,8 +12,8 @@ from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
 from kvscope.server.api.rest import rest_router
 from kvscope.server.security import SecurityMiddleware, origin_allowed
-from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.ws import serve_websocket
+from kvscope.server.pages.content import frontend_dir
 from kvscope.server.pages.routes import mount_pages
 
 WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this, refused with an error
@@ -23,29 +21,13 @@ WS_MAX_FRAME = 1 << 20   # larger frames are closed by the protocol; up to this,
 # connection first: with equal timeouts a request sent as the server closes it is lost
 # before the engine sees it.
 KEEP_ALIVE_S = 75
-PACKAGE_DIR = Path(__file__).resolve().parents[1]   # backend/kvscope
 
 
-def frontend_dir(configured: Path | None = None) -> Path | None:
-    """KVSCOPE_FRONTEND_DIR, the configured folder, or frontend/ at the repository root."""
-    for candidate in (os.environ.get("KVSCOPE_FRONTEND_DIR"), configured,
-                      PACKAGE_DIR.parents[1] / "frontend", PACKAGE_DIR / "frontend"):
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    return None
-
-
-def recording_folders(service: EngineService) -> list[Path]:
-    folders = [service.config.recordings_dir]
-    front = frontend_dir(service.config.frontend_dir)
-    if front is not None:
-        folders.append(front / "recordings")
-    return folders
-
-
-def service_app(service, title: str, docs_url: str | None) -> FastAPI:
-    """The app both servers start from (`kvscope serve` and `kvscope attach`): the service
-    started and stopped with it, the host check, tokens kept out of the access log."""
+def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> FastAPI:
+    """The app both servers run, our engine behind it or an attached vLLM: the service started
+    and stopped with it, the host check, tokens kept out of the access log, /healthz, /metrics,
+    the event and replay sockets, the static front end, the chapters and the console. Attached,
+    there are no /api or /v1 routes of ours: those belong to the vLLM server."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()
@@ -54,24 +36,23 @@ def service_app(service, title: str, docs_url: str | None) -> FastAPI:
         finally:
             service.stop()
 
-    app = FastAPI(title=title, lifespan=lifespan, docs_url=docs_url, redoc_url=None)
+    app = FastAPI(title=title, lifespan=lifespan, docs_url="/api/docs" if engine_routes else None, redoc_url=None)
     app.add_middleware(SecurityMiddleware, bind_host=service.config.host, extra_hosts=service.config.extra_hosts)
     hide_tokens_in_server_logs()
     app.state.service = service
-    return app
+    if engine_routes:
+        app.include_router(rest_router(service))
+        app.include_router(openai_router(service))
+    front = frontend_dir(service.config.frontend_dir)
 
+    @app.get("/healthz")
+    async def healthz():
+        return service.health()
 
-def create_app(service: EngineService) -> FastAPI:
-    app = service_app(service, "kvscope", docs_url="/api/docs")
-    app.include_router(rest_router(service))
-    app.include_router(openai_router(service))
-    mount_site(app, service)
-    return app
+    @app.get("/metrics")
+    async def metrics():
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
-
-def mount_site(app: FastAPI, service) -> None:
-    """What every kvscope server serves, its own engine behind it or an attached vLLM: the
-    event WebSocket, the replay socket, the static front end, the chapters and the console."""
     @app.websocket("/ws")
     async def ws(websocket: WebSocket):
         await serve_websocket(websocket, service)
@@ -82,20 +63,20 @@ def mount_site(app: FastAPI, service) -> None:
                               service.config.extra_origins):
             await websocket.close(code=1008, reason="origin not allowed")
             return
-        await serve_replay(websocket, recording_folders(service), name, service.config.limits.max_frame_bytes)
+        await serve_replay(websocket, [service.config.recordings_dir, front / "recordings"], name,
+                           service.config.limits.max_frame_bytes)
 
-    front = frontend_dir(service.config.frontend_dir)
-    if front is not None:
+    if front.is_dir():
         app.mount("/static", StaticFiles(directory=front), name="static")
     mount_pages(app)
-    if front is not None:
+    if front.is_dir():
         @app.get("/console", include_in_schema=False)
         async def console():
             return FileResponse(front / "console.html")
+    return app
 
 
 def run(app: FastAPI, config, log_level: str) -> None:
-    """Serve `app` (either server's) until interrupted."""
     import uvicorn
     uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level,
                                   ws_max_size=WS_MAX_FRAME, ws_per_message_deflate=False,

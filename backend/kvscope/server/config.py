@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -22,9 +22,6 @@ class Limits:
     max_watched_prompt_tokens: int = 256    # a learner may watch requests with prompts up to this long
     max_watches: int = 2                    # requests one learner may watch at once
     max_watched_layers_x_heads: int = 4096
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass

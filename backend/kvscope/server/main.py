@@ -28,7 +28,6 @@ def engine_from_args(args):
 
 
 def build_app(args):
-    """(app, service) from parsed serve arguments."""
     from kvscope.server.app import create_app
     from kvscope.server.service.engine_service import EngineService
     service = EngineService(engine_from_args(args), ServerConfig.from_args(args))

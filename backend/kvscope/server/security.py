@@ -1,8 +1,6 @@
-"""What a browser may do with this server. A page on another site must not be able to
-reach it through DNS rebinding (its name resolving to this machine): the Host header must
-be a loopback name, an IP address, the --host value or an --allow-host name. Every HTTP
-reply carries a Content-Security-Policy (no eval, no foreign scripts, no framing) and
-X-Content-Type-Options."""
+"""What a browser may do with this server: a page on another site must not reach it through
+DNS rebinding (its name resolving to this machine), so the Host header is checked; every
+HTTP reply carries a Content-Security-Policy (no eval, no foreign scripts, no framing)."""
 from __future__ import annotations
 
 import ipaddress
@@ -54,9 +52,7 @@ def content_security_policy(host_header: str | None) -> str:
 def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
     """Same host:port as the page's server (its Host already checked against the allow-list),
     any localhost port, or an --allow-origin. Non-browser clients send no Origin and are allowed."""
-    if origin is None:
-        return True
-    if origin in extra:
+    if origin is None or origin in extra:
         return True
     try:
         parts = urlsplit(origin)

@@ -4,7 +4,7 @@ refuse; the caller turns that into an `error` event carrying the message's ref."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SUBSCRIBABLE
@@ -40,7 +40,7 @@ class Session:
         v = self.viewer
         return {"type": "session", "ts": self.service.clock(), "client_id": v.id, "role": v.role,
                 "subscriptions": {f: flt.as_dict() for f, flt in v.families.items()},
-                "limits": {**self.service.config.limits.as_dict(), "max_learner_requests": self.service.learner_share,
+                "limits": {**asdict(self.service.config.limits), "max_learner_requests": self.service.learner_share,
                            "max_sweep_in_flight": self.service.sweep_cap}}
 
     def own(self, rid: str) -> None:
@@ -77,21 +77,16 @@ async def tokenize(s: Session, msg: dict) -> None:
 
 
 # -- requests ------------------------------------------------------------------------------
-def check_learner_watch(s: Session, num_prompt_tokens: int) -> None:
+def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     """A watch's output grows with the prompt's square and costs everyone engine time."""
     limits = s.service.config.limits
-    if num_prompt_tokens > limits.max_watched_prompt_tokens:
+    if not s.viewer.is_instructor and num_prompt_tokens > limits.max_watched_prompt_tokens:
         raise CommandError("invalid_field", f"watch: the prompt has {num_prompt_tokens} tokens; learners may watch "
                                             f"prompts of at most {limits.max_watched_prompt_tokens} "
                                             f"(kvscope serve --max-watched-prompt-tokens)")
     mine = sum(1 for rid in s.viewer.active if s.hub.watches.spec(rid, s.viewer.id) is not None)
-    if mine >= limits.max_watches:
+    if not s.viewer.is_instructor and mine >= limits.max_watches:
         raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
-
-
-def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
-    if not s.viewer.is_instructor:
-        check_learner_watch(s, num_prompt_tokens)
     facts = s.service.instr.facts
     layers = raw.get("layers")
     heads = raw.get("heads")
@@ -99,11 +94,11 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
         bad = [x for x in values or [] if x >= n]
         if bad:
             raise CommandError("invalid_field", f"watch.{name}: {bad[0]} is out of range; the model has {n}")
-    limit = s.service.config.limits.max_watched_layers_x_heads
     cells = len(layers or range(facts.num_layers)) * len(heads or range(facts.num_heads))
-    if cells > limit and not s.viewer.is_instructor:
-        raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; the limit is {limit}")
-    if s.service.num_watched >= s.service.config.max_watched_requests:
+    if cells > limits.max_watched_layers_x_heads and not s.viewer.is_instructor:
+        raise CommandError("invalid_field", f"watch: {cells} layer×head maps asked for; "
+                                            f"the limit is {limits.max_watched_layers_x_heads}")
+    if len(s.service.instr.watches) >= s.service.config.max_watched_requests:
         raise CommandError("too_many_requests",
                            f"{s.service.config.max_watched_requests} requests are watched already; unwatch one first")
     return WatchSpec(None if layers is None else frozenset(layers), None if heads is None else frozenset(heads),
@@ -111,9 +106,8 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add `in_flight` requests to the learners' share, and one to their own
-    (a sweep is one, whatever its levels; `in_flight` 0: none, as kv_quant)? One submit's
-    allowance either way."""
+    """May this learner add `in_flight` requests to the learners' share and one to their own (a
+    sweep is one; `in_flight` 0 for kv_quant)? It costs one submit's allowance either way."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
@@ -132,17 +126,6 @@ def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
                                            f"try again in {max(1, math.ceil(s.viewer.submits.retry_after()))} s")
 
 
-async def structured_outputs(service: EngineService, raw: dict) -> StructuredOutputsParams:
-    """vLLM's StructuredOutputsParams from a submit, its grammar compiled: a bad schema or
-    regex is an invalid_field reply, never a failed step."""
-    try:
-        constraint = StructuredOutputsParams(**raw)
-        await service.compile_grammar(constraint)
-    except ValueError as exc:
-        raise CommandError("invalid_field", f"structured_outputs: {exc}") from None
-    return constraint
-
-
 async def submit(s: Session, msg: dict) -> None:
     one_prompt_form(msg)
     service, viewer = s.service, s.viewer
@@ -154,8 +137,13 @@ async def submit(s: Session, msg: dict) -> None:
     if chunk is not None and not service.engine.config.enable_chunked_prefill:
         raise CommandError("invalid_field", "prefill_chunk_tokens: this engine runs with chunked prefill off "
                                             "(kvscope serve --no-enable-chunked-prefill), so prompts are never cut")
-    if "structured_outputs" in msg:
-        params = replace(params, structured_outputs=await structured_outputs(service, msg["structured_outputs"]))
+    if "structured_outputs" in msg:   # compiled now: a bad schema is an invalid_field reply, never a failed step
+        try:
+            constraint = StructuredOutputsParams(**msg["structured_outputs"])
+            await service.compile_grammar(constraint)
+        except ValueError as exc:
+            raise CommandError("invalid_field", f"structured_outputs: {exc}") from None
+        params = replace(params, structured_outputs=constraint)
     check_submit_allowance(s)   # last: a refused message costs no submit allowance
     rid = service.new_request_id()
     label = RequestLabel(owner=viewer.id, prompt=text, held=msg.get("hold", False), watched=spec is not None)
@@ -218,11 +206,9 @@ async def pace(s: Session, msg: dict) -> None:
 
 
 async def sweep(s: Session, msg: dict) -> None:
-    """Throughput against latency at rising concurrency, as one job the server drives
-    (service.sweep): the requests are this viewer's, so its page sees their events, and they
-    arrive as fast as the engine finishes the last ones. For a learner: one submit, one request
-    of their in-flight limit, its top level within the sweep cap and reserved in the
-    learners' share until it ends; one learner sweep at a time (two would measure each other)."""
+    """Throughput against latency at rising concurrency, one job the server drives. For a
+    learner: one submit, one request of their limit, its top level within the sweep cap and
+    reserved in the learners' share; one learner sweep at a time (two would measure each other)."""
     levels, max_tokens = msg["levels"], msg["max_tokens"]
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise CommandError("invalid_field", f"levels: {levels} must rise")
@@ -254,10 +240,8 @@ DEFAULT_KV_QUANT_TOKENS = 16
 
 
 async def kv_quant(s: Session, msg: dict) -> None:
-    """What an 8-bit KV cache buys (blocks at this engine's budget) and costs (logit error and
-    greedy agreement against the unquantized cache) for one prompt, on the engine's own
-    weights and a small cache of its own: no request is added, the pool is untouched. For a
-    learner it costs one submit."""
+    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, on the
+    engine's weights and a cache of its own (the pool is untouched); a learner's costs one submit."""
     if ("prompt" in msg) == ("prompt_token_ids" in msg):
         raise CommandError("invalid_field", "give exactly one of prompt or prompt_token_ids")
     service = s.service
@@ -308,24 +292,24 @@ def announce(s: Session, reason: str) -> None:
 
 
 async def pause(s: Session, msg: dict) -> None:
-    s.service.pause()
+    s.service.aengine.pause()
     s.ack(msg)
     announce(s, "pause")
 
 
 async def resume(s: Session, msg: dict) -> None:
-    s.service.resume()
+    s.service.aengine.resume()
     s.ack(msg)
     announce(s, "resume")
 
 
 async def step(s: Session, msg: dict) -> None:
-    s.ack(msg, step=await s.service.step())
+    s.ack(msg, step=await s.service.aengine.step_now())
     announce(s, "step")
 
 
 async def reset(s: Session, msg: dict) -> None:
-    aborted = await s.service.reset()
+    aborted = await s.service.aengine.reset()
     s.ack(msg, aborted=aborted)
     announce(s, "reset")
 

@@ -18,7 +18,7 @@ from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
-from kvscope.server.api.rest import STATUS, admitted_caller, read_json, until_disconnect
+from kvscope.server.api.rest import STATUS, admitted_call, until_disconnect
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.validation import printable
 from kvscope.server.errors import CommandError
@@ -195,12 +195,8 @@ def openai_router(service: EngineService) -> APIRouter:
                                             "max_model_len": service.engine.max_model_len}]}
 
     async def checked_call(request: Request, chat: bool):
-        """(body, params, prompts), or an OpenAIError: every check before the engine sees it."""
-        try:
-            instructor, caller = admitted_caller(service, request)
-            body = await read_json(request, service.config.max_body_bytes)
-        except CommandError as exc:
-            raise from_command_error(exc) from None
+        """(body, params, prompts), or an OpenAIError or CommandError: every check before the engine."""
+        instructor, caller, body = await admitted_call(service, request)
         error = best_match((CHAT if chat else COMPLETION).iter_errors(body))
         if error is not None:
             param = ".".join(str(p) for p in error.absolute_path) or None
@@ -220,15 +216,14 @@ def openai_router(service: EngineService) -> APIRouter:
                                   "structured_outputs") from None
         prompts = await prompt_list(service, body, chat, instructor)
         if len(prompts) > 1:   # a list of prompts costs one allowance per prompt
-            try:
-                policy.admit_rest(caller, cost=len(prompts) - 1)
-            except CommandError as exc:
-                raise from_command_error(exc) from None
+            policy.admit_rest(caller, cost=len(prompts) - 1)
         return body, params, prompts
 
     async def handle(request: Request, chat: bool):
         try:
             body, params, prompts = await checked_call(request, chat)
+        except CommandError as exc:
+            return from_command_error(exc).response()
         except OpenAIError as exc:
             return exc.response()
         call = Completion(service, body, chat, prompts)
@@ -305,18 +300,11 @@ async def complete(call: Completion, params: SamplingParams):
                 return OpenAIError(400, out.error, code="context_length_exceeded")
             return OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
         call.count(i, params.n, out)
-        lps = texts.get(i)
-        finish = FINISH.get(choice.finish_reason, "stop")
-        if call.chat:
-            lp = {"content": [c for t, l in lps for c in logprobs_for(call.service, True, t, l, 0)["content"]]} if lps else None
-            choices.append({"index": i, "message": {"role": "assistant", "content": choice.text},
-                            "logprobs": lp, "finish_reason": finish})
-        else:
-            lp = None
-            if lps:
-                parts = [logprobs_for(call.service, False, t, l, 0) for t, l in lps]
-                lp = {k: [x for p in parts for x in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
-            choices.append({"index": i, "text": choice.text, "logprobs": lp, "finish_reason": finish})
+        parts = [logprobs_for(call.service, call.chat, t, lp, 0) for t, lp in texts.get(i, [])]
+        logprobs = {k: [x for p in parts for x in p[k]] for k in parts[0]} if parts else None
+        content = {"message": {"role": "assistant", "content": choice.text}} if call.chat else {"text": choice.text}
+        choices.append({"index": i, **content, "logprobs": logprobs,
+                        "finish_reason": FINISH.get(choice.finish_reason, "stop")})
     return {"id": call.id, "object": call.object, "created": call.created, "model": call.model,
             "choices": choices, "usage": call.usage()}
 

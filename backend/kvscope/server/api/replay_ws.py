@@ -13,7 +13,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from kvscope.instrumentation.recording import Replayer, read_recording
 from kvscope.server.classroom.hub import dumps
-from kvscope.server.api.validation import incoming_frames, message_ref, parse_frame, printable, validate_command
+from kvscope.server.api.validation import error_event, incoming_frames, message_ref, parse_frame, validate_command
 from kvscope.server.errors import CommandError
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -29,11 +29,6 @@ def find_recording(folders: list[Path], name: str) -> Path | None:
     return None
 
 
-def error_event(code: str, message: str, ref=None, cmd=None) -> str:
-    return dumps({"type": "error", "ts": 0.0, "ref": ref, "code": code, "message": printable(message),
-                  "cmd": printable(cmd) if isinstance(cmd, str) else None})
-
-
 def speed_from_query(raw: str | None) -> float | None:
     """?speed=: a finite number, kept within 0.01..100; None when it is not a number."""
     try:
@@ -46,20 +41,19 @@ def speed_from_query(raw: str | None) -> float | None:
 async def serve_replay(ws: WebSocket, folders: list[Path], name: str, max_frame_bytes: int) -> None:
     await ws.accept()
     speed = speed_from_query(ws.query_params.get("speed"))
-    if speed is None:
-        await ws.send_text(error_event("invalid_field", "speed must be a number (0.01 to 100)"))
-        await ws.close(code=1008, reason="speed must be a number")
-        return
     path = find_recording(folders, name)
-    if path is None:
-        await ws.send_text(error_event("replay", f"no recording named {name!r}"))
-        await ws.close(code=1000)
-        return
     try:
-        _, events = read_recording(path)
-    except ValueError as exc:
-        await ws.send_text(error_event("replay", str(exc)))
-        await ws.close(code=1000)
+        if speed is None:
+            raise CommandError("invalid_field", "speed must be a number (0.01 to 100)")
+        if path is None:
+            raise CommandError("replay", f"no recording named {name!r}")
+        try:
+            _, events = read_recording(path)
+        except ValueError as exc:
+            raise CommandError("replay", str(exc)) from None
+    except CommandError as exc:
+        await ws.send_text(dumps(error_event(exc.code, exc.message)))
+        await ws.close(code=1008 if speed is None else 1000)
         return
     player = Replayer(events, speed=speed)
     if ws.query_params.get("paused"):
@@ -84,31 +78,25 @@ async def serve_replay(ws: WebSocket, folders: list[Path], name: str, max_frame_
 
 async def read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, max_frame_bytes: int) -> None:
     try:
-        await _read_controls(ws, player, wake, max_frame_bytes)
+        async for data in incoming_frames(ws):
+            msg: dict = {}
+            try:
+                msg = parse_frame(data, max_frame_bytes)
+                if validate_command(msg) != "replay":
+                    raise CommandError("replay", "this socket plays a recording; only replay commands work here")
+                now = time.monotonic()
+                if "speed" in msg:
+                    player.set_speed(msg["speed"], now)
+                if msg["action"] == "play":
+                    player.play(now)
+                else:
+                    player.pause()
+                for event in player.step() if msg["action"] == "step" else ():
+                    await ws.send_text(dumps(event))
+                await ws.send_text(dumps({"type": "ack", "ts": 0.0, "ref": message_ref(msg), "cmd": "replay",
+                                          "position": player.position, "total": len(player.events)}))
+            except CommandError as exc:
+                await ws.send_text(dumps(error_event(exc.code, exc.message, msg)))
+            wake.set()
     finally:
         wake.set()   # the player loop notices the viewer left
-
-
-async def _read_controls(ws: WebSocket, player: Replayer, wake: asyncio.Event, max_frame_bytes: int) -> None:
-    async for data in incoming_frames(ws):
-        msg: dict = {}
-        try:
-            msg = parse_frame(data, max_frame_bytes)
-            if validate_command(msg) != "replay":
-                raise CommandError("replay", "this socket plays a recording; only replay commands work here")
-            now = time.monotonic()
-            if "speed" in msg:
-                player.set_speed(msg["speed"], now)
-            if msg["action"] == "play":
-                player.play(now)
-            elif msg["action"] == "pause":
-                player.pause()
-            else:
-                player.pause()
-                for event in player.step():
-                    await ws.send_text(dumps(event))
-            await ws.send_text(dumps({"type": "ack", "ts": 0.0, "ref": message_ref(msg), "cmd": "replay",
-                                      "position": player.position, "total": len(player.events)}))
-        except CommandError as exc:
-            await ws.send_text(error_event(exc.code, exc.message, message_ref(msg), msg.get("type")))
-        wake.set()

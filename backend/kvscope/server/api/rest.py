@@ -1,5 +1,5 @@
 """REST beside the WebSocket: tokenize, generate as Server-Sent Events (the same
-`request.*` events a viewer sees), health, metrics, and the list of recordings."""
+`request.*` events a viewer sees), and the list of recordings."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +14,7 @@ from kvscope.instrumentation.schema import COMMANDS, obj
 from kvscope.server.classroom.hub import dumps
 from kvscope.server.classroom.policy import one_prompt_form
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import check_schema, printable, sampling_params, strict_json
+from kvscope.server.api.validation import check_schema, error_event, sampling_params, strict_json
 from kvscope.server.errors import CommandError
 
 _submit = COMMANDS["submit"]["properties"]
@@ -27,23 +27,20 @@ STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prom
 
 
 def error_response(exc: CommandError) -> JSONResponse:
-    body = {"type": "error", "ts": 0.0, "ref": None, "code": exc.code, "message": printable(exc.message), "cmd": None}
-    return JSONResponse(body, status_code=STATUS.get(exc.code, 400), headers=getattr(exc, "headers", dict)())
+    return JSONResponse(error_event(exc.code, exc.message), status_code=STATUS.get(exc.code, 400),
+                        headers=getattr(exc, "headers", dict)())
 
 
-def admitted_caller(service: EngineService, request: Request) -> tuple[bool, str | None]:
-    """(instructor?, rate bucket key) of a caller within its rate: the key is a learner id
-    (?learner= or X-Kvscope-Learner) or the address."""
+async def admitted_call(service: EngineService, request: Request,
+                        validator: Draft202012Validator | None = None) -> tuple[bool, str | None, dict]:
+    """(instructor?, rate bucket key, JSON body) of a caller within its rate; the key is a learner
+    id (?learner= or X-Kvscope-Learner) or the address. The body must be declared as JSON (a
+    browser sends text/plain cross-site without asking) and is parsed without recursion errors."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
     instructor, caller = service.policy.rest_caller(request.headers, host, learner)
     service.policy.admit_rest(caller)
-    return instructor, caller
-
-
-async def read_json(request: Request, max_bytes: int):
-    """The body as JSON: declared as JSON (a browser sends text/plain cross-site without asking),
-    at most max_bytes, parsed without recursion errors."""
+    max_bytes = service.config.max_body_bytes
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise CommandError("unsupported_media_type",
@@ -60,15 +57,12 @@ async def read_json(request: Request, max_bytes: int):
             raise too_large
         chunks.append(chunk)
     try:
-        return strict_json(b"".join(chunks))
+        body = strict_json(b"".join(chunks))
     except (ValueError, RecursionError):
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
-
-
-async def json_body(request: Request, validator: Draft202012Validator, max_bytes: int) -> dict:
-    body = await read_json(request, max_bytes)
-    check_schema(validator, body)
-    return body
+    if validator is not None:
+        check_schema(validator, body)
+    return instructor, caller, body
 
 
 async def until_disconnect(request: Request, awaitable):
@@ -89,8 +83,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
         try:
-            instructor, _ = admitted_caller(service, request)
-            body = await json_body(request, TOKENIZE, service.config.max_body_bytes)
+            instructor, _, body = await admitted_call(service, request, TOKENIZE)
             policy.check_prompt_text(body["text"], instructor, "text")
             return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
         except CommandError as exc:
@@ -99,8 +92,7 @@ def rest_router(service: EngineService) -> APIRouter:
     @router.post("/api/generate")
     async def generate(request: Request):
         try:
-            instructor, _ = admitted_caller(service, request)
-            body = await json_body(request, GENERATE, service.config.max_body_bytes)
+            instructor, _, body = await admitted_call(service, request, GENERATE)
             one_prompt_form(body)
             ids, text = await service.checked_prompt(body, instructor)
             params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
@@ -117,20 +109,6 @@ def rest_router(service: EngineService) -> APIRouter:
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
         final = await until_disconnect(request, last_event(service, rid, queue))
         return JSONResponse(final) if final is not None else Response(status_code=499)
-
-    @router.get("/healthz")
-    async def healthz():
-        engine = service.engine
-        return {"status": "ok" if service.aengine and service.aengine.error is None else "degraded",
-                "model": service.model_name, "step": engine.num_steps,
-                "paused": bool(service.aengine and service.aengine.paused),
-                "running": engine.num_running, "waiting": engine.num_waiting,
-                "viewers": len(hub.viewers), "free_blocks": engine.num_free_blocks,
-                "num_blocks": engine.plan.num_blocks}
-
-    @router.get("/metrics")
-    async def metrics():
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @router.get("/api/recordings")
     async def recordings():
@@ -164,6 +142,5 @@ async def sse_events(service: EngineService, rid: str, queue: asyncio.Queue):
 
 async def last_event(service: EngineService, rid: str, queue: asyncio.Queue) -> dict:
     async for event in request_events(service, rid, queue):
-        if event["type"] == "request.finished":
-            return event
-    raise RuntimeError("the request's events ended without request.finished")
+        pass
+    return event   # request_events ends with request.finished

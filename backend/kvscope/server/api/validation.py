@@ -53,6 +53,14 @@ def message_ref(msg: dict):
     return ref if isinstance(ref, int) and not isinstance(ref, bool) and abs(ref) < 2**53 else None   # JSON-safe
 
 
+def error_event(code: str, message: str, msg: dict | None = None, request_id: str | None = None) -> dict:
+    """The `error` reply (WebSocket, replay socket, REST body), echoing the message's ref and type."""
+    kind = (msg or {}).get("type")
+    event = {"type": "error", "ts": 0.0, "ref": message_ref(msg or {}), "code": code, "message": printable(message),
+             "cmd": printable(kind) if isinstance(kind, str) and len(kind) <= 40 else None}
+    return event if request_id is None else {**event, "request_id": request_id}
+
+
 def validate_command(msg: dict) -> str:
     """The command's type, once its fields are known good."""
     kind = msg.get("type")
@@ -66,13 +74,9 @@ def validate_command(msg: dict) -> str:
 def check_schema(validator: Draft202012Validator, value) -> None:
     error = best_match(validator.iter_errors(value))
     if error is not None:
-        raise CommandError("invalid_field", describe(error))
-
-
-def describe(error) -> str:
-    path = ".".join(str(p) for p in error.absolute_path)
-    message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
-    return f"{path}: {message}" if path else message
+        path = ".".join(str(p) for p in error.absolute_path)
+        message = error.message if len(error.message) <= 200 else error.message[:200] + "…"
+        raise CommandError("invalid_field", f"{path}: {message}" if path else message)
 
 
 def sampling_params(raw: dict | None, max_tokens_limit: int | None) -> SamplingParams:

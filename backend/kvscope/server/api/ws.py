@@ -14,16 +14,12 @@ from kvscope.server.api.commands import HANDLERS, Session
 from kvscope.server.classroom.policy import is_token, learner_id
 from kvscope.server.security import origin_allowed
 from kvscope.server.service.engine_service import EngineService
-from kvscope.server.api.validation import incoming_frames, message_ref, parse_frame, printable, validate_command
+from kvscope.server.api.validation import error_event, incoming_frames, parse_frame, validate_command
 from kvscope.server.errors import CommandError
 from kvscope.server.classroom.viewer import Filter, Viewer
 
 log = logging.getLogger("kvscope.server")
 _viewer_ids = itertools.count(1)
-
-
-def role_for(token: str | None, service: EngineService) -> str:
-    return "instructor" if is_token(token, service.config) else "learner"
 
 
 async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
@@ -32,7 +28,8 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
         await ws.close(code=1008, reason=f"origin not allowed: {ws.headers.get('origin')}"[:120])
         return
     peer = f"{ws.client.host}:{ws.client.port}" if ws.client else "?"
-    viewer = Viewer(f"c{next(_viewer_ids)}", peer, service.config, role_for(ws.query_params.get("token"), service))
+    role = "instructor" if is_token(ws.query_params.get("token"), service.config) else "learner"
+    viewer = Viewer(f"c{next(_viewer_ids)}", peer, service.config, role)
     viewer.submits = service.policy.learner_submits(learner_id(ws.query_params.get("learner")))
     session = Session(service, viewer)
     hub = service.hub
@@ -47,16 +44,12 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
     pump = asyncio.create_task(pump_frames(ws, viewer, service))
     viewer.on_overflow = lambda: asyncio.get_running_loop().create_task(evict(ws, pump))
     try:
-        await read_commands(ws, session)
+        async for data in incoming_frames(ws):
+            await handle(session, data)
     finally:
         pump.cancel()
         hub.remove(viewer)
         await service.drop_viewer(viewer.id, list(viewer.active))
-
-
-async def read_commands(ws: WebSocket, session: Session) -> None:
-    async for data in incoming_frames(ws):
-        await handle(session, data)
 
 
 async def handle(session: Session, data: str | bytes) -> None:
@@ -77,19 +70,11 @@ async def handle(session: Session, data: str | bytes) -> None:
         # an attached server (serve --attach) refuses the commands that need kvscope's engine
         await getattr(session.service, "handlers", HANDLERS)[kind](session, msg)
     except CommandError as exc:
-        send_error(session, msg, exc.code, exc.message, exc.request_id)
+        session.hub.send(viewer, error_event(exc.code, exc.message, msg, exc.request_id))
     except Exception as exc:   # a bug must not cost the viewer its connection
         log.exception("command failed: %r", str(msg.get("type"))[:40])
-        send_error(session, msg, "internal", f"the server failed on this message: {type(exc).__name__}")
-
-
-def send_error(session: Session, msg: dict, code: str, message: str, request_id: str | None = None) -> None:
-    kind = msg.get("type")
-    event = {"type": "error", "ts": session.service.clock(), "ref": message_ref(msg), "code": code,
-             "message": printable(message), "cmd": printable(kind) if isinstance(kind, str) and len(kind) <= 40 else None}
-    if request_id is not None:
-        event["request_id"] = request_id
-    session.hub.send(session.viewer, event)
+        failed = f"the server failed on this message: {type(exc).__name__}"
+        session.hub.send(viewer, error_event("internal", failed, msg))
 
 
 CLOSE_TIMEOUT_S = 5.0
@@ -119,7 +104,7 @@ async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> 
             viewer.wake.clear()
             if viewer.overflowed:
                 return   # evict() closes it
-            frame, essential = viewer.take_frame(service.hub.snapshot_text)
+            frame, essential = viewer.take_frame(service.hub.snapshot_texts)
             if frame is None:
                 continue
             if ws.application_state != WebSocketState.CONNECTED:

@@ -100,12 +100,9 @@ class AttachedPool:
         # attached): reuse the oldest place no kvscope request holds.
         for slot in self.order:
             if self.blocks[slot]["ref"] == 0:
-                self._remove(self._hash_at(slot))
+                self._remove(next(h for h, s in self.place.items() if s == slot))
                 return self.free.pop()
         raise RuntimeError("the attached pool is full of blocks held by kvscope's requests")
-
-    def _hash_at(self, slot: int):
-        return next(h for h, s in self.place.items() if s == slot)
 
     def _remove(self, h) -> None:
         slot = self.place.pop(h, None)

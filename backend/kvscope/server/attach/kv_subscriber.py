@@ -1,9 +1,7 @@
-"""A thread that reads vLLM's KV events from ZeroMQ and hands each batch to a callback:
-first whatever the publisher still buffers (its replay socket, so a late attach sees the
-blocks already cached), then the live stream, asking for a replay again when a sequence
-number is skipped. It tells whether the publisher answers (`on_state`): "live" once its
-replay socket or its stream has said anything, "silent" while the replay socket does not
-answer (a closed port, a firewall), retried every SILENT_RETRY_S."""
+"""A thread that reads vLLM's KV events from ZeroMQ: first what the publisher still buffers
+(its replay socket, so a late attach sees the blocks already cached), then the live stream,
+replaying again when a sequence number is skipped. `on_state` hears "live" once the publisher
+said anything, "silent" while its replay socket does not answer (a closed port, a firewall)."""
 from __future__ import annotations
 
 import logging

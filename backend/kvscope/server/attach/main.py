@@ -31,8 +31,7 @@ def probe_all(urls: list[str], kv_events: str | None) -> list[VllmServer]:
 
 
 def serve_attached(args) -> int:
-    from kvscope.server.app import run
-    from kvscope.server.attach.app import create_attach_app
+    from kvscope.server.app import create_app, run
     from kvscope.server.attach.service import AttachService
     from kvscope.server.config import ServerConfig
     try:
@@ -53,5 +52,5 @@ def serve_attached(args) -> int:
               f"'{service.router.policy}' (the instructor picks another in chapter 16)")
     print(f"kvscope: serving {url}  (no engine of its own: prompts go to vLLM's /v1/completions)")
     print(f"kvscope: instructor token: {cfg.instructor_token}")
-    run(create_attach_app(service), cfg, args.log_level)
+    run(create_app(service, "kvscope (attached to vLLM)", engine_routes=False), cfg, args.log_level)
     return 0

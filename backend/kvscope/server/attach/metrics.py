@@ -33,7 +33,7 @@ def parse(text: str, engine: str | None = None) -> Sample:
     """Sum over label sets (one per engine/model), so a data-parallel server reads as one;
     `engine` keeps one data-parallel rank's samples only (vLLM labels them engine="RANK")."""
     values: dict[str, float] = {}
-    hist: dict[str, list[float]] = {}
+    hist: dict[str, tuple[float, float]] = {}
     cache_config: dict[str, str] = {}
     names = {**GAUGES, **COUNTERS}
     wanted = {v: k for k, v in names.items()}
@@ -52,16 +52,9 @@ def parse(text: str, engine: str | None = None) -> Sample:
         elif family.name in wanted_life:
             lifetimes[wanted_life[family.name]] = histogram(family.samples, engine)
         elif family.name in wanted_hist:
-            key = wanted_hist[family.name]
-            acc = hist.setdefault(key, [0.0, 0.0])
-            for s in family.samples:
-                if not _ours(s, engine):
-                    continue
-                if s.name.endswith("_sum"):
-                    acc[0] += s.value
-                elif s.name.endswith("_count"):
-                    acc[1] += s.value
-    return Sample(values, {k: (v[0], v[1]) for k, v in hist.items()}, cache_config, lifetimes or None)
+            h = histogram(family.samples, engine)
+            hist[wanted_hist[family.name]] = (h["sum"], h["count"])
+    return Sample(values, hist, cache_config, lifetimes or None)
 
 
 def histogram(samples, engine: str | None) -> dict:

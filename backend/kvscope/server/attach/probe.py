@@ -69,7 +69,7 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
         models = _json(http, "/v1/models", url).get("data") or []
         if not models:
             raise AttachError(f"the vLLM server at {url} lists no model at /v1/models")
-        config = parse(_text(http, "/metrics", url)).cache_config
+        config = parse(_get(http, "/metrics", url).text).cache_config
         if not config:
             raise AttachError(f"{url} is not a vLLM server: its /metrics has no vllm:cache_config_info")
         try:
@@ -131,10 +131,6 @@ def _json(http: httpx.Client, path: str, url: str) -> dict:
     if not isinstance(value, dict):
         raise AttachError(f"{url} is not a vLLM server: GET {path} did not answer a JSON object")
     return value
-
-
-def _text(http: httpx.Client, path: str, url: str) -> str:
-    return _get(http, path, url).text
 
 
 def _int(text: str | None) -> int:

@@ -1,8 +1,6 @@
-"""One attached vLLM server (a replica) and its pools: one per data-parallel rank, each with
-its own scheduler, block pool and KV-event publisher (vLLM offsets each rank's ports by
-its rank). The service holds a list of replicas; `pools` across all of them are numbered
-in order (server 0's ranks, then server 1's, ...), and that number is the `pool` of every
-`kv` event and of hello.deployment.pools."""
+"""One attached vLLM server (a replica) and its pools, one per data-parallel rank (each its own
+scheduler, blocks and KV-event publisher), numbered across servers in order: the `pool` of
+every `kv` event and of hello.deployment.pools."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

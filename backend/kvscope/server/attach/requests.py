@@ -1,6 +1,5 @@
-"""One learner's prompt sent to vLLM and told back as kvscope's `request.*` events: the
-same lifecycle a request on kvscope's own engine has (added, a token at a time, finished
-with its cached tokens and latencies), measured here at the client side of vLLM's API."""
+"""One learner's prompt sent to vLLM and told back as the `request.*` events our own engine's
+requests have, measured at the client side of vLLM's API."""
 from __future__ import annotations
 
 import asyncio
@@ -12,22 +11,17 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 async def run_request(service, target, rid: str, ids: list[int], params, source: str, label, extra: dict) -> None:
-    """Stream one completion to `target` (a RankPool: its server, and its data-parallel rank
-    through vLLM's X-data-parallel-rank header) (`extra`: more /v1/completions fields, such
-    as cache_salt); every outcome ends in exactly one `request.finished`, a server that dies
-    mid-request included (its error line; requests to other servers go on)."""
-    clock, pool, replica = service.clock, target.mirror, target.replica
-    p = params
-
-    def publish(events):
-        service.publish(events, target)
-    publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source, "owner": label.owner,
-              "prompt": label.prompt[:300] if label.prompt is not None else None, "prompt_token_ids": list(ids),
-              "num_prompt_tokens": len(ids),
-              "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-                         "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
-                         "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos, "logprobs": None},
-              "watched": False, "held": False}])
+    """Stream one completion to `target` (a RankPool); every outcome ends in exactly one
+    `request.finished`, a server that dies mid-request included."""
+    clock, pool, replica, p = service.clock, target.mirror, target.replica, params
+    service.publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source,
+                      "owner": label.owner, "prompt": label.prompt[:300] if label.prompt is not None else None,
+                      "prompt_token_ids": list(ids), "num_prompt_tokens": len(ids),
+                      "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                                 "seed": p.seed, "max_tokens": p.max_tokens, "stop": list(p.stop),
+                                 "stop_token_ids": list(p.stop_token_ids), "ignore_eos": p.ignore_eos,
+                                 "logprobs": None},
+                      "watched": False, "held": False}], target)
     if pool is not None:
         pool.track(rid, ids)
     service.in_flight[target.index] = service.in_flight.get(target.index, 0) + 1
@@ -54,7 +48,7 @@ async def run_request(service, target, rid: str, ids: list[int], params, source:
                 text.append(choice.get("text", ""))
                 if pool is not None and new:
                     pool.extend(rid, new)
-                publish(events)
+                service.publish(events, target)
                 if choice.get("finish_reason"):
                     reason = FINISH_REASONS.get(choice["finish_reason"], "stop")
             usage = chunk.get("usage")
@@ -72,9 +66,9 @@ async def run_request(service, target, rid: str, ids: list[int], params, source:
         if pool is not None:
             pool.finish(rid)
         num_cached = cached if cached is not None else hits * service.block_size
-        publish([{"type": "request.finished", "ts": clock(), "request_id": rid, "reason": reason, "error": error,
-                  "text": "".join(text), "num_prompt_tokens": len(ids), "num_output_tokens": index,
-                  "num_cached_tokens": num_cached, "num_preemptions": 0,
-                  "ttft_s": None if ttft is None else round(ttft, 6),
-                  "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl,
-                  **({"pool": target.index} if len(service.pools) > 1 else {})}])
+        service.publish([{"type": "request.finished", "ts": clock(), "request_id": rid, "reason": reason,
+                          "error": error, "text": "".join(text), "num_prompt_tokens": len(ids),
+                          "num_output_tokens": index, "num_cached_tokens": num_cached, "num_preemptions": 0,
+                          "ttft_s": None if ttft is None else round(ttft, 6),
+                          "e2e_s": round(time.perf_counter() - start, 6), "itl_s": itl,
+                          **({"pool": target.index} if len(service.pools) > 1 else {})}], target)

@@ -1,17 +1,14 @@
-"""The attached server as ws.py and commands.py see it: the same surface as EngineService
-(hub, hello, policy, tokenize, submit, cancel, engine_state), backed by a vLLM server.
-Commands that need kvscope's own engine are refused with a sentence saying so."""
+"""The attached server as ws.py and commands.py see it: EngineService's surface backed by vLLM
+servers; what needs kvscope's own engine is refused with a sentence saying so."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from kvscope import __version__
 from kvscope.instrumentation.facts import backend_facts, h100_reference
-from kvscope.instrumentation.observer import Clock, RequestLabel
+from kvscope.instrumentation.observer import RequestLabel
 from kvscope.instrumentation.schema import SCHEMA_VERSION
 from kvscope.server.attach.kv_pool import AttachedPool
 from kvscope.server.attach.kv_subscriber import KVSubscriber
@@ -24,11 +21,8 @@ from kvscope.server.attach.requests import run_request
 from kvscope.server.attach.vllm_client import VllmClient, completion_params
 from kvscope.server.api.commands import HANDLERS
 from kvscope.server.config import ServerConfig
-from kvscope.server.classroom.hub import Hub
-from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
-from kvscope.server.service.metrics import Metrics
-from kvscope.server.classroom.policy import Policy
-from kvscope.server.service.engine_service import Submitted
+from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS
+from kvscope.server.service.engine_service import ClassService, Submitted
 from kvscope.server.errors import CommandError
 
 log = logging.getLogger("kvscope.attach")
@@ -42,18 +36,12 @@ NEEDS_ENGINE = ("watch", "unwatch", "hold", "next", "release", "pace", "pause", 
                 "slow_motion", "set_knobs", "inject", "record_start", "record_stop", "kv_quant")
 
 
-class AttachService(SweepAccounts):
+class AttachService(ClassService):
     def __init__(self, servers: VllmServer | list[VllmServer], config: ServerConfig,
                  kv_events_override: str | None = None):
-        super().__init__()
+        super().__init__(config)
         servers = [servers] if isinstance(servers, VllmServer) else list(servers)
-        self.config = config
         self.kv_events_override = kv_events_override
-        self.clock = Clock()
-        self.started_at = time.time()
-        self.metrics = Metrics()
-        self.policy = Policy(config)
-        self.hub = Hub(self.clock, self.metrics)
         self.replicas: list[Replica] = []
         for server in servers:
             self.replicas.append(Replica(len(self.replicas), server, len(self.pools)))
@@ -62,12 +50,8 @@ class AttachService(SweepAccounts):
         self.router = Router()
         self.policy_totals = {p: dict(POLICY_ZERO) for p in POLICIES}
         self.in_flight: dict[int, int] = {}      # pool -> requests kvscope sent and has not heard back about
-        self.tasks: dict[str, asyncio.Task] = {}
-        self._ids = itertools.count(1)
-        self._threads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-attach")
+        self.tasks: dict[str, asyncio.Task] = {}   # learners' requests, until vLLM finishes them
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pollers: list[asyncio.Task] = []
-        self._runs: set[asyncio.Task] = set()   # sweeps (commands.sweep), until done
         self._synthetic_ids: list[list[int]] | None = None
         self.hello = self._hello()
         self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE},
@@ -90,10 +74,6 @@ class AttachService(SweepAccounts):
     @property
     def connected(self) -> bool:
         return all(r.connected for r in self.replicas)
-
-    @property
-    def pool(self) -> AttachedPool | None:
-        return self.pools[0].mirror
 
     @property
     def figures(self) -> dict:
@@ -153,6 +133,12 @@ class AttachService(SweepAccounts):
                          "pools": [p.state(KV_EVENTS_HINT) for p in self.pools],
                          "router": {"policy": self.router.policy, "totals": self.policy_figures()}}}
 
+    def health(self) -> dict:
+        s = self.server
+        return {"status": "ok" if self.connected else "disconnected", "attached": s.url,
+                "vllm_version": s.version, "model": s.model, "viewers": len(self.hub.viewers),
+                "kv_events": self.kv_events_note(), **self.figures}
+
     def kv_events_note(self) -> str:
         return "; ".join(f"{p.name}: {p.events_note(KV_EVENTS_HINT)}" if len(self.pools) > 1 else p.events_note(KV_EVENTS_HINT)
                          for p in self.pools)
@@ -160,18 +146,18 @@ class AttachService(SweepAccounts):
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.hub.bind(self._loop)
+        self.hub.loop = self._loop
         for replica in self.replicas:
             for pool in replica.pools:
                 self._start_pool(pool)
-            self._pollers.append(self._loop.create_task(self._poll(replica)))
+            self.spawn(self._poll(replica))
 
     def stop(self) -> None:
-        for task in [*self._pollers, *self.tasks.values(), *self._runs]:
+        super().stop()
+        for task in self.tasks.values():
             task.cancel()
         for pool in self.pools:
             pool.stop()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def _start_pool(self, pool: RankPool) -> None:
         """A fresh pool (a new or restarted vLLM), filled from the publisher's replay."""
@@ -216,6 +202,16 @@ class AttachService(SweepAccounts):
         delta = mirror.delta(self.clock()) if mirror is not None else None
         self.hub.dispatch(events + ([{**delta, "pool": pool.index}] if delta else []))
 
+    async def _scrape(self, replica: Replica) -> dict | None:
+        """Each rank's Sample from one /metrics scrape; None when the server does not answer."""
+        try:
+            r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
+            r.raise_for_status()
+        except Exception:
+            return None
+        dp = replica.server.data_parallel_size > 1
+        return {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools}
+
     async def _poll(self, replica: Replica) -> None:
         """Scrape one server's /metrics once a second; notice it going away (DOWN_AFTER
         failed scrapes in a row, so one slow answer on a busy server is not a disconnect)
@@ -223,11 +219,8 @@ class AttachService(SweepAccounts):
         failures = 0
         while True:
             await asyncio.sleep(POLL_S)
-            try:
-                r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
-                r.raise_for_status()
-                text = r.text
-            except Exception:
+            samples = await self._scrape(replica)
+            if samples is None:
                 failures += 1
                 if replica.connected and failures >= DOWN_AFTER:
                     replica.connected = False
@@ -235,8 +228,6 @@ class AttachService(SweepAccounts):
                     self.hub.broadcast(self.engine_state("step"))
                 continue
             failures = 0
-            samples = {p.rank: parse(text, engine=str(p.rank) if replica.server.data_parallel_size > 1 else None)
-                       for p in replica.pools}
             if not replica.connected and not await self._reconnect(replica, samples):
                 continue
             if self._take_samples(replica, samples):
@@ -266,8 +257,8 @@ class AttachService(SweepAccounts):
         subscribers fetch what they missed); a restarted one (its counters went back, or
         its KV events moved) starts from empty pools."""
         try:
-            server = await asyncio.get_running_loop().run_in_executor(
-                self._threads, probe, replica.server.url, self.kv_events_override if replica.index == 0 else None)
+            override = self.kv_events_override if replica.index == 0 else None
+            server = await self.off_loop(probe, replica.server.url, override)
         except AttachError:
             return False
         before = sum(s.values.get("prompt_tokens", 0) for s in (replica.sample or {}).values())
@@ -308,19 +299,12 @@ class AttachService(SweepAccounts):
         if policy not in POLICIES:
             raise CommandError("invalid_field", f"policy: one of {', '.join(POLICIES)}")
         for replica in self.replicas:
-            await self._scrape_now(replica)
+            samples = await self._scrape(replica)
+            if samples is not None:
+                self._take_samples(replica, samples)
         self.router.policy = policy
         self.hub.broadcast(self.engine_state("knobs"))
         session.ack(msg, policy=policy)
-
-    async def _scrape_now(self, replica: Replica) -> None:
-        try:
-            r = await replica.client.http.get("/metrics", timeout=SCRAPE_TIMEOUT_S)
-            r.raise_for_status()
-        except Exception:
-            return
-        dp = replica.server.data_parallel_size > 1
-        self._take_samples(replica, {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools})
 
     def policy_figures(self) -> dict:
         """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""
@@ -334,12 +318,11 @@ class AttachService(SweepAccounts):
 
     # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:
-        raise CommandError("attach", f"{msg['type']!r} needs kvscope's own engine; this server is attached to "
-                                     f"vLLM at {self.server.url}, which shows its requests, blocks and metrics only")
+        raise self._needs_engine(repr(msg["type"]))
 
     def _needs_engine(self, what: str) -> CommandError:
         return CommandError("attach", f"{what} needs kvscope's own engine; this server is attached to vLLM at "
-                                      f"{self.server.url}, which runs a prompt as vLLM schedules it")
+                                      f"{self.server.url}, which schedules its requests itself")
 
     # What commands.py reads of kvscope's engine for a submit's options (watching, its own
     # chunk size, a grammar): attached, each is refused with a sentence, never an AttributeError.
@@ -357,23 +340,11 @@ class AttachService(SweepAccounts):
     def touch_hold(self, rid: str, held: bool) -> None:
         raise self._needs_engine("holding a request")
 
-    @property
-    def learner_share(self) -> int:
-        limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else 16
-
-    def new_request_id(self) -> str:
-        return f"r{next(self._ids)}"
-
     def completion_params(self, params) -> dict:
         """vLLM's fields for kvscope's SamplingParams; where the server can, it is asked to
         publish the prefix blocks each request reused (so the pool draws their hits)."""
         extra = {"vllm_xargs": {"kv_cache_report_mode": "full"}} if self.server.supports_full_kv_report else {}
         return {**completion_params(params), **extra}
-
-    async def off_loop(self, fn, *args):
-        result = fn(*args)
-        return await result if asyncio.iscoroutine(result) else result
 
     def tokenize(self, text: str, chat: bool = False):
         raise CommandError("attach", "the token view needs kvscope's tokenizer; attached to vLLM it shows its recording")
@@ -417,20 +388,6 @@ class AttachService(SweepAccounts):
             return False
         task.cancel()
         return True
-
-    async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            await self.cancel(rid)
-
-    @property
-    def num_watched(self) -> int:
-        return 0
-
-    def spawn(self, coro) -> None:
-        """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
 
     async def sweep_prompt_ids(self) -> list[list[int]]:
         """The story prompts tokenized by vLLM's tokenizer, once."""
@@ -508,8 +465,6 @@ def unreported(server: VllmServer, model_known: bool) -> list[str]:
 
 def unknown_model(name: str, max_model_len: int) -> dict:
     """hello.model when the checkpoint is not on this machine: only what vLLM says."""
-    return {"name": name, "architecture": "unknown (served by vLLM)", "num_layers": 0, "hidden_size": 0,
-            "num_heads": 0, "num_kv_heads": 0, "head_dim": 0, "intermediate_size": 0, "vocab_size": 0,
-            "max_position_embeddings": max_model_len, "rope_theta": 0.0, "num_params": 0, "dtype": "unknown",
-            "dtype_reason": "the checkpoint is not on this machine", "dtype_bytes": 0, "weight_bytes": 0,
-            "kv_bytes_per_token": 0, "tie_word_embeddings": False}
+    return {"name": name, **dict.fromkeys(MODEL_FIELDS, 0), "architecture": "unknown (served by vLLM)",
+            "max_position_embeddings": max_model_len, "rope_theta": 0.0, "dtype": "unknown",
+            "dtype_reason": "the checkpoint is not on this machine", "tie_word_embeddings": False}

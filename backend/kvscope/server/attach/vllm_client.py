@@ -1,5 +1,5 @@
-"""The few HTTP calls kvscope makes to an attached vLLM server: tokenize, detokenize,
-a streamed completion, and a health check."""
+"""The few HTTP calls kvscope makes to an attached vLLM server: tokenize, detokenize and a
+streamed completion."""
 from __future__ import annotations
 
 import json
@@ -14,15 +14,6 @@ class VllmClient:
     def __init__(self, url: str, model: str):
         self.url, self.model = url, model
         self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(30.0, read=None))
-
-    async def close(self) -> None:
-        await self.http.aclose()
-
-    async def healthy(self) -> bool:
-        try:
-            return (await self.http.get("/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
-            return False
 
     async def _post(self, path: str, body: dict) -> dict:
         try:

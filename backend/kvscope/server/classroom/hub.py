@@ -1,13 +1,10 @@
 """The fan-out: engine events in (from the engine thread, a batch per step), frames out to
-every viewer, SSE follower (followers.py), the recording tap (recording_tap.py) and the metrics.
-
-Each event is serialised once: JSON text, or a binary frame for an event with arrays (a
-watched request's attention, encoded here on the event loop: reading its arrays waits
-for their copy to the host, never the engine thread). Viewers whose subscriptions carry
-no filters and who have no request of their own in the batch share one pre-joined chunk
-per distinct set of families, so the work per step grows with the number of *kinds* of
-viewer, not with the number of viewers × events. The state a late joiner needs is
-mirrored in stream_state.py."""
+every viewer, the SSE followers of a request, the recording and the metrics; the hub is also
+the StreamState late joiners' snapshots come from. Each event is serialised once (JSON, or a
+binary frame for a watched request's arrays, encoded on the event loop so the engine thread
+never waits for their copy to the host). Viewers with no filters and no request of their own
+in the batch share one chunk per set of families: the work per step grows with the kinds of
+viewer, not with viewers × events."""
 from __future__ import annotations
 
 import asyncio
@@ -20,29 +17,25 @@ import numpy as np
 from kvscope.instrumentation.encode import dumps, frame, json_text
 from kvscope.instrumentation.recording import Recorder
 from kvscope.instrumentation.watch import WatchRegistry
-from kvscope.server.classroom.followers import Followers
-from kvscope.server.classroom.recording_tap import RECORDED_REPLIES, RecordingTap
 from kvscope.server.classroom.stream_state import StreamState
 from kvscope.server.classroom.viewer import Chunk, Viewer
 
-
 HEAVY_FAMILIES = ("internals",)   # large JSON: serialised on the engine thread, not the event loop
+RECORDED_REPLIES = ("tokens", "sandbox", "kv_quant")   # replies a replay needs besides the broadcasts
 
 
 def family(event_type: str) -> str:
     return event_type.split(".", 1)[0]
 
 
-class Hub:
-    def __init__(self, clock, metrics=None, watches: WatchRegistry | None = None):
-        self.clock = clock
-        self.metrics = metrics
+class Hub(StreamState):
+    def __init__(self, clock, metrics, watches: WatchRegistry | None = None):
+        super().__init__(clock, metrics)
         self.watches = watches if watches is not None else WatchRegistry()   # the instrumentation's
         self.viewers: dict[str, Viewer] = {}
-        self.followers = Followers()
-        self.state = StreamState(clock, metrics)
-        self.tap = RecordingTap()
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.followers: dict[str, list[asyncio.Queue]] = defaultdict(list)   # request id -> SSE callers' queues
+        self.recorder: Recorder | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None   # the server's, set as it starts
         self._inbox: list[dict] = []
         self._serialised: dict[int, tuple[float, str]] = {}   # id(event) -> (its ts, its JSON)
         self._lock = threading.Lock()
@@ -50,9 +43,6 @@ class Hub:
         self._last_ts = 0.0
 
     # -- from the engine thread --------------------------------------------------------
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
     def publish_threadsafe(self, events: list[dict]) -> None:
         """The observer's sink: hand a batch to the event loop, one wake-up per burst."""
         if self.loop is None:     # before the server runs (start-up snapshot): apply directly
@@ -85,7 +75,9 @@ class Hub:
         personal: dict[str, list[tuple[int, bool]]] = defaultdict(list)
         finished = []
         for i, e in enumerate(events):
-            self._observe(e)
+            self.observe(e)
+            if e["type"] == "request.added" and e["owner"] in self.viewers:
+                self.viewers[e["owner"]].active.add(e["request_id"])
             fam = family(e["type"])
             by_family[fam].append(i)
             rid = e.get("request_id")
@@ -176,7 +168,7 @@ class Hub:
 
     def _offer(self, v: Viewer, chunk: Chunk) -> None:
         dropped = v.offer(chunk)
-        if dropped and self.metrics is not None:
+        if dropped:
             self.metrics.dropped.inc(dropped)
 
     def _stamp(self, event: dict) -> None:
@@ -203,69 +195,42 @@ class Hub:
         for v in list(self.viewers.values()):
             self._offer(v, chunk)
 
-    # -- state kept for late joiners (stream_state.py) ---------------------------
-    @property
-    def kv(self):
-        return self.state.kv
-
-    @property
-    def memory(self) -> dict | None:
-        return self.state.memory
-
-    @property
-    def requests(self) -> dict[str, dict]:
-        return self.state.requests
-
-    @property
-    def owners(self) -> dict[str, str]:
-        return self.state.owners
-
-    def _observe(self, e: dict) -> None:
-        self.state.observe(e)
-        if e["type"] == "request.added" and e["owner"] in self.viewers:
-            self.viewers[e["owner"]].active.add(e["request_id"])
-
     def _forget(self, rid: str) -> None:
-        owner = self.state.forget(rid)
+        owner = self.forget(rid)
         if owner in self.viewers:
             self.viewers[owner].active.discard(rid)
         self.followers.pop(rid, None)
         self.watches.forget(rid)
 
-    def set_held(self, rid: str, held: bool) -> None:
-        self.state.set_held(rid, held)
-
-    def snapshot_text(self, kind: str) -> list[str]:
-        return self.state.snapshot_texts(kind)
-
-    def snapshots(self, families) -> list[dict]:
-        """What a viewer subscribing to `families` needs before deltas."""
-        return self.state.snapshots(families)
-
     # -- viewers and followers ---------------------------------------------------------
     def add(self, v: Viewer) -> None:
         self.viewers[v.id] = v
-        if self.metrics is not None:
-            self.metrics.viewers.set(len(self.viewers))
+        self.metrics.viewers.set(len(self.viewers))
 
     def remove(self, v: Viewer) -> None:
         self.viewers.pop(v.id, None)
-        if self.metrics is not None:
-            self.metrics.viewers.set(len(self.viewers))
+        self.metrics.viewers.set(len(self.viewers))
 
     def follow(self, rid: str) -> asyncio.Queue:
-        return self.followers.follow(rid)
+        q: asyncio.Queue = asyncio.Queue()
+        self.followers[rid].append(q)
+        return q
 
     def unfollow(self, rid: str, q: asyncio.Queue) -> None:
-        self.followers.unfollow(rid, q)
+        if q in self.followers.get(rid, ()):
+            self.followers[rid].remove(q)
 
-    # -- recording (recording_tap.py) -------------------------------------------
-    @property
-    def recorder(self) -> Recorder | None:
-        return self.tap.recorder
-
+    # -- recording: every event fanned out, and the replies a replay needs ------------------
     def start_recording(self, path: Path, name: str, model: str, preamble: list[dict]) -> Recorder:
-        return self.tap.start(path, name, model, preamble, self._stamp)
+        self.recorder = Recorder(path, name, model)
+        for e in preamble:
+            e = dict(e)
+            self._stamp(e)
+            self.recorder.write_text(dumps(e))
+        return self.recorder
 
     def stop_recording(self) -> Recorder | None:
-        return self.tap.stop()
+        rec, self.recorder = self.recorder, None
+        if rec is not None:
+            rec.close()
+        return rec

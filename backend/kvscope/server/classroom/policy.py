@@ -27,11 +27,6 @@ def is_token(given: str | None, config: ServerConfig) -> bool:
                                                   config.instructor_token.encode())
 
 
-def bearer_token(headers) -> str | None:
-    auth = headers.get("authorization", "")
-    return auth.removeprefix("Bearer ").strip() or None
-
-
 def is_loopback(host: str | None) -> bool:
     try:
         return host is not None and ipaddress.ip_address(host).is_loopback
@@ -114,11 +109,8 @@ class Policy:
     def limits(self):
         return self.config.limits
 
-    def max_chars(self, instructor: bool) -> int | None:
-        return None if instructor else self.limits.max_prompt_chars
-
     def check_prompt_text(self, text: str, instructor: bool, what: str = "the prompt") -> None:
-        check_text(text, what, self.max_chars(instructor))
+        check_text(text, what, None if instructor else self.limits.max_prompt_chars)
 
     def check_prompt_tokens(self, ids: list[int], instructor: bool) -> None:
         if not instructor and len(ids) > self.limits.max_prompt_tokens:
@@ -132,7 +124,7 @@ class Policy:
     # -- REST and OpenAI callers ---------------------------------------------------------
     def rest_caller(self, headers, client_host: str | None, learner: str | None = None) -> tuple[bool, str | None]:
         """(instructor?, the key of the caller's rate bucket, None when not limited)."""
-        if is_token(bearer_token(headers), self.config):
+        if is_token(headers.get("authorization", "").removeprefix("Bearer ").strip(), self.config):
             return True, None
         if is_loopback(client_host) and not self.config.limit_loopback:
             return False, None
@@ -140,32 +132,26 @@ class Policy:
         return False, f"learner:{learner}" if learner else f"addr:{client_host}"
 
     def admit_rest(self, key: str | None, cost: int = 1) -> None:
-        """One bucket per caller for /api and /v1 together; a call with k prompts costs k."""
+        """One bucket per caller for /api and /v1 together, and one for the class (learner ids
+        are the browser's choice, the class's bucket is not); a call with k prompts costs k."""
         if key is None:
             return
-        self._admit_class(cost)
-        rate = self.config.rest_requests_per_minute
-        if rate <= 0:
-            return
-        bucket = bucket_for(self.rest_buckets, key, lambda: per_minute(rate))
-        if not bucket.take(cost):
-            wait = max(1, math.ceil(bucket.retry_after(cost))) if cost <= bucket.burst else None
-            when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"
-            raise RateLimited(f"at most {rate:g} prompts a minute (bursts of {bucket.burst:g}) per caller without "
-                              f"the instructor token (kvscope serve --rest-requests-per-minute); {when}", wait)
+        rate, class_rate = self.config.rest_requests_per_minute, self.config.rest_class_requests_per_minute
+        if class_rate > 0:
+            self.class_bucket = self.class_bucket or per_minute(class_rate)
+            take(self.class_bucket, cost, f"the class together may send {class_rate:g} REST/OpenAI prompts a "
+                                          f"minute (kvscope serve --rest-class-requests-per-minute)")
+        if rate > 0:
+            bucket = bucket_for(self.rest_buckets, key, lambda: per_minute(rate))
+            take(bucket, cost, f"at most {rate:g} prompts a minute (bursts of {bucket.burst:g}) per caller without "
+                               f"the instructor token (kvscope serve --rest-requests-per-minute)")
 
 
-    def _admit_class(self, cost: int) -> None:
-        """All limited REST callers together: learner ids are the browser's choice, this is not."""
-        rate = self.config.rest_class_requests_per_minute
-        if rate <= 0:
-            return
-        if self.class_bucket is None:
-            self.class_bucket = per_minute(rate)
-        if not self.class_bucket.take(cost):
-            wait = max(1, math.ceil(self.class_bucket.retry_after(cost)))
-            raise RateLimited(f"the class together may send {rate:g} REST/OpenAI prompts a minute "
-                              f"(kvscope serve --rest-class-requests-per-minute); retry in {wait} s", wait)
+def take(bucket: TokenBucket, cost: int, limit: str) -> None:
+    if not bucket.take(cost):
+        wait = max(1, math.ceil(bucket.retry_after(cost))) if cost <= bucket.burst else None
+        when = f"retry in {wait} s" if wait is not None else f"send at most {bucket.burst:g} prompts in one call"
+        raise RateLimited(f"{limit}; {when}", wait)
 
 
 class RateLimited(CommandError):

@@ -84,7 +84,6 @@ class StreamState:
             self.metrics.observe(e, source)
 
     def forget(self, rid: str) -> str | None:
-        """A finished request: drop it; returns its owner."""
         self.requests.pop(rid, None)
         return self.owners.pop(rid, None)
 

@@ -1,8 +1,6 @@
-"""A learner's throughput sweep (chapter 20): rising levels of requests in flight run one after
-the other as one job. How it counts against the class's limits and how one level runs are
-decided here, once, for both services that run sweeps (kvscope's own engine and an attached
-vLLM); each service supplies `hub`, `config`, `learner_share`, `new_request_id`, the prompts'
-token ids (`sweep_prompt_ids`) and how one request runs to its end (`run_sweep_request`)."""
+"""A learner's throughput sweep (chapter 20): rising levels of requests in flight, one job.
+How it counts against the class's limits and how a level runs are decided here once, for
+both services; each says how it tokenizes and runs one request."""
 from __future__ import annotations
 
 import asyncio
@@ -78,10 +76,8 @@ class SweepAccounts:
             self.sweeps.pop(sweep.owner, None)
 
     async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
-        """One level: `total` requests of `max_tokens` tokens each (the story prompts),
-        `concurrency` of them in flight at any time, the next one added the moment one
-        finishes. Owned by the sweep's owner, so its page gets every request's events; it
-        stops adding requests once that page has gone."""
+        """One level: `concurrency` requests in flight, the next added the moment one finishes,
+        owned by the sweep's owner, so its page gets their events (none added once it left)."""
         prompt_ids = await self.sweep_prompt_ids()
         numbers = iter(range(total))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvscope.server.config import ServerConfig
 from kvscope.server.classroom.ratelimit import TokenBucket, per_minute
@@ -57,12 +57,11 @@ class Chunk:
     essential: bool
     kv: int = 0
     memory: int = 0
-    size: int = -1          # bytes on the wire
+    size: int = field(init=False)   # bytes on the wire
 
     def __post_init__(self):
-        if self.size < 0:
-            ascii_or_binary = isinstance(self.text, bytes) or self.text.isascii()
-            self.size = len(self.text) if ascii_or_binary else len(self.text.encode("utf-8", "surrogatepass"))
+        ascii_or_binary = isinstance(self.text, bytes) or self.text.isascii()
+        self.size = len(self.text) if ascii_or_binary else len(self.text.encode("utf-8", "surrogatepass"))
 
     @property
     def binary(self) -> bool:
@@ -89,8 +88,8 @@ class Viewer:
         limits = config.limits
         self.messages = TokenBucket(limits.messages_per_second, 2 * limits.messages_per_second)
         self.submits = per_minute(limits.submits_per_minute)
-        self._signature: tuple[str, ...] = ()
-        self._filtered = False
+        self.signature: tuple[str, ...] = ()   # families with no filter: viewers sharing one share frames
+        self.filtered = False
 
     @property
     def is_instructor(self) -> bool:
@@ -108,17 +107,8 @@ class Viewer:
         self._resign()
 
     def _resign(self) -> None:
-        self._signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
-        self._filtered = any(not flt.is_open for flt in self.families.values())
-
-    @property
-    def signature(self) -> tuple[str, ...]:
-        """Families subscribed with no filter: viewers sharing one share serialised frames."""
-        return self._signature
-
-    @property
-    def filtered(self) -> bool:
-        return self._filtered
+        self.signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
+        self.filtered = any(not flt.is_open for flt in self.families.values())
 
     # -- outgoing queue ----------------------------------------------------------------
     def offer(self, chunk: Chunk) -> int:
@@ -158,15 +148,9 @@ class Viewer:
         self.dropped += dropped
         return dropped
 
-    @property
-    def pending_events(self) -> int:
-        return self.display_count + self.essential_count
-
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
-        """What is queued as one frame (an object, or an array of objects) of about
-        max_frame_out_bytes at most, or one binary frame, and whether it held essential
-        events; the rest waits for the next frame. `snapshots(kind)` gives fresh
-        `kv`/`memory` texts."""
+        """One frame of about max_frame_out_bytes at most (or one binary frame), and whether it
+        held essential events; `snapshots(kind)` gives fresh `kv`/`memory` texts."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:
@@ -200,5 +184,5 @@ class Viewer:
     def summary(self) -> dict:
         return {"client_id": self.id, "role": self.role, "peer": self.peer,
                 "connected_s": round(time.monotonic() - self.connected_at, 3),
-                "families": sorted(self.families), "pending": self.pending_events,
+                "families": sorted(self.families), "pending": self.display_count + self.essential_count,
                 "dropped": self.dropped, "active_requests": len(self.active)}

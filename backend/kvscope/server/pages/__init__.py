@@ -1,9 +1,6 @@
-"""The explainer's pages (chapters, home, glossary), rendered from `content/`, and the
-routes that serve them (routes.py).
-
-Rendering is light on purpose: only jinja2, markdown-it-py, python-frontmatter and pyyaml;
-no engine or web-framework imports (routes.py alone imports FastAPI, and this file does
-not import routes.py), so `kvscope export-site` and the tests need no server."""
+"""The explainer's pages (home, chapters, glossary), rendered from `content/` with no engine or
+web-framework import (only routes.py, not imported here, needs FastAPI), so `kvscope
+export-site` and the tests need no server."""
 from kvscope.server.pages.content import (PARTS, Chapter, ContentError, Glossary, Term, content_dir,
                                        frontend_dir, load_chapters, load_glossary)
 from kvscope.server.pages.markdown import RenderError, make_markdown, render_markdown

@@ -18,6 +18,7 @@ PARTS = {
     "scaling": ("Scaling out", range(19, 22)),
 }
 CHAPTER_FILE = re.compile(r"^(\d{2})-([a-z0-9-]+)\.md$")
+CHECKOUT = Path(__file__).resolve().parents[4]   # backend/kvscope/server/pages/ -> the repository
 
 
 class ContentError(ValueError):
@@ -77,19 +78,13 @@ def normalise(name: str) -> str:
 
 
 def content_dir() -> Path:
-    """KVSCOPE_CONTENT_DIR, or the repository's content/ (backend/kvscope → ../../content)."""
-    env = os.environ.get("KVSCOPE_CONTENT_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[4] / "content"
+    """KVSCOPE_CONTENT_DIR, or the repository's content/."""
+    return Path(os.environ.get("KVSCOPE_CONTENT_DIR") or CHECKOUT / "content")
 
 
-def frontend_dir() -> Path:
-    """KVSCOPE_FRONTEND_DIR, or the repository's frontend/."""
-    env = os.environ.get("KVSCOPE_FRONTEND_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[4] / "frontend"
+def frontend_dir(configured: Path | None = None) -> Path:
+    """KVSCOPE_FRONTEND_DIR, the server's --frontend-dir, or the repository's frontend/."""
+    return Path(os.environ.get("KVSCOPE_FRONTEND_DIR") or configured or CHECKOUT / "frontend")
 
 
 def load_glossary(directory: Path) -> Glossary:

@@ -1,14 +1,7 @@
-"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the
-kvscope marks of docs/authoring.md:
-
-- `[[term]]` / `[[shown words|term]]` → `<kv-term>` with the glossary's short definition
-  as a tooltip (hover and keyboard focus). An unknown term raises RenderError.
-- a ```quiz fence (YAML) → `<kv-quiz>` markup: radio groups, answers and every `why`.
-- a widget element on a line of its own → the element as a block (not inside a <p>).
-- `![caption](figures/name.svg)` on a line of its own → the SVG from frontend/figures/
-  inlined in a <figure> (inline, so the theme's CSS variables and dark mode reach it).
-- `<kv-value key=… format=…>` stays as written; its key and format are checked.
-"""
+"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the kvscope
+marks of docs/authoring.md (`[[term]]`, ```quiz, a widget or a figure alone on its line,
+`<kv-value>`); a mark that breaks the contract raises RenderError. Figures are inlined SVG,
+so the theme's CSS variables and dark mode reach them."""
 from __future__ import annotations
 
 import hashlib
@@ -101,24 +94,30 @@ def _render_term(self, tokens, idx, options, env) -> str:
             f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
 
 
-# -- widgets on a line of their own ----------------------------------------------------
+# -- widgets and figures on a line of their own -------------------------------------------
 
-def _widget_block_rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
-    begin = state.bMarks[start_line] + state.tShift[start_line]
-    line = state.src[begin:state.eMarks[start_line]]
-    if state.sCount[start_line] - state.blkIndent >= 4:
-        return False
-    match = WIDGET_LINE.match(line)
-    if not match or match.group(1) in ("kv-value", "kv-term", "kv-quiz"):
-        return False
-    if silent:
+def line_rule(pattern: re.Pattern, token_type: str, meta):
+    """A block rule for a line matching `pattern` alone: one `token_type` token with
+    meta(match), or no match when meta gives None."""
+    def rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
+        if state.sCount[start_line] - state.blkIndent >= 4:
+            return False
+        begin = state.bMarks[start_line] + state.tShift[start_line]
+        match = pattern.match(state.src[begin:state.eMarks[start_line]])
+        if not match or meta(match) is None:
+            return False
+        if not silent:
+            token = state.push(token_type, "", 0)
+            token.meta, token.map = meta(match), [start_line, start_line + 1]
+            state.line = start_line + 1
         return True
-    tag, attributes = match.group(1), match.group(2) or ""
-    token = state.push("kv_widget", "", 0)
-    token.meta = {"tag": tag, "attributes": attributes}
-    token.map = [start_line, start_line + 1]
-    state.line = start_line + 1
-    return True
+    return rule
+
+
+def _widget_meta(match: re.Match) -> dict | None:
+    if match.group(1) in ("kv-value", "kv-term", "kv-quiz"):
+        return None
+    return {"tag": match.group(1), "attributes": match.group(2) or ""}
 
 
 def _render_widget(self, tokens, idx, options, env) -> str:
@@ -128,24 +127,6 @@ def _render_widget(self, tokens, idx, options, env) -> str:
         raise RenderError(f"{ctx.source}: unknown widget <{tag}> (known: {', '.join(sorted(WIDGET_TAGS))})")
     # The class lets the page lay the widget out before its script has loaded.
     return f'<{tag} class="kv-widget"{attributes}></{tag}>\n'
-
-
-# -- figures on a line of their own ------------------------------------------------------
-
-def _figure_block_rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
-    if state.sCount[start_line] - state.blkIndent >= 4:
-        return False
-    begin = state.bMarks[start_line] + state.tShift[start_line]
-    match = FIGURE_LINE.match(state.src[begin:state.eMarks[start_line]])
-    if not match:
-        return False
-    if silent:
-        return True
-    token = state.push("kv_figure", "figure", 0)
-    token.meta = {"caption": match.group(1), "name": match.group(2)}
-    token.map = [start_line, start_line + 1]
-    state.line = start_line + 1
-    return True
 
 
 def _render_figure(self, tokens, idx, options, env) -> str:
@@ -229,11 +210,13 @@ def make_markdown() -> MarkdownIt:
     md.enable("table")
     md.use(anchors_plugin, min_level=2, max_level=3, permalink=False)
     md.inline.ruler.before("link", "kv_term", _glossary_rule)
-    md.block.ruler.before("html_block", "kv_widget", _widget_block_rule,
+    md.block.ruler.before("html_block", "kv_widget", line_rule(WIDGET_LINE, "kv_widget", _widget_meta),
                           {"alt": ["paragraph", "reference", "blockquote"]})
     md.add_render_rule("kv_term", _render_term)
     md.add_render_rule("kv_widget", _render_widget)
-    md.block.ruler.before("paragraph", "kv_figure", _figure_block_rule, {"alt": ["paragraph", "reference", "blockquote"]})
+    figure_meta = lambda m: {"caption": m.group(1), "name": m.group(2)}  # noqa: E731 - short and local
+    md.block.ruler.before("paragraph", "kv_figure", line_rule(FIGURE_LINE, "kv_figure", figure_meta),
+                          {"alt": ["paragraph", "reference", "blockquote"]})
     md.add_render_rule("kv_figure", _render_figure)
 
     default_fence = md.renderer.rules["fence"]

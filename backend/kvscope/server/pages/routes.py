@@ -1,11 +1,5 @@
-"""The explainer's HTML pages, mounted on the server's FastAPI app:
-
-    /                      table of contents in four parts
-    /chapters/{slug}       a chapter (e.g. /chapters/12-the-kv-cache; /chapters/12 redirects)
-    /glossary              every glossary term, with anchors and its chapter
-
-Rendering lives beside it in `kvscope.server.pages` (Markdown + Jinja2); pages are cached in
-memory until a content file changes. Importing this module imports no engine code."""
+"""The explainer's HTML pages on the server's FastAPI app (the one file of pages/ that imports
+FastAPI); /chapters/12 redirects to the chapter's full slug."""
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -17,7 +11,6 @@ HTML_HEADERS = {"Cache-Control": "no-cache"}
 
 
 def mount_pages(app: FastAPI, site: Site | None = None) -> Site:
-    """Adds the page routes to `app` and returns the Site that renders them."""
     site = site or Site()
     app.state.pages = site
 

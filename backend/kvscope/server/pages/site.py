@@ -1,8 +1,5 @@
-"""The whole site: load content once, render pages with Jinja2, cache the HTML until a
-content file changes. Used by `kvscope.server.pages.routes` and by `export_static_site`.
-
-Pages link with `link(url)` and `static(path)`. Served, those are site-absolute ("/glossary",
-"/static/css/theme.css"); exported, they are relative to the page ("../../glossary/index.html"),
+"""The whole site rendered with Jinja2, cached until a content file changes. Pages link with
+`link(url)` and `static(path)`: site-absolute when served, relative to the page when exported,
 so the files work from any folder of any static host and when opened as file://."""
 from __future__ import annotations
 
@@ -96,9 +93,8 @@ class Site:
 
     # -- pages ---------------------------------------------------------------------------
     def recording_for(self, chapter: Chapter | None) -> str:
-        """Which committed recording a page replays with no backend: the chapter's own
-        (front matter `recording:` or a file named after its slug), else `default`, else
-        the first one there is; "" when there is none (the page then says so)."""
+        """The recording a page replays with no backend: the chapter's own (front matter or its
+        slug), else `default`, else the first; "" when there is none (the page then says so)."""
         folder = self.recordings
         names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
         wanted = []
@@ -144,8 +140,6 @@ class Site:
         return self._cached("/glossary", build)
 
     def not_found(self, path: str) -> str:
-        with self._lock:
-            self._fresh()
         return self._render("not_found.html", page="not-found", path=path, chapters=self.chapter_list())
 
     def render_all(self) -> dict[str, str]:
@@ -157,10 +151,8 @@ class Site:
 
 
 def export_static_site(out: Path, site: Site | None = None) -> Path:
-    """Writes the whole book as plain files: `index.html` per page (home, glossary, every
-    chapter) with relative links, `frontend/` under `static/`, the modules' import map and
-    the recordings as classic scripts. The result replays recordings with no backend, from
-    any static host or straight from the disk (file://)."""
+    """The whole book as plain files (pages, `static/`, the import map, the recordings as
+    classic scripts) that replay recordings with no backend, from any host or file://."""
     source = site or Site()
     site = Site(source.content, source.frontend, source.recordings, static_export=True)
     out = Path(out)

@@ -1,19 +1,10 @@
-"""What lets an exported page run from a static host and from file:// alike.
-
-Chromium refuses to fetch module scripts (and `fetch()` recordings) from file:// URLs,
-but it does load classic scripts from files, and module scripts from data: URLs. So an
-exported page gets:
-
-- an import map, inserted by a classic script (`static/js/importmap.js`), that names every
-  module `kvscope/<path>` and maps it to a data: URL of that module's own source. The
-  sources are the files in frontend/js, unchanged except that their relative import
-  specifiers are spelled as those names (a data: URL has no folder to be relative to).
-  Each module stays a separate module, loaded once; nothing is bundled or minified.
-- each recording as a classic script (`static/recordings/<name>.js`) that registers a
-  data: URL of the recording in `window.kvscopeRecordings[<name>]`, which `fetch()` may read
-  from any page. A page loads its own recording's script; a widget that needs another
-  recording loads that script when it asks for it (frontend/js/widgets/lib/recording.js).
-"""
+"""What lets an exported page run from a static host and from file:// alike. Chromium will not
+fetch module scripts or recordings from file:// URLs, but it loads classic scripts from files
+and modules from data: URLs. So an exported page gets an import map (inserted by a classic
+script) naming every module of frontend/js `kvscope/<path>`, each a data: URL of its own
+source with its relative imports spelled as those names (nothing bundled), and each recording
+as a classic script registering a data: URL in `window.kvscopeRecordings[<name>]`, which
+`fetch()` may read (frontend/js/widgets/lib/recording.js loads them)."""
 from __future__ import annotations
 
 import base64
@@ -28,17 +19,12 @@ STATIC_SPECIFIER = re.compile(r"""(\bfrom\s*|\bimport\s*\(?\s*)(['"])(\.{1,2}/[^
 TEMPLATE_SPECIFIER = re.compile(r"(\bimport\s*\(\s*)`(\.{1,2}/[^`]*)`")
 
 
-def module_name(path: str) -> str:
-    """frontend-relative path → the name the import map knows it by."""
-    return PREFIX + path
-
-
 def rewrite_specifiers(source: str, path: str) -> str:
     """Relative specifiers in the module at `path` (relative to frontend/) → module names."""
     folder = posixpath.dirname(path)
 
     def resolve(specifier: str) -> str:
-        return module_name(posixpath.normpath(posixpath.join(folder, specifier)))
+        return PREFIX + posixpath.normpath(posixpath.join(folder, specifier))
 
     source = STATIC_SPECIFIER.sub(lambda m: f"{m.group(1)}{m.group(2)}{resolve(m.group(3))}{m.group(2)}", source)
     return TEMPLATE_SPECIFIER.sub(lambda m: f"{m.group(1)}`{resolve(m.group(2))}`", source)
@@ -53,7 +39,7 @@ def import_map(frontend: Path) -> dict:
     for file in sorted((frontend / "js").rglob("*.js")):
         path = file.relative_to(frontend).as_posix()
         source = rewrite_specifiers(file.read_text(encoding="utf-8"), path)
-        imports[module_name(path)] = data_url("text/javascript", source.encode("utf-8"))
+        imports[PREFIX + path] = data_url("text/javascript", source.encode("utf-8"))
     return {"imports": imports}
 
 

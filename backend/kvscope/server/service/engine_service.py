@@ -37,34 +37,24 @@ class Submitted:
     error: str | None = None
 
 
-class EngineService(SweepAccounts):
-    def __init__(self, engine: LLMEngine, config: ServerConfig):
+class ClassService(SweepAccounts):
+    """What both services (our engine's, an attached vLLM's) keep for the class: the hub,
+    the policy, the metrics, request ids, and the runs the server drives (sweeps)."""
+    default_learner_share = 16
+
+    def __init__(self, config: ServerConfig, watches: WatchRegistry | None = None):
         super().__init__()
-        self.engine, self.config = engine, config
-        self.clock = Clock()
-        self.started_at = time.time()
+        self.config, self.clock, self.started_at = config, Clock(), time.time()
         self.metrics = Metrics()
         self.policy = Policy(config)
-        # tokenizing a long prompt takes a while: one worker thread, never the event loop
-        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-tokenize")
-        watches = WatchRegistry()   # one record of who watches what, shared by the hub
         self.hub = Hub(self.clock, self.metrics, watches)
-        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
-        self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
-        self.model_name = engine.model_config.name or engine.model_path.name
-        self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
-        self.aengine: AsyncEngine | None = None
         self._ids = itertools.count(1)
-        self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
-        self._reaper: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()   # runs the server drives (sweeps), until done
+        self._tasks: set[asyncio.Task] = set()
+        # tokenizing a long prompt (or probing a server) takes a while: one worker thread, never the event loop
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvscope-worker")
 
-    # -- life cycle ---------------------------------------------------------------------
-    def start(self) -> None:
-        """Bind to the running event loop and start the engine thread."""
-        self.hub.bind(asyncio.get_running_loop())
-        self.aengine = AsyncEngine(self.engine)
-        self._reaper = asyncio.get_running_loop().create_task(self._cancel_stale_holds())
+    def new_request_id(self) -> str:
+        return f"r{next(self._ids)}"
 
     def spawn(self, coro) -> None:
         """Run `coro` on the event loop, kept alive until it ends (or the server stops)."""
@@ -73,19 +63,50 @@ class EngineService(SweepAccounts):
         task.add_done_callback(self._tasks.discard)
 
     def stop(self) -> None:
-        for task in [self._reaper, *self._tasks]:
-            if task is not None:
-                task.cancel()
-        self.hub.stop_recording()
-        if self.aengine is not None:
-            self.aengine.shutdown()
-        self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        for task in self._tasks:
+            task.cancel()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
+        """A viewer left: its requests are cancelled."""
+        for rid in request_ids:
+            await self.cancel(rid)
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the worker thread, so the event loop keeps serving everyone."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     @property
     def learner_share(self) -> int:
         """Requests learners may have in flight together: below the engine's capacity."""
         limit = self.config.limits.max_learner_requests
-        return limit if limit is not None else max(1, self.engine.config.max_num_seqs // 2)
+        return limit if limit is not None else self.default_learner_share
+
+
+class EngineService(ClassService):
+    def __init__(self, engine: LLMEngine, config: ServerConfig):
+        watches = WatchRegistry()   # one record of who watches what, shared by the hub
+        super().__init__(config, watches)
+        self.engine = engine
+        self.instr = Instrumentation(engine, self.hub.publish_threadsafe, self.clock, watches=watches)
+        self.hub.publish_threadsafe([self.instr.kv_snapshot(), self.instr.memory()])
+        self.model_name = engine.model_config.name or engine.model_path.name
+        self.hello = hello_event(engine, self.instr.facts, started_at=self.started_at)
+        self.aengine: AsyncEngine | None = None
+        self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
+        self.default_learner_share = max(1, engine.config.max_num_seqs // 2)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self.hub.loop = asyncio.get_running_loop()
+        self.aengine = AsyncEngine(self.engine)
+        self.spawn(self._cancel_stale_holds())
+
+    def stop(self) -> None:
+        super().stop()
+        self.hub.stop_recording()
+        if self.aengine is not None:
+            self.aengine.shutdown()
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
@@ -105,9 +126,6 @@ class EngineService(SweepAccounts):
                     self.held_since.pop(rid, None)
                     if rid in self.hub.requests:
                         await self.cancel(rid)
-
-    def new_request_id(self) -> str:
-        return f"r{next(self._ids)}"
 
     # -- prompts ------------------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> dict:
@@ -146,10 +164,6 @@ class EngineService(SweepAccounts):
             self.policy.check_prompt_text(text, instructor)
         self.policy.check_prompt_tokens(ids, instructor)
         return ids, text
-
-    async def off_loop(self, fn, *args):
-        """fn(*args) on the tokenizer thread, so the event loop keeps serving everyone."""
-        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
     def _tokenizer(self):
         if self.engine.tokenizer is None:
@@ -256,28 +270,10 @@ class EngineService(SweepAccounts):
         await self.aengine.call(lambda: self.instr.unwatch(rid, viewer_id))
 
     async def drop_viewer(self, viewer_id: str, request_ids: list[str]) -> None:
-        """A viewer left: cancel its requests and end its watches."""
-        for rid in request_ids:
-            await self.aengine.abort(rid)
+        await super().drop_viewer(viewer_id, request_ids)
         await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
 
-    @property
-    def num_watched(self) -> int:
-        return len(self.instr.watches)
-
-    # -- instructor controls -------------------------------------------------------------
-    def pause(self) -> None:
-        self.aengine.pause()
-
-    def resume(self) -> None:
-        self.aengine.resume()
-
-    async def step(self) -> int | None:
-        return await self.aengine.step_now()
-
-    async def reset(self) -> int:
-        return await self.aengine.reset()
-
+    # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
         def apply():
@@ -339,6 +335,13 @@ class EngineService(SweepAccounts):
                 "knobs": engine.knobs(), "num_running": engine.num_running,
                 "num_waiting": engine.num_waiting, "num_viewers": len(self.hub.viewers),
                 "recording": None if rec is None else {"name": rec.name, "events": rec.events}}
+
+    def health(self) -> dict:
+        engine, aengine = self.engine, self.aengine
+        return {"status": "ok" if aengine and aengine.error is None else "degraded", "model": self.model_name,
+                "step": engine.num_steps, "paused": bool(aengine and aengine.paused), "running": engine.num_running,
+                "waiting": engine.num_waiting, "viewers": len(self.hub.viewers), "free_blocks": engine.num_free_blocks,
+                "num_blocks": engine.plan.num_blocks}
 
     def recording_preamble(self) -> list[dict]:
         """What a recording starts with, so a replay opens like a live connection."""
