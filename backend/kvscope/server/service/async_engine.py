@@ -131,19 +131,14 @@ class AsyncEngine:
     def _end_everything(self) -> None:
         for seq in self.engine.live_sequences():
             self._abort_now(seq.request_id)
-        while True:
-            try:
-                _, loop, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            loop.call_soon_threadsafe(_settle, future, None, RuntimeError("the engine shut down"))
+        self._drain_commands(refuse=RuntimeError("the engine shut down"))
 
     # -- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
             self._drain_commands()
             now = time.perf_counter()
-            due = self._gate_paced(now)
+            due = self.pacing.gate(now)
             if self.paused or not self.engine.has_unfinished():
                 self._sleep(self.idle_wait if due is None else min(self.idle_wait, due - now))
                 continue
@@ -158,11 +153,6 @@ class AsyncEngine:
         """Wait up to `seconds`, waking early for a command."""
         self._wake.wait(max(seconds, 0.001))
         self._wake.clear()
-
-    def _gate_paced(self, now: float) -> float | None:
-        if not self.pacing.paced:
-            return None
-        return self.pacing.gate(now)
 
     def _step_and_push(self) -> bool:
         """One engine step and its deltas out; False when no request advanced."""
@@ -193,16 +183,19 @@ class AsyncEngine:
         return [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()
                 if seq.seq_id in self.pacing.paced]
 
-    def _drain_commands(self) -> None:
+    def _drain_commands(self, refuse: Exception | None = None) -> None:
+        """Run the waiting commands, or answer each with `refuse` (the engine is gone)."""
         while True:
             try:
                 fn, loop, future = self._commands.get_nowait()
             except queue.Empty:
                 return
-            try:
-                result, error = fn(), None
-            except Exception as exc:
-                result, error = None, exc
+            result, error = None, refuse
+            if refuse is None:
+                try:
+                    result = fn()
+                except Exception as exc:
+                    error = exc
             loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _abort_now(self, request_id: str) -> bool:

@@ -82,6 +82,8 @@ class Pacing:
         """Pause each paced request that is not due yet, resume the due ones. Returns the
         earliest time a paused one becomes due (None if none waits)."""
         earliest = None
+        if not self.paced:
+            return None
         for seq in self.engine.live_sequences():
             pace = self.paced.get(seq.seq_id)
             if pace is None:
