@@ -41,14 +41,20 @@ def reference(checkpoint):
     return attentions
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, reference, compiled, monkeypatch):
+@pytest.mark.parametrize("compiled, gathered", [(True, False), (False, False), (False, True)])
+def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, reference, compiled, gathered, monkeypatch):
+    """gathered: the PyTorch path (GPUs, quantized caches) instead of the C kernel."""
     engine = LLMEngine(model=str(checkpoint), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128,
                        max_num_batched_tokens=16, max_num_seqs=16, num_threads=1, cpu_compile=compiled)
     assert (engine.runner.compiled is not None) == compiled
     side_passes, compiled_runs = [], []
     real_side_pass = capture.side_pass
     monkeypatch.setattr(capture, "side_pass", lambda *a: side_passes.append(a) or real_side_pass(*a))
+    in_place_calls = []
+    real_weights = capture.cpu_weights
+    monkeypatch.setattr(capture, "cpu_weights", lambda *a: in_place_calls.append(1) or real_weights(*a))
+    if gathered:
+        monkeypatch.setattr(capture, "in_place", lambda layer: False)
     if compiled:
         run = engine.runner.compiled.run
         engine.runner.compiled.run = lambda inputs: compiled_runs.append(len(inputs.input_ids)) or run(inputs)
@@ -65,6 +71,7 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
         engine.step()
     instr.detach()
     assert engine.runner.keep_queries is None and side_passes == []
+    assert bool(in_place_calls) != gathered
 
     steps = [e for e in events if e["type"] == "step"]
     decode_steps = [s for s in steps if all(r["kind"] == "decode" for r in s["seqs"])]

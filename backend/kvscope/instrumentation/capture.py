@@ -30,6 +30,7 @@ from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
 from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
+from kvscope.layers.kernels import cpu_unavailable, cpu_weights
 
 
 @dataclass
@@ -241,10 +242,18 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
             _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
     for w in watched:
         if w.end - w.first > 1:
-            blocks = torch.tensor(w.view.block_table[:cdiv(w.end, runner.block_size)], device=runner.device)
+            table = w.view.block_table[:cdiv(w.end, runner.block_size)]
             for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
-                keys = gather_context(layer.readable_caches()[0], blocks, w.end)
-                probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, w.positions, layer.scale)
+                q = queries[w.seq.seq_id][layer.layer_idx]
+                if in_place(layer):   # causal: row r sees the keys up to its own position
+                    probs = torch.empty(len(w.positions), q.shape[1], w.end)
+                    cpu_weights(q.contiguous(), layer.k_cache, torch.tensor([table], dtype=torch.int32).expand(
+                        len(w.positions), -1).contiguous(), torch.tensor(w.positions, dtype=torch.int32) + 1,
+                        layer.scale, probs)
+                    probs = probs.transpose(0, 1)
+                else:
+                    keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
+                    probs = attention_weights(q, keys, w.positions, layer.scale)
                 kept_heads = HostCopy(_heads(probs, w.heads).half())
                 mean = HostCopy(probs.mean(0).half())
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
@@ -261,11 +270,32 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         return
     width = max(cdiv(w.end, block_size) for w in decodes)
     device = layers[0].k_cache.device
-    tables = torch.tensor([w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
-                           for w in decodes], device=device)   # padding: block 0, read and masked
+    tables = [w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
+              for w in decodes]   # padding: block 0, never read past a row's length
     n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
-    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, layers[0].num_kv_heads)   # [layers * seqs, H, .]
+    if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie
+        tables, lens = torch.tensor(tables, dtype=torch.int32), torch.tensor([w.end for w in decodes], dtype=torch.int32)
+        probs = torch.empty(len(wanted), n, q.shape[2], context)
+        for i, layer in enumerate(wanted):
+            cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, probs[i])
+    else:
+        probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
+    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
+    for li, layer in enumerate(wanted):
+        for i, w in enumerate(decodes):
+            if w.wants(layer.layer_idx):
+                result.attention[(w.seq.seq_id, layer.layer_idx, False)] = (
+                    [w.first], halves[li, i, _head_index(w.heads, probs.shape[2]), None, :w.end],
+                    means[li, i, None, :w.end])
+
+
+def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,
+                             context: int) -> torch.Tensor:
+    """q [layers, seqs, H, D] → softmax weights [layers, seqs, H, context], each row's keys
+    gathered out of the pool (any device, any cache format), masked past its length."""
+    n, device = len(decodes), q.device
+    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, wanted[0].num_kv_heads)   # [layers * seqs, H, .]
     scores = torch.empty(len(wanted) * n, spread.shape[1], context, device=device)
     for i, layer in enumerate(wanted):   # q·k for every row's context, up to the longest
         keys = gather_context(layer.readable_caches()[0], tables, context).float()   # [seqs, C, KVH, D]
@@ -275,14 +305,14 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         lens = torch.tensor([w.end for w in decodes], device=device)
         past = torch.arange(context, device=device)[None, :] >= lens[:, None]
         scores.masked_fill_(past[None, :, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
-    for li, layer in enumerate(wanted):
-        for i, w in enumerate(decodes):
-            if w.wants(layer.layer_idx):
-                result.attention[(w.seq.seq_id, layer.layer_idx, False)] = (
-                    [w.first], halves[li, i, _head_index(w.heads, probs.shape[2]), None, :w.end],
-                    means[li, i, None, :w.end])
+    return scores.softmax(dim=-1)
+
+
+def in_place(layer) -> bool:
+    """Whether this layer's weights can be read from its cache in place, by the C kernel: a
+    plain (not quantized) cache on the CPU in a dtype the kernel takes, and a compiler."""
+    return (not layer.kv_format.quantized and layer.k_cache.device.type == "cpu"
+            and cpu_unavailable(layer.k_cache.dtype) is None)
 
 
 def _head_index(heads: list[int] | None, num_heads: int) -> slice | list[int]:
