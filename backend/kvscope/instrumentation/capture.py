@@ -144,7 +144,7 @@ class HostCopy:
     _streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def __init__(self, t: torch.Tensor):
-        self.shape, self.done = tuple(t.shape), None
+        self.shape, self.done, self.array = tuple(t.shape), None, None
         if t.device.type != "cuda":
             self.host = t
             return
@@ -158,9 +158,11 @@ class HostCopy:
         t.record_stream(stream)   # its memory is not reused before the copy has read it
 
     def __array__(self, dtype=None, copy=None):
-        if self.done is not None:
-            self.done.synchronize()
-        return self.host.numpy() if dtype is None else self.host.numpy().astype(dtype)
+        if self.array is None:   # once: every event of a step reads its part of one copy
+            if self.done is not None:
+                self.done.synchronize()
+            self.array = self.host.numpy()
+        return self.array if dtype is None else self.array.astype(dtype)
 
     def __getitem__(self, key) -> "HostView":
         return HostView(self, key)
@@ -173,7 +175,7 @@ class HostView:
     key: tuple
 
     def __array__(self, dtype=None, copy=None):
-        part = np.asarray(self.copy)[self.key]
+        part = self.copy.__array__()[self.key]
         return part if dtype is None else part.astype(dtype)
 
 
@@ -235,9 +237,11 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
     # decode rows in groups of similar context length (as the reference attention groups them):
-    # each group is padded to its own longest context, not to the longest of all
+    # each group is padded to its own longest context, not to the longest of all. The C
+    # kernel reads no padding, so it takes them all in one call a layer
     if decodes := sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end):
-        size = cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)))
+        groups = 1 if in_place(layers[0]) else min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP))
+        size = cdiv(len(decodes), groups)
         for start in range(0, len(decodes), size):
             _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
     for w in watched:
