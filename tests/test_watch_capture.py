@@ -14,6 +14,7 @@ import torch
 from hf_models import VOCAB, make_checkpoint
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation import Instrumentation, WatchSpec, capture
+from kvscope.layers.attention import KeptQueries
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.sampling_params import SamplingParams
 from server_harness import check_event
@@ -57,7 +58,9 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
         monkeypatch.setattr(capture, "in_place", lambda layer: False)
     if compiled:
         run = engine.runner.compiled.run
-        engine.runner.compiled.run = lambda inputs: compiled_runs.append(len(inputs.input_ids)) or run(inputs)
+        # the kept queries reach the graph as the type it was warmed up with: a subclass would
+        # fail dynamo's type guard and recompile the graph at the first watched step
+        engine.runner.compiled.run = lambda inputs: compiled_runs.append(type(inputs.metadata.queries)) or run(inputs)
     g = torch.Generator().manual_seed(7)
     events = []
     instr = Instrumentation(engine, events.extend)
@@ -77,6 +80,7 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
     decode_steps = [s for s in steps if all(r["kind"] == "decode" for r in s["seqs"])]
     if compiled:   # every decode step ran the compiled graph, watched or not
         assert len(compiled_runs) == len(decode_steps) > 0
+        assert set(compiled_runs) == {KeptQueries}   # every decode step here has a watched row
     att = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
     for e in (e for e in events if e["type"] == "attention"):
         check_event(json.loads(json_text(e)))

@@ -182,22 +182,25 @@ class HostView:
 
 
 @dataclass
-class StepQueries(KeptQueries):
+class StepQueries:
     """The queries a step keeps for capture, and where each watched sequence's rows are among them."""
-    by_seq: dict[int, slice] = field(default_factory=dict)   # seq_id -> its rows of `out`
+    kept: KeptQueries                                        # what the step itself is handed
+    by_seq: dict[int, slice] = field(default_factory=dict)   # seq_id -> its rows of kept.out
 
 
 class QueryKeeper:
     """The model runner's `keep_queries` while someone watches: which rows' queries a step
     keeps. A decode step keeps every row (a decode graph keeps the shapes it was recorded
-    with, and a decode row is small); a step with prompts only the watched sequences' rows."""
+    with, and a decode row is small); a step with prompts only the watched sequences' rows.
+    The step is handed a plain KeptQueries, the type the compiled graph was warmed up with
+    (a subclass fails its guards and recompiles it)."""
 
     def __init__(self, runner):
         self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
         self.kept: StepQueries | None = None   # what the last step run kept
 
-    def __call__(self, out: SchedulerOutput, decode: bool) -> StepQueries | None:
+    def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
         by_seq, taken, row = {}, [], 0
         for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
             n = e.num_new_tokens
@@ -206,10 +209,10 @@ class QueryKeeper:
                 by_seq[e.seq.seq_id] = slice(first, first + n)
                 taken += range(row, row + n)
             row += n
-        self.kept = None if not by_seq else StepQueries(
+        self.kept = None if not by_seq else StepQueries(KeptQueries(
             slice(None) if decode else torch.tensor(taken, device=self.device),
-            query_room(self.layers, row if decode else len(taken), self.dtype, self.device), by_seq)
-        return self.kept
+            query_room(self.layers, row if decode else len(taken), self.dtype, self.device)), by_seq)
+        return None if self.kept is None else self.kept.kept
 
 
 @dataclass
@@ -230,7 +233,7 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     step where it kept them, from a side pass where it did not."""
     result = Capture(watched)
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
-    stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
+    stacked = torch.stack(kept.kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
     # the side pass runs as deep as any row is drawn: decode rows are computed together
     if rest := [w for w in watched if w.seq.seq_id not in queries]:
