@@ -282,19 +282,20 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
     if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie
-        tables, lens = torch.tensor(tables, dtype=torch.int32), torch.tensor([w.end for w in decodes], dtype=torch.int32)
+        tables = torch.tensor(tables, dtype=torch.int32)
+        lens = torch.tensor([w.end for w in decodes], dtype=torch.int32)
         probs = torch.empty(len(wanted), n, q.shape[2], context)
         for i, layer in enumerate(wanted):
             cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, probs[i])
     else:
         probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
     halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
-    for li, layer in enumerate(wanted):
-        for i, w in enumerate(decodes):
-            if w.wants(layer.layer_idx):
-                result.attention[(w.seq.seq_id, layer.layer_idx, False)] = (
-                    [w.first], halves[li, i, _head_index(w.heads, probs.shape[2]), None, :w.end],
-                    means[li, i, None, :w.end])
+    for i, w in enumerate(decodes):
+        heads, seq_id = _head_index(w.heads, probs.shape[2]), w.seq.seq_id
+        for li, layer in enumerate(wanted):
+            if w.layers is None or layer.layer_idx in w.layers:
+                result.attention[(seq_id, layer.layer_idx, False)] = ([w.first], HostView(
+                    halves, (li, i, heads, None, slice(w.end))), HostView(means, (li, i, None, slice(w.end))))
 
 
 def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,

@@ -110,9 +110,10 @@ def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tens
             and int(context_lens.max()) <= min(width, block_tables.shape[1] * k_cache.shape[1])):
         raise ValueError(f"weights for queries {tuple(q.shape)} do not fit out {tuple(out.shape)}, "
                          f"tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}")
-    _kernel("paged_weights", q.dtype)(q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
-                                      out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
-                                      k_cache.shape[1], block_tables.shape[1], width, scale, torch.get_num_threads())
+    _kernel("paged_weights", q.dtype)(
+        q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(), q.shape[0],
+        q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], block_tables.shape[1], width, scale,
+        torch.get_num_threads())
 
 
 def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
