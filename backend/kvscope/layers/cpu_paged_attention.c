@@ -358,17 +358,20 @@ void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32
         float *o = out + (long)r * H * out_width;                                                \
         float qs[H * D], k[W];                                                                   \
         for (int i = 0; i < H * D; i++) qs[i] = LOAD(q[(long)r * H * D + i]) * scale;            \
-        for (int pos = 0; pos < len; pos++) {                                                    \
-            const int b = pos / block_size, t = pos % block_size;                                \
-            const T *kr = k_cache + ((long)table[b] * block_size + t) * W;                       \
-            if (pos + block_size < len)                                                          \
-                PREFETCH_ROW(T, k_cache + ((long)table[b + 1] * block_size + t) * W, W)          \
-            for (int d = 0; d < W; d++) k[d] = LOAD(kr[d]);                                      \
-            /* constant head_dim for the common shapes: the dot products vectorise */           \
-            if (D == 32) weights_scores(qs, k, o, H, G, 32, out_width, pos);                     \
-            else if (D == 64) weights_scores(qs, k, o, H, G, 64, out_width, pos);                \
-            else if (D == 128) weights_scores(qs, k, o, H, G, 128, out_width, pos);              \
-            else weights_scores(qs, k, o, H, G, D, out_width, pos);                              \
+        for (int b = 0; b * block_size < len; b++) {        /* a block at a time, in order */  \
+            const T *kb = k_cache + (long)table[b] * block_size * W;                             \
+            const int count = len - b * block_size < block_size ? len - b * block_size : block_size; \
+            const T *next = (b + 1) * block_size < len ? k_cache + (long)table[b + 1] * block_size * W : kb; \
+            for (int t = 0; t < count; t++) {                                                    \
+                const int pos = b * block_size + t;                                              \
+                PREFETCH_ROW(T, next + (long)t * W, W)                                           \
+                for (int d = 0; d < W; d++) k[d] = LOAD(kb[(long)t * W + d]);                    \
+                /* constant head_dim for the common shapes: the dot products vectorise */       \
+                if (D == 32) weights_scores(qs, k, o, H, G, 32, out_width, pos);                 \
+                else if (D == 64) weights_scores(qs, k, o, H, G, 64, out_width, pos);            \
+                else if (D == 128) weights_scores(qs, k, o, H, G, 128, out_width, pos);          \
+                else weights_scores(qs, k, o, H, G, D, out_width, pos);                          \
+            }                                                                                    \
         }                                                                                        \
         for (int h = 0; h < H; h++) {                                                            \
             float *oh = o + (long)h * out_width, top = -3.0e38f, sum = 0.f;                      \
