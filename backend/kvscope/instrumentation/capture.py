@@ -6,8 +6,11 @@ watches, each attention layer also copies queries into a tensor made before the 
 in a decode step, whose graph keeps the shapes it was recorded with, the watched rows' in a
 step with prompts. After the step, the watched rows' attention weights are computed from
 those queries and the keys the step has just written to the paged cache, for the layers and
-heads viewers asked for, the decode rows of every watched sequence and layer in one batched
-product, kept in half precision and copied to the host without waiting (HostCopy).
+heads viewers asked for: on a CPU by the C kernel beside the decode kernel, which reads each
+row's keys in place through its block table (layers/kernels.py cpu_weights); elsewhere (a
+GPU, a quantized cache) from keys gathered out of the pool, the decode rows of every watched
+sequence and layer in one batched product. Kept in half precision and copied to the host
+without waiting (HostCopy).
 
 A side pass runs only for what the step did not compute: rows the prefix cache spared the
 engine (the first step a request is watched, so every prompt row shows) and a watch of the
@@ -278,7 +281,7 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     width = max(cdiv(w.end, block_size) for w in decodes)
     device = layers[0].k_cache.device
     tables = [w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
-              for w in decodes]   # padding: block 0, never read past a row's length
+              for w in decodes]   # padding: block 0 (the kernel stops at each row's length; gathering masks it)
     n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
     if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie
