@@ -13,6 +13,7 @@ import torch
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from paged_step import attend_step
 from kvscope import LLM, SamplingParams
+from kvscope.instrumentation import capture
 from kvscope.layers import attention, kernels
 from kvscope.layers.attention import DecodeGroup, PrefillSpan, Route, TiledSpans
 from kvscope.engine.block_manager import cdiv
@@ -257,6 +258,45 @@ def test_tile_kernel_sees_no_key_past_each_query():
     after = tile_kernel(q, k_cache, v_cache, tiled, 0.25)
     torch.testing.assert_close(after[:19], before[:19])
     assert not torch.allclose(after[19], before[19])
+
+
+# -- capture's weights: the softmax a row's query gives its context ------------------------------
+@pytest.mark.parametrize("heads, kv_heads, head_dim, dtype", [(8, 2, 16, torch.float32), (4, 4, 64, torch.float32),
+                                                              (8, 1, 64, torch.bfloat16), (6, 2, 12, torch.float32)])
+def test_weights_equal_capture_s_pytorch_path(heads, kv_heads, head_dim, dtype):
+    """Ragged contexts, block tables in shuffled order, GQA, bfloat16 caches: each row's
+    weights equal the PyTorch path's over its gathered keys, and are zero past its length."""
+    lens = [1, 7, 16, 33, 50]
+    q, k_cache, _, md = random_decode_step(4, lens, seed=11, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                                           dtype=dtype)
+    out = torch.full((len(lens), heads, 52), float("nan"))
+    kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 0.3, out)
+    for r, n in enumerate(lens):
+        keys = attention.gather_context(k_cache, md.block_tables[r].long(), n)
+        want = capture.attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]   # [H, n]
+        assert torch.allclose(out[r, :, :n], want, atol=1e-6 if dtype == torch.float32 else 1e-5)
+        assert (out[r, :, n:] == 0).all()
+
+
+def test_weights_of_a_causal_span_see_no_key_past_each_row():
+    """A span is rows of one block table with lengths position + 1: the causal mask."""
+    q, k_cache, _, md = random_decode_step(4, [20], seed=3)
+    rows = torch.randn(6, 8, 16, generator=torch.Generator().manual_seed(5))
+    positions = list(range(14, 20))
+    out = torch.empty(6, 8, 20)
+    kernels.cpu_weights(rows, k_cache, md.block_tables.expand(6, -1).contiguous(),
+                        torch.tensor(positions, dtype=torch.int32) + 1, 0.25, out)
+    keys = attention.gather_context(k_cache, md.block_tables[0].long(), 20)
+    assert torch.allclose(out.transpose(0, 1), capture.attention_weights(rows, keys, positions, 0.25), atol=1e-6)
+
+
+def test_weights_refuse_lengths_past_the_output_or_the_table():
+    q, k_cache, _, md = random_decode_step(4, [9, 12], seed=1)
+    with pytest.raises(ValueError):
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 10))
+    with pytest.raises(ValueError):
+        kernels.cpu_weights(q, k_cache, md.block_tables, torch.tensor([9, 13], dtype=torch.int32), 1.0,
+                            torch.empty(2, 8, 13))
 
 
 def test_other_dtypes_are_refused_with_a_reason():

@@ -14,6 +14,7 @@ import torch
 from hf_models import VOCAB, make_checkpoint
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation import Instrumentation, WatchSpec, capture
+from kvscope.layers.attention import KeptQueries
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.sampling_params import SamplingParams
 from server_harness import check_event
@@ -41,17 +42,25 @@ def reference(checkpoint):
     return attentions
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, reference, compiled, monkeypatch):
+@pytest.mark.parametrize("compiled, gathered", [(True, False), (False, False), (False, True)])
+def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, reference, compiled, gathered, monkeypatch):
+    """gathered: the PyTorch path (GPUs, quantized caches) instead of the C kernel."""
     engine = LLMEngine(model=str(checkpoint), device="cpu", dtype="float32", block_size=4, num_kv_blocks=128,
                        max_num_batched_tokens=16, max_num_seqs=16, num_threads=1, cpu_compile=compiled)
     assert (engine.runner.compiled is not None) == compiled
     side_passes, compiled_runs = [], []
     real_side_pass = capture.side_pass
     monkeypatch.setattr(capture, "side_pass", lambda *a: side_passes.append(a) or real_side_pass(*a))
+    in_place_calls = []
+    real_weights = capture.cpu_weights
+    monkeypatch.setattr(capture, "cpu_weights", lambda *a: in_place_calls.append(1) or real_weights(*a))
+    if gathered:
+        monkeypatch.setattr(capture, "in_place", lambda layer: False)
     if compiled:
         run = engine.runner.compiled.run
-        engine.runner.compiled.run = lambda inputs: compiled_runs.append(len(inputs.input_ids)) or run(inputs)
+        # the kept queries reach the graph as the type it was warmed up with: a subclass would
+        # fail dynamo's type guard and recompile the graph at the first watched step
+        engine.runner.compiled.run = lambda inputs: compiled_runs.append(type(inputs.metadata.queries)) or run(inputs)
     g = torch.Generator().manual_seed(7)
     events = []
     instr = Instrumentation(engine, events.extend)
@@ -65,11 +74,13 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
         engine.step()
     instr.detach()
     assert engine.runner.keep_queries is None and side_passes == []
+    assert bool(in_place_calls) != gathered
 
     steps = [e for e in events if e["type"] == "step"]
     decode_steps = [s for s in steps if all(r["kind"] == "decode" for r in s["seqs"])]
     if compiled:   # every decode step ran the compiled graph, watched or not
         assert len(compiled_runs) == len(decode_steps) > 0
+        assert set(compiled_runs) == {KeptQueries}   # every decode step here has a watched row
     att = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
     for e in (e for e in events if e["type"] == "attention"):
         check_event(json.loads(json_text(e)))

@@ -6,8 +6,11 @@ watches, each attention layer also copies queries into a tensor made before the 
 in a decode step, whose graph keeps the shapes it was recorded with, the watched rows' in a
 step with prompts. After the step, the watched rows' attention weights are computed from
 those queries and the keys the step has just written to the paged cache, for the layers and
-heads viewers asked for, the decode rows of every watched sequence and layer in one batched
-product, kept in half precision and copied to the host without waiting (HostCopy).
+heads viewers asked for: on a CPU by the C kernel beside the decode kernel, which reads each
+row's keys in place through its block table (layers/kernels.py cpu_weights); elsewhere (a
+GPU, a quantized cache) from keys gathered out of the pool, the decode rows of every watched
+sequence and layer in one batched product. Kept in half precision and copied to the host
+without waiting (HostCopy).
 
 A side pass runs only for what the step did not compute: rows the prefix cache spared the
 engine (the first step a request is watched, so every prompt row shows) and a watch of the
@@ -30,6 +33,7 @@ from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
 from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
+from kvscope.layers.kernels import cpu_unavailable, cpu_weights
 
 
 @dataclass
@@ -143,7 +147,7 @@ class HostCopy:
     _streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def __init__(self, t: torch.Tensor):
-        self.shape, self.done = tuple(t.shape), None
+        self.shape, self.done, self.array = tuple(t.shape), None, None
         if t.device.type != "cuda":
             self.host = t
             return
@@ -157,9 +161,11 @@ class HostCopy:
         t.record_stream(stream)   # its memory is not reused before the copy has read it
 
     def __array__(self, dtype=None, copy=None):
-        if self.done is not None:
-            self.done.synchronize()
-        return self.host.numpy() if dtype is None else self.host.numpy().astype(dtype)
+        if self.array is None:   # once: every event of a step reads its part of one copy
+            if self.done is not None:
+                self.done.synchronize()
+            self.array = self.host.numpy()
+        return self.array if dtype is None else self.array.astype(dtype)
 
     def __getitem__(self, key) -> "HostView":
         return HostView(self, key)
@@ -172,29 +178,32 @@ class HostView:
     key: tuple
 
     def __array__(self, dtype=None, copy=None):
-        part = np.asarray(self.copy)[self.key]
+        part = self.copy.__array__()[self.key]
         return part if dtype is None else part.astype(dtype)
 
 
 
 
 @dataclass
-class StepQueries(KeptQueries):
+class StepQueries:
     """The queries a step keeps for capture, and where each watched sequence's rows are among them."""
-    by_seq: dict[int, slice] = field(default_factory=dict)   # seq_id -> its rows of `out`
+    kept: KeptQueries                                        # what the step itself is handed
+    by_seq: dict[int, slice] = field(default_factory=dict)   # seq_id -> its rows of kept.out
 
 
 class QueryKeeper:
     """The model runner's `keep_queries` while someone watches: which rows' queries a step
     keeps. A decode step keeps every row (a decode graph keeps the shapes it was recorded
-    with, and a decode row is small); a step with prompts only the watched sequences' rows."""
+    with, and a decode row is small); a step with prompts only the watched sequences' rows.
+    The step is handed a plain KeptQueries, the type the compiled graph was warmed up with
+    (a subclass fails its guards and recompiles it)."""
 
     def __init__(self, runner):
         self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
         self.kept: StepQueries | None = None   # what the last step run kept
 
-    def __call__(self, out: SchedulerOutput, decode: bool) -> StepQueries | None:
+    def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
         by_seq, taken, row = {}, [], 0
         for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
             n = e.num_new_tokens
@@ -203,10 +212,10 @@ class QueryKeeper:
                 by_seq[e.seq.seq_id] = slice(first, first + n)
                 taken += range(row, row + n)
             row += n
-        self.kept = None if not by_seq else StepQueries(
+        self.kept = None if not by_seq else StepQueries(KeptQueries(
             slice(None) if decode else torch.tensor(taken, device=self.device),
-            query_room(self.layers, row if decode else len(taken), self.dtype, self.device), by_seq)
-        return self.kept
+            query_room(self.layers, row if decode else len(taken), self.dtype, self.device)), by_seq)
+        return None if self.kept is None else self.kept.kept
 
 
 @dataclass
@@ -227,24 +236,34 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     step where it kept them, from a side pass where it did not."""
     result = Capture(watched)
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
-    stacked = torch.stack(kept.out) if from_step else None   # [layers, rows, H, D]
+    stacked = torch.stack(kept.kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
     # the side pass runs as deep as any row is drawn: decode rows are computed together
     if rest := [w for w in watched if w.seq.seq_id not in queries]:
         queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
     layers = runner.attn_layers
     # decode rows in groups of similar context length (as the reference attention groups them):
-    # each group is padded to its own longest context, not to the longest of all
+    # each group is padded to its own longest context, not to the longest of all. The C
+    # kernel reads no padding, so it takes them all in one call a layer
     if decodes := sorted((w for w in watched if w.end - w.first == 1), key=lambda w: w.end):
-        size = cdiv(len(decodes), min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP)))
+        groups = 1 if in_place(layers[0]) else min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP))
+        size = cdiv(len(decodes), groups)
         for start in range(0, len(decodes), size):
             _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
     for w in watched:
         if w.end - w.first > 1:
-            blocks = torch.tensor(w.view.block_table[:cdiv(w.end, runner.block_size)], device=runner.device)
+            table = w.view.block_table[:cdiv(w.end, runner.block_size)]
             for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
-                keys = gather_context(layer.readable_caches()[0], blocks, w.end)
-                probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, w.positions, layer.scale)
+                q = queries[w.seq.seq_id][layer.layer_idx]
+                if in_place(layer):   # causal: row r sees the keys up to its own position
+                    probs = torch.empty(len(w.positions), q.shape[1], w.end)
+                    cpu_weights(q.contiguous(), layer.k_cache, torch.tensor([table], dtype=torch.int32).expand(
+                        len(w.positions), -1).contiguous(), torch.tensor(w.positions, dtype=torch.int32) + 1,
+                        layer.scale, probs)
+                    probs = probs.transpose(0, 1)
+                else:
+                    keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
+                    probs = attention_weights(q, keys, w.positions, layer.scale)
                 kept_heads = HostCopy(_heads(probs, w.heads).half())
                 mean = HostCopy(probs.mean(0).half())
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
@@ -261,11 +280,33 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         return
     width = max(cdiv(w.end, block_size) for w in decodes)
     device = layers[0].k_cache.device
-    tables = torch.tensor([w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
-                           for w in decodes], device=device)   # padding: block 0, read and masked
+    tables = [w.view.block_table[:cdiv(w.end, block_size)] + [0] * (width - cdiv(w.end, block_size))
+              for w in decodes]   # padding: block 0 (the kernel stops at each row's length; gathering masks it)
     n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
-    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, layers[0].num_kv_heads)   # [layers * seqs, H, .]
+    if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie
+        tables = torch.tensor(tables, dtype=torch.int32)
+        lens = torch.tensor([w.end for w in decodes], dtype=torch.int32)
+        probs = torch.empty(len(wanted), n, q.shape[2], context)
+        for i, layer in enumerate(wanted):
+            cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, probs[i])
+    else:
+        probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
+    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
+    for i, w in enumerate(decodes):
+        heads, seq_id = _head_index(w.heads, probs.shape[2]), w.seq.seq_id
+        for li, layer in enumerate(wanted):
+            if w.layers is None or layer.layer_idx in w.layers:
+                result.attention[(seq_id, layer.layer_idx, False)] = ([w.first], HostView(
+                    halves, (li, i, heads, None, slice(w.end))), HostView(means, (li, i, None, slice(w.end))))
+
+
+def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,
+                             context: int) -> torch.Tensor:
+    """q [layers, seqs, H, D] → softmax weights [layers, seqs, H, context], each row's keys
+    gathered out of the pool (any device, any cache format), masked past its length."""
+    n, device = len(decodes), q.device
+    spread = spread_heads(q.flatten(0, 1).float() * wanted[0].scale, wanted[0].num_kv_heads)   # [layers * seqs, H, .]
     scores = torch.empty(len(wanted) * n, spread.shape[1], context, device=device)
     for i, layer in enumerate(wanted):   # q·k for every row's context, up to the longest
         keys = gather_context(layer.readable_caches()[0], tables, context).float()   # [seqs, C, KVH, D]
@@ -275,14 +316,14 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         lens = torch.tensor([w.end for w in decodes], device=device)
         past = torch.arange(context, device=device)[None, :] >= lens[:, None]
         scores.masked_fill_(past[None, :, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
-    for li, layer in enumerate(wanted):
-        for i, w in enumerate(decodes):
-            if w.wants(layer.layer_idx):
-                result.attention[(w.seq.seq_id, layer.layer_idx, False)] = (
-                    [w.first], halves[li, i, _head_index(w.heads, probs.shape[2]), None, :w.end],
-                    means[li, i, None, :w.end])
+    return scores.softmax(dim=-1)
+
+
+def in_place(layer) -> bool:
+    """Whether this layer's weights can be read from its cache in place, by the C kernel: a
+    plain (not quantized) cache on the CPU in a dtype the kernel takes, and a compiler."""
+    return (not layer.kv_format.quantized and layer.k_cache.device.type == "cpu"
+            and cpu_unavailable(layer.k_cache.dtype) is None)
 
 
 def _head_index(heads: list[int] | None, num_heads: int) -> slice | list[int]:

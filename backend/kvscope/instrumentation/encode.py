@@ -22,11 +22,17 @@ import numpy as np
 try:
     import orjson
 
+    def dump_bytes(event: dict) -> bytes:
+        return orjson.dumps(event)
+
     def dumps(event: dict) -> str:
         return orjson.dumps(event).decode()
 except ImportError:   # pragma: no cover - the standard library is the fallback
     def dumps(event: dict) -> str:
         return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+    def dump_bytes(event: dict) -> bytes:
+        return dumps(event).encode()
 
 TENSOR_FIELDS = {"attention": ("weights", "mean")}   # event type -> its array fields, in payload order
 WIRE_DTYPE = np.dtype("<f2")
@@ -39,20 +45,32 @@ def has_tensors(event: dict) -> bool:
     return names is not None and hasattr(event.get(names[0]), "__array__")
 
 
+def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:
+    """(the JSON header, the arrays as they go on the wire): each event's arrays are small,
+    so what costs here is per call; nothing is copied that is already float16 in order."""
+    names = TENSOR_FIELDS[event["type"]]
+    arrays = []
+    for name in names:
+        a = np.asarray(event[name])
+        arrays.append(a if a.dtype == WIRE_DTYPE and a.flags.c_contiguous else np.ascontiguousarray(a, WIRE_DTYPE))
+    header = event.copy()
+    for name in names:
+        del header[name]
+    header["tensors"] = [{"name": name, "dtype": "float16", "shape": list(a.shape)} for name, a in zip(names, arrays)]
+    return header, arrays
+
+
 def split(event: dict) -> tuple[dict, bytes]:
     """(the JSON header, the payload) of an event with arrays."""
-    names = TENSOR_FIELDS[event["type"]]
-    arrays = [np.ascontiguousarray(np.asarray(event[name]), dtype=WIRE_DTYPE) for name in names]
-    header = {k: v for k, v in event.items() if k not in names}
-    header["tensors"] = [{"name": name, "dtype": "float16", "shape": list(a.shape)} for name, a in zip(names, arrays)]
-    return header, b"".join(a.tobytes() for a in arrays)
+    header, arrays = _parts(event)
+    return header, b"".join(arrays)
 
 
 def binary_frame(event: dict) -> bytes:
-    header, payload = split(event)
-    text = dumps(header).encode()
-    text += b" " * (-(4 + len(text)) % ALIGN)
-    return struct.pack("<I", len(text)) + text + payload
+    header, arrays = _parts(event)
+    text = dump_bytes(header)
+    pad = -(4 + len(text)) % ALIGN
+    return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
 
 
 def json_text(event: dict) -> str:

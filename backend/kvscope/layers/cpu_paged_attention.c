@@ -323,3 +323,66 @@ void NAME(const T *q, const T *k_cache, const T *v_cache, const int32_t *block_t
 
 DEFINE_PREFILL(paged_prefill_f32, float, LOAD_F32, STORE_F32)
 DEFINE_PREFILL(paged_prefill_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
+
+
+/* ---- weights: the softmax a row's query gives its context, written out ---------------------
+ * For capture (instrumentation/capture.py): a watched row's attention weights, read from the
+ * keys where they lie, as the decode kernel reads them, instead of copying each row's
+ * context out of the pool first. A task is one row: its scores for every position below its
+ * length, each slot's keys read whole (every KV head) in address order with the next
+ * block's rows requested ahead, then a softmax per query head, in float32. Positions from
+ * the row's length to out_width are written as 0, so rows of different lengths share one
+ * output. A causal span is rows of one block table with lengths position + 1.
+ *
+ * Layouts: q [n_rows, n_heads, head_dim]; block_tables [n_rows, table_width];
+ * context_lens [n_rows], each >= 1; out [n_rows, n_heads, out_width] float32. */
+static inline __attribute__((always_inline)) void weights_scores(const float *qs, const float *k,
+        float *o, int H, int G, int D, int out_width, int pos) {
+    for (int kvh = 0; kvh < H / G; kvh++)
+        for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+            float s = 0.f;
+            for (int d = 0; d < D; d++) s += qs[h * D + d] * k[kvh * D + d];
+            o[(long)h * out_width + pos] = s;
+        }
+}
+
+#define DEFINE_WEIGHTS(NAME, T, LOAD)                                                            \
+void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32_t *context_lens, \
+          float *out, int n_rows, int n_heads, int n_kv_heads, int head_dim, int block_size,     \
+          int table_width, int out_width, float scale, int n_threads) {                          \
+    const int H = n_heads, G = n_heads / n_kv_heads, D = head_dim, W = n_kv_heads * head_dim;    \
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(n_threads) if(n_threads > 1)")   \
+    for (int r = 0; r < n_rows; r++) {                                                           \
+        const int len = context_lens[r];                                                         \
+        const int32_t *table = block_tables + (long)r * table_width;                             \
+        float *o = out + (long)r * H * out_width;                                                \
+        float qs[H * D], k[W];                                                                   \
+        for (int i = 0; i < H * D; i++) qs[i] = LOAD(q[(long)r * H * D + i]) * scale;            \
+        for (int b = 0; b * block_size < len; b++) {        /* a block at a time, in order */  \
+            const T *kb = k_cache + (long)table[b] * block_size * W;                             \
+            const int count = len - b * block_size < block_size ? len - b * block_size : block_size; \
+            const T *next = (b + 1) * block_size < len ? k_cache + (long)table[b + 1] * block_size * W : kb; \
+            for (int t = 0; t < count; t++) {                                                    \
+                const int pos = b * block_size + t;                                              \
+                PREFETCH_ROW(T, next + (long)t * W, W)                                           \
+                for (int d = 0; d < W; d++) k[d] = LOAD(kb[(long)t * W + d]);                    \
+                /* constant head_dim for the common shapes: the dot products vectorise */       \
+                if (D == 32) weights_scores(qs, k, o, H, G, 32, out_width, pos);                 \
+                else if (D == 64) weights_scores(qs, k, o, H, G, 64, out_width, pos);            \
+                else if (D == 128) weights_scores(qs, k, o, H, G, 128, out_width, pos);          \
+                else weights_scores(qs, k, o, H, G, D, out_width, pos);                          \
+            }                                                                                    \
+        }                                                                                        \
+        for (int h = 0; h < H; h++) {                                                            \
+            float *oh = o + (long)h * out_width, top = -3.0e38f, sum = 0.f;                      \
+            for (int i = 0; i < len; i++) top = oh[i] > top ? oh[i] : top;                       \
+            for (int i = 0; i < len; i++) { oh[i] = expf(oh[i] - top); sum += oh[i]; }           \
+            const float inv = 1.f / sum;                                                         \
+            for (int i = 0; i < len; i++) oh[i] *= inv;                                          \
+            for (int i = len; i < out_width; i++) oh[i] = 0.f;                                   \
+        }                                                                                        \
+    }                                                                                            \
+}
+
+DEFINE_WEIGHTS(paged_weights_f32, float, LOAD_F32)
+DEFINE_WEIGHTS(paged_weights_bf16, uint16_t, bf16_to_f32)
