@@ -71,9 +71,11 @@ def main() -> None:
     ap.add_argument("new")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", action="append", help="default: the embedded model and shape:m30")
+    ap.add_argument("--kind", action="append", choices=["throughput", "batch1"], help="default: both")
     args = ap.parse_args()
     models = args.model or ["backend/kvscope/assets/kvscope-mini", "shape:m30"]
-    kinds = {"throughput": "tok/s of CPU time", "batch1": "ms of CPU time a token"}
+    units = {"throughput": "tok/s of CPU time", "batch1": "ms of CPU time a token"}
+    kinds = {kind: units[kind] for kind in args.kind or units}
     results: dict[tuple[str, str, str], list[float]] = {}
     for r in range(args.rounds):
         trees = (args.base, args.new) if r % 2 == 0 else (args.new, args.base)

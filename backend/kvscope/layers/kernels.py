@@ -66,6 +66,7 @@ def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
     return kernels
 
 
+@functools.cache
 def _kernel(name: str, dtype: torch.dtype):
     kernels = _entry_points()
     if isinstance(kernels, str):
@@ -117,19 +118,24 @@ def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tens
 
 
 def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
-    """The C kernels trust raw pointers: refuse, on every call (it is cheap), any tensor whose
-    layout, dtype or device they would misread. Real checks, not asserts, which python -O drops."""
-    tensors = (q, k_cache, v_cache, out, *int32s)
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
-        raise ValueError("the CPU paged-attention kernels take contiguous CPU tensors")
-    if not k_cache.dtype == v_cache.dtype == q.dtype == out.dtype or q.dtype not in CPU_DTYPES:
+    """The C kernels trust raw pointers: refuse, on every call, any tensor whose layout, dtype
+    or device they would misread. Real checks, not asserts, which python -O drops; written as
+    plain loops and comparisons (a batch-1 step makes four calls a token: generators and
+    all() cost more than the checks themselves)."""
+    for t in (q, k_cache, v_cache, out) + int32s:
+        if not (t.is_cpu and t.is_contiguous()):
+            raise ValueError("the CPU paged-attention kernels take contiguous CPU tensors")
+    dtype = q.dtype
+    if k_cache.dtype != dtype or v_cache.dtype != dtype or out.dtype != dtype or dtype not in CPU_DTYPES:
         raise ValueError(f"query, caches and output must share one of float32, bfloat16; got {q.dtype}, "
                          f"{k_cache.dtype}, {v_cache.dtype}, {out.dtype}")
-    if any(t.dtype != torch.int32 for t in int32s):
-        raise ValueError("block tables, lengths and offsets must be int32")
-    if k_cache.shape != v_cache.shape or k_cache.dim() != 4 or q.dim() != 3 or out.shape != q.shape \
-            or k_cache.shape[3] != q.shape[2] or q.shape[1] % k_cache.shape[2]:
-        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} do not fit queries {tuple(q.shape)}")
+    for t in int32s:
+        if t.dtype != torch.int32:
+            raise ValueError("block tables, lengths and offsets must be int32")
+    q_shape, k_shape = q.shape, k_cache.shape
+    if k_shape != v_cache.shape or len(k_shape) != 4 or len(q_shape) != 3 or out.shape != q_shape \
+            or k_shape[3] != q_shape[2] or q_shape[1] % k_shape[2]:
+        raise ValueError(f"caches {tuple(k_shape)}, {tuple(v_cache.shape)} do not fit queries {tuple(q_shape)}")
 
 
 # A plain operator library rather than torch.library.custom_op: its dispatch costs a third
