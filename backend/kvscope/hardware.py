@@ -1,5 +1,6 @@
 """What the device can do: memory, peak bandwidth and FLOP/s — public spec-sheet figures
-for known GPUs, a measured copy bandwidth for the host CPU."""
+for known GPUs, a measured copy bandwidth for the host CPU — and how a host tensor reaches
+it without waiting."""
 from __future__ import annotations
 
 import functools
@@ -102,3 +103,10 @@ def measure_copy_bandwidth(size_mib: int = 128, repeats: int = 5) -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * 4 / best
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To a GPU through pinned memory without waiting: a plain copy
+    from pageable memory blocks the host until the GPU has done all it was given (the profile's
+    cudaStreamSynchronize a copy); a decode step's one wait is then its sampled ids."""
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)

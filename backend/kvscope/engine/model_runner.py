@@ -12,7 +12,8 @@ from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
 from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
-from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows, to_device
+from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
+from kvscope.hardware import to_device
 from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, as_bytes, attention_context,
                                       kv_cache_format, pick_routes, step_metadata)
 from kvscope.layers.parallel import TPGroup

@@ -11,7 +11,7 @@ from functools import cached_property, lru_cache
 
 import torch
 
-from kvscope.engine.step_inputs import to_device
+from kvscope.hardware import to_device
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 
 NEG_INF = float("-inf")

@@ -14,6 +14,7 @@ import torch
 from kvscope.engine.block_manager import cdiv, slots
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
+from kvscope.hardware import to_device
 from kvscope.layers.attention import (AttentionMetadata, DecodeGroup, PagedRows, PrefillSpan, Route, TiledSpans,
                                       VarlenSpans)
 from kvscope.layers.kernels import tiles_span
@@ -62,13 +63,6 @@ class StepBuffers:
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(torch.from_numpy(array), self.device)
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`. To a GPU through pinned memory without waiting: a plain copy
-    from pageable memory blocks the host until the GPU has done all it was given (the profile's
-    cudaStreamSynchronize a copy); the sampled ids are the step's one wait."""
-    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
 def sampled_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
