@@ -185,24 +185,29 @@ class EngineService(ClassService):
         `prefill_chunk_tokens` cuts this request's prompt into chunks of at most that many
         tokens a step, whatever the engine's own chunking; no other request changes.
         `cache_salt` (vLLM's field): only requests with equal salts share prefix-cache blocks."""
-        def add() -> Submitted:
-            self.instr.labels[rid] = replace(label, source=source)
-            try:
-                seq = self.engine.add_request(ids, params, rid, cache_salt=cache_salt)
-            except ValueError as exc:
-                self.instr.labels.pop(rid, None)
-                return Submitted(rid, len(ids), str(exc))
-            if seq.is_finished:
-                return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
-            seq.prefill_chunk_size = prefill_chunk_tokens
-            if label.held:
-                self.aengine.pacing.hold(seq)
-            elif pace_s:
-                self.aengine.pacing.pace(seq, pace_s)
-            if watch is not None:
-                self.instr.watch(rid, watch[0], watch[1], seq)
-            return Submitted(rid, seq.num_prompt_tokens)
-        return await self.aengine.call(add)
+        return await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
+                                                            prefill_chunk_tokens, cache_salt))
+
+    def _admit(self, rid: str, ids: list[int], params: SamplingParams, source: str, label: RequestLabel,
+               watch: tuple[str, WatchSpec] | None = None, pace_s: float = 0.0,
+               prefill_chunk_tokens: int | None = None, cache_salt: str | None = None) -> Submitted:
+        """Add one request to the engine; runs on the engine thread, between two steps."""
+        self.instr.labels[rid] = replace(label, source=source)
+        try:
+            seq = self.engine.add_request(ids, params, rid, cache_salt=cache_salt)
+        except ValueError as exc:
+            self.instr.labels.pop(rid, None)
+            return Submitted(rid, len(ids), str(exc))
+        if seq.is_finished:
+            return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
+        seq.prefill_chunk_size = prefill_chunk_tokens
+        if label.held:
+            self.aengine.pacing.hold(seq)
+        elif pace_s:
+            self.aengine.pacing.pace(seq, pace_s)
+        if watch is not None:
+            self.instr.watch(rid, watch[0], watch[1], seq)
+        return Submitted(rid, seq.num_prompt_tokens)
 
     async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
@@ -316,16 +321,17 @@ class EngineService(ClassService):
     async def inject(self, n: int, max_tokens: int = 32, prompt_tokens: int | None = None) -> list[str]:
         """N synthetic requests, as if N learners had pressed submit at once."""
         tok = self._tokenizer()
-        rids = []
+        requests = []
         for i in range(n):
             ids = tok.encode(SYNTHETIC_PROMPTS[i % len(SYNTHETIC_PROMPTS)], add_special_tokens=False)
             if prompt_tokens:
                 ids = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
-            rid = self.new_request_id()
             params = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=max_tokens, seed=i)
-            await self.submit(rid, ids, params, "synthetic", RequestLabel(prompt=tok.decode(ids)))
-            rids.append(rid)
-        return rids
+            requests.append((self.new_request_id(), ids, params, RequestLabel(prompt=tok.decode(ids))))
+        # All N between the same two steps: the next step sees every one of them, as a class's burst.
+        await self.aengine.call(lambda: [self._admit(rid, ids, params, "synthetic", label)
+                                         for rid, ids, params, label in requests])
+        return [rid for rid, *_ in requests]
 
     def engine_state(self, reason: str) -> dict:
         engine, rec = self.engine, self.hub.recorder
