@@ -7,10 +7,11 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from kvscope.server.api.openai_api import openai_router
+from kvscope.server.api.openai_api import OpenAIError, openai_router
 from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
-from kvscope.server.api.rest import rest_router
+from kvscope.server.api.rest import error_response, rest_router
+from kvscope.server.errors import CommandError
 from kvscope.server.security import SecurityMiddleware, origin_allowed
 from kvscope.server.api.ws import serve_websocket
 from kvscope.server.pages.content import frontend_dir
@@ -43,6 +44,8 @@ def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> F
     if engine_routes:
         app.include_router(rest_router(service))
         app.include_router(openai_router(service))
+        app.add_exception_handler(CommandError, error_response)
+        app.add_exception_handler(OpenAIError, lambda _request, exc: exc.response())
     front = frontend_dir(service.config.frontend_dir)
 
     @app.get("/healthz")

@@ -151,8 +151,6 @@ async def submit(s: Session, msg: dict) -> None:
                                 msg.get("pace_s", 0.0), chunk, msg.get("cache_salt"))
     if done.error:
         raise CommandError("engine", done.error, request_id=rid)
-    if label.held:
-        service.touch_hold(rid, True)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
 
 

@@ -220,19 +220,15 @@ def openai_router(service: EngineService) -> APIRouter:
         return body, params, prompts
 
     async def handle(request: Request, chat: bool):
-        try:
+        try:   # an OpenAIError raised here is answered by its response() (app.py registers it)
             body, params, prompts = await checked_call(request, chat)
         except CommandError as exc:
-            return from_command_error(exc).response()
-        except OpenAIError as exc:
-            return exc.response()
+            raise from_command_error(exc) from None
         call = Completion(service, body, chat, prompts)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(stream_chunks(call, params, include_usage), media_type="text/event-stream")
         result = await until_disconnect(request, complete(call, params))
-        if isinstance(result, OpenAIError):
-            return result.response()
         return JSONResponse(result) if result is not None else JSONResponse({}, status_code=499)
 
     @router.post("/v1/completions")
@@ -297,8 +293,8 @@ async def complete(call: Completion, params: SamplingParams):
         choice = out.outputs[0]   # a stream's final output holds its one choice
         if choice.finish_reason == "error":
             if "prompt" in (out.error or ""):
-                return OpenAIError(400, out.error, code="context_length_exceeded")
-            return OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
+                raise OpenAIError(400, out.error, code="context_length_exceeded")
+            raise OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
         call.count(i, params.n, out)
         parts = [logprobs_for(call.service, call.chat, t, lp, 0) for t, lp in texts.get(i, [])]
         logprobs = {k: [x for p in parts for x in p[k]] for k in parts[0]} if parts else None

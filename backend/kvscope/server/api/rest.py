@@ -26,7 +26,7 @@ STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prom
           "unsupported_media_type": 415, "body_too_large": 413}
 
 
-def error_response(exc: CommandError) -> JSONResponse:
+async def error_response(_request, exc: CommandError) -> JSONResponse:
     return JSONResponse(error_event(exc.code, exc.message), status_code=STATUS.get(exc.code, 400),
                         headers=getattr(exc, "headers", dict)())
 
@@ -80,30 +80,25 @@ def rest_router(service: EngineService) -> APIRouter:
     router = APIRouter()
     hub, policy = service.hub, service.policy
 
+    # A CommandError raised here is answered by error_response (app.py registers it).
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
-        try:
-            instructor, _, body = await admitted_call(service, request, TOKENIZE)
-            policy.check_prompt_text(body["text"], instructor, "text")
-            return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
-        except CommandError as exc:
-            return error_response(exc)
+        instructor, _, body = await admitted_call(service, request, TOKENIZE)
+        policy.check_prompt_text(body["text"], instructor, "text")
+        return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
 
     @router.post("/api/generate")
     async def generate(request: Request):
-        try:
-            instructor, _, body = await admitted_call(service, request, GENERATE)
-            one_prompt_form(body)
-            ids, text = await service.checked_prompt(body, instructor)
-            params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
-        except CommandError as exc:
-            return error_response(exc)
+        instructor, _, body = await admitted_call(service, request, GENERATE)
+        one_prompt_form(body)
+        ids, text = await service.checked_prompt(body, instructor)
+        params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
         rid = service.new_request_id()
         queue = hub.follow(rid)
         done = await service.submit(rid, ids, params, "generate", RequestLabel(prompt=text))
         if done.error:
             hub.unfollow(rid, queue)
-            return error_response(CommandError("engine", done.error, rid))
+            raise CommandError("engine", done.error, rid)
         if body.get("stream", True):
             return StreamingResponse(sse_events(service, rid, queue), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": rid})

@@ -46,7 +46,7 @@ class KVSubscriber:
             self._replay(0)
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
-                    self._heard()
+                    self._set_state("live")
                     self._take(sub.recv_multipart())
                 elif self.state == "silent" and time.monotonic() - self._asked >= SILENT_RETRY_S:
                     self._replay(self.last_seq + 1)
@@ -65,13 +65,10 @@ class KVSubscriber:
                 return
         self._deliver(batch)
 
-    def _heard(self) -> None:
-        if self.state != "live":
-            self._set_state("live")
-
     def _set_state(self, state: str) -> None:
-        self.state = state
-        self.on_state(state)
+        if self.state != state:
+            self.state = state
+            self.on_state(state)
 
     def _deliver(self, batch: Batch) -> None:
         self.last_seq = batch.seq
@@ -91,7 +88,7 @@ class KVSubscriber:
             sock.send_multipart([b"", start.to_bytes(8, "big")])
             while not self._stop.is_set() and sock.poll(REPLAY_TIMEOUT_MS):
                 answered = True
-                self._heard()
+                self._set_state("live")
                 _empty, *frames = sock.recv_multipart()
                 batch = decode_frames(frames)
                 if batch is None:

@@ -73,11 +73,8 @@ class Replica:
         self.connected = True
         self.sample = None        # the last /metrics scrape, per rank ({rank: Sample})
         self.sample_t = 0.0
-        self.pools = self.make_pools(first_pool)
-
-    def make_pools(self, first: int) -> list[RankPool]:
-        sources = self.server.kv_events or [None]
-        return [RankPool(first + rank, self, rank, source) for rank, source in enumerate(sources)]
+        self.pools = [RankPool(first_pool + rank, self, rank, source)
+                      for rank, source in enumerate(server.kv_events or [None])]
 
     def describe(self) -> dict:
         """This server in hello.deployment.servers."""

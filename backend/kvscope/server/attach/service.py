@@ -337,9 +337,6 @@ class AttachService(ClassService):
     async def compile_grammar(self, constraint) -> None:
         raise self._needs_engine("structured outputs from these pages")
 
-    def touch_hold(self, rid: str, held: bool) -> None:
-        raise self._needs_engine("holding a request")
-
     def completion_params(self, params) -> dict:
         """vLLM's fields for kvscope's SamplingParams; where the server can, it is asked to
         publish the prefix blocks each request reused (so the pool draws their hits)."""

@@ -94,11 +94,6 @@ class StreamState:
             if held or r["status"] == "held":
                 r["status"] = "held" if held else "running"
 
-    @property
-    def kv(self) -> KVMirror:
-        """The first pool (kvscope's own engine has only this one)."""
-        return self.kvs.get(0) or KVMirror()
-
     def snapshot_texts(self, kind: str) -> list[str]:
         if kind == "kv":
             ts = self.clock()

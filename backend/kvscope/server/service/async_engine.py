@@ -1,7 +1,5 @@
-"""Asynchronous, streaming front end: the engine steps in its own thread and each request
-is an async iterator of token deltas. Commands from the event loop (add, abort, pause,
-step, knob changes) run on the engine thread between steps, so engine state is only ever
-touched by one thread."""
+"""The engine stepping in its own thread, each request an async iterator of token deltas;
+commands from the event loop run on that thread between steps, so one thread owns the engine."""
 from __future__ import annotations
 
 import asyncio
@@ -125,13 +123,10 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=10)
         if not self._thread.is_alive():   # else the thread, stuck in a step, still owns the engine
-            self._end_everything()
+            for seq in self.engine.live_sequences():
+                self._finish(seq, "abort")
+            self._drain_commands(refuse=RuntimeError("the engine shut down"))
             self.engine.shutdown()
-
-    def _end_everything(self) -> None:
-        for seq in self.engine.live_sequences():
-            self._abort_now(seq.request_id)
-        self._drain_commands(refuse=RuntimeError("the engine shut down"))
 
     # -- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -162,7 +157,8 @@ class AsyncEngine:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
             self.error = exc
-            self._fail_all(f"engine error: {exc}")
+            for seq in self.engine.live_sequences():
+                self._finish(seq, "error", f"engine error: {exc}")
             return True
         stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
         now = time.perf_counter()
@@ -200,13 +196,15 @@ class AsyncEngine:
 
     def _abort_now(self, request_id: str) -> bool:
         seq = self.engine.find(request_id)
-        if seq is None:
-            return False
+        if seq is not None:
+            self._finish(seq, "abort")
+        return seq is not None
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         group = seq.choices   # choices not forked yet end with their prompt
-        self.engine.abort(request_id)
+        self.engine.finish(seq, reason, error)   # observers hear of it too
         for choice in group:
             self._close(choice)
-        return True
 
     def _push(self, seq: Sequence, delta: StreamDelta, now: float) -> None:
         stream = self._streams.get(seq.seq_id)
@@ -224,13 +222,6 @@ class AsyncEngine:
                                                   token_times=token_times)
             final = StreamDelta(seq.request_id, None, "", finished=True, output=output, index=index)
             loop.call_soon_threadsafe(q.put_nowait, final)
-
-    def _fail_all(self, reason: str) -> None:
-        for seq in self.engine.live_sequences():
-            group = seq.choices
-            self.engine.finish(seq, "error", reason)   # observers hear of it too
-            for choice in group:
-                self._close(choice)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

@@ -1,6 +1,4 @@
-"""The engine as the server sees it: one LLMEngine stepping in its own thread (AsyncEngine),
-its instrumentation feeding the hub, and the operations every entry point shares —
-submit, stream, cancel, watch, hold/next, and the instructor's controls. Engine state is
+"""The engine as the server sees it, and the operations every way in shares; engine state is
 only touched on the engine thread (through `AsyncEngine.call`)."""
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from kvscope.server.service.metrics import Metrics
 from kvscope.server.classroom.policy import Policy, message_texts
 from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
 from kvscope.server.errors import CommandError
-
 
 
 @dataclass
@@ -108,7 +105,9 @@ class EngineService(ClassService):
         if self.aengine is not None:
             self.aengine.shutdown()
 
-    def touch_hold(self, rid: str, held: bool) -> None:
+    def mark_held(self, rid: str, held: bool) -> None:
+        """Held or not on the pages; a learner's held request starts its hold timeout."""
+        self.hub.set_held(rid, held)
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
         if held and (owner is None or not owner.is_instructor):
             self.held_since[rid] = time.monotonic()
@@ -172,9 +171,7 @@ class EngineService(ClassService):
 
     # -- requests -----------------------------------------------------------------------
     async def compile_grammar(self, constraint: StructuredOutputsParams) -> None:
-        """Compile a request's grammar on the tokenizer thread, so a bad schema, regex or
-        grammar is the caller's ValueError before the request exists and no engine step
-        waits for a compile (add_request then finds it in the compile cache)."""
+        """Off the engine thread: a bad grammar is the caller's ValueError, and no step waits on a compile."""
         await self.off_loop(self.engine.structured_outputs.compile, grammar_key(constraint))
 
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
@@ -182,11 +179,13 @@ class EngineService(ClassService):
                      pace_s: float = 0.0, prefill_chunk_tokens: int | None = None,
                      cache_salt: str | None = None) -> Submitted:
         """Add a request whose events reach its owner (and followers) through the hub.
-        `prefill_chunk_tokens` cuts this request's prompt into chunks of at most that many
-        tokens a step, whatever the engine's own chunking; no other request changes.
-        `cache_salt` (vLLM's field): only requests with equal salts share prefix-cache blocks."""
-        return await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
+        `prefill_chunk_tokens` cuts only this request's prompt into chunks of at most that many
+        tokens a step; `cache_salt` (vLLM's field): only equal salts share prefix-cache blocks."""
+        done = await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
                                                             prefill_chunk_tokens, cache_salt))
+        if label.held and not done.error:
+            self.mark_held(rid, True)
+        return done
 
     def _admit(self, rid: str, ids: list[int], params: SamplingParams, source: str, label: RequestLabel,
                watch: tuple[str, WatchSpec] | None = None, pace_s: float = 0.0,
@@ -220,19 +219,19 @@ class EngineService(ClassService):
     async def cancel(self, rid: str) -> bool:
         return await self.aengine.abort(rid)
 
+    def _live(self, rid: str):
+        """A live request (on the engine thread), or the caller's unknown_request."""
+        seq = self.engine.find(rid)
+        if seq is None:
+            raise CommandError("unknown_request", f"no request {rid!r} is in flight")
+        return seq
+
     async def on_request(self, rid: str, fn) -> None:
-        """Run fn(seq) on the engine thread for a live request."""
-        def do():
-            seq = self.engine.find(rid)
-            if seq is None:
-                raise CommandError("unknown_request", f"no request {rid!r} is in flight")
-            return fn(seq)
-        await self.aengine.call(do)
+        await self.aengine.call(lambda: fn(self._live(rid)))
 
     async def hold(self, rid: str) -> None:
         await self.on_request(rid, self.aengine.pacing.hold)   # stepped by its owner now, not by time
-        self.hub.set_held(rid, True)
-        self.touch_hold(rid, True)
+        self.mark_held(rid, True)
 
     async def next_token(self, rid: str) -> None:
         def release_one(seq):
@@ -245,23 +244,17 @@ class EngineService(ClassService):
 
     async def release(self, rid: str) -> None:
         await self.on_request(rid, self.aengine.pacing.release)
-        self.hub.set_held(rid, False)
-        self.touch_hold(rid, False)
+        self.mark_held(rid, False)
 
     async def pace(self, rids: list[str], seconds: float) -> None:
         """Step these requests at most once per `seconds`, whatever the others do. They are
         paced in one go between two steps, so held ones released here start together."""
         def pace():
-            seqs = [self.engine.find(rid) for rid in rids]
-            missing = [rid for rid, seq in zip(rids, seqs) if seq is None]
-            if missing:
-                raise CommandError("unknown_request", f"no request {missing[0]!r} is in flight")
-            for seq in seqs:
+            for seq in [self._live(rid) for rid in rids]:   # all found before any is paced
                 self.aengine.pacing.pace(seq, seconds)
         await self.aengine.call(pace)
         for rid in rids:
-            self.hub.set_held(rid, False)
-            self.touch_hold(rid, False)
+            self.mark_held(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
         def do():
@@ -303,8 +296,7 @@ class EngineService(ClassService):
             pass
 
     async def measure_kv_cache_dtype(self, ids: list[int], kv_cache_dtype: str, max_tokens: int) -> dict:
-        """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
-        engine's KV budget (instrumentation/kv_quant_probe.py), run between two steps on the engine thread."""
+        """Blocks gained and logit error of `kv_cache_dtype` at this engine's KV budget, between two steps."""
         engine = self.engine
         if engine.plan.tensor_parallel_size > 1:
             raise CommandError("engine", "kv_quant runs the model on one rank; this engine is tensor-parallel")
