@@ -25,10 +25,7 @@ KEEP_ALIVE_S = 75
 
 
 def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> FastAPI:
-    """The app both servers run, our engine behind it or an attached vLLM: the service started
-    and stopped with it, the host check, tokens kept out of the access log, /healthz, /metrics,
-    the event and replay sockets, the static front end, the chapters and the console. Attached,
-    there are no /api or /v1 routes of ours: those belong to the vLLM server."""
+    """The app both servers run, our engine or an attached vLLM behind it (attached: no /api or /v1 of ours)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()

@@ -1,5 +1,4 @@
-"""`kvscope serve` arguments. Imports nothing heavy: the CLI builds its parser from this
-even on machines without the web stack."""
+"""`kvscope serve` arguments, importing nothing heavy: the CLI builds its parser without the web stack."""
 from __future__ import annotations
 
 import argparse

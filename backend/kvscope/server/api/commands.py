@@ -1,6 +1,4 @@
-"""What each WebSocket command does. A handler gets the session (the service and this
-viewer) and the validated message, replies through the hub, and raises CommandError to
-refuse; the caller turns that into an `error` event carrying the message's ref."""
+"""What each WebSocket command does: a handler replies through the hub or raises CommandError."""
 from __future__ import annotations
 
 import math
@@ -106,8 +104,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add `in_flight` requests to the learners' share and one to their own (a
-    sweep is one; `in_flight` 0 for kv_quant)? It costs one submit's allowance either way."""
+    """May this learner add `in_flight` requests (a sweep counts once, kv_quant 0)? Costs one submit."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
@@ -181,8 +178,7 @@ async def unwatch(s: Session, msg: dict) -> None:
 
 
 def steer(operation: str):
-    """The handler of `hold`, `next` or `release`: the service's `operation` on one of the
-    viewer's own requests."""
+    """The handler of `hold`, `next` or `release`: the service's `operation` on the viewer's own request."""
     async def handler(s: Session, msg: dict) -> None:
         rid = msg["request_id"]
         s.own(rid)
@@ -204,9 +200,7 @@ async def pace(s: Session, msg: dict) -> None:
 
 
 async def sweep(s: Session, msg: dict) -> None:
-    """Throughput against latency at rising concurrency, one job the server drives. For a
-    learner: one submit, one request of their limit, its top level within the sweep cap and
-    reserved in the learners' share; one learner sweep at a time (two would measure each other)."""
+    """Throughput against latency at rising levels: a learner's is one submit, its top level reserved, one at a time."""
     levels, max_tokens = msg["levels"], msg["max_tokens"]
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise CommandError("invalid_field", f"levels: {levels} must rise")
@@ -238,8 +232,7 @@ DEFAULT_KV_QUANT_TOKENS = 16
 
 
 async def kv_quant(s: Session, msg: dict) -> None:
-    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, on the
-    engine's weights and a cache of its own (the pool is untouched); a learner's costs one submit."""
+    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, the pool untouched."""
     if ("prompt" in msg) == ("prompt_token_ids" in msg):
         raise CommandError("invalid_field", "give exactly one of prompt or prompt_token_ids")
     service = s.service

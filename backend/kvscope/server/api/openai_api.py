@@ -1,6 +1,4 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions,
-streaming (SSE `data:` chunks ending in `[DONE]`) or not, with usage counts and errors in
-OpenAI's shape. The requests go into the same engine as everyone else's."""
+"""The OpenAI-compatible /v1 routes, streaming or not, with OpenAI's usage and error shapes."""
 from __future__ import annotations
 
 import asyncio
@@ -147,8 +145,7 @@ def sampling_for(body: dict, chat: bool, max_cap: int) -> SamplingParams:
 
 
 def structured_for(body: dict) -> StructuredOutputsParams | None:
-    """vLLM's `structured_outputs` field, or OpenAI's `response_format` (json_object, or
-    json_schema with its `schema`); 'text' asks for nothing."""
+    """vLLM's `structured_outputs`, or OpenAI's `response_format` (json_object, json_schema; text: none)."""
     fields, fmt = body.get("structured_outputs"), body.get("response_format")
     if fields and fmt and fmt.get("type") != "text":
         raise OpenAIError(400, "give either response_format or structured_outputs, not both", "response_format")
@@ -260,8 +257,7 @@ async def prompt_list(service: EngineService, body: dict, chat: bool,
 
 
 async def run_one(call: Completion, index: int, ids: list[int], text: str | None, params: SamplingParams, sink):
-    """Stream one prompt's n choices through the engine, handing (choice index, delta) to sink
-    (prompt i's choices are indices i*n .. i*n+n-1); returns their outputs in choice order."""
+    """Stream one prompt's n choices to sink as (choice index, delta); their outputs, in choice order."""
     rid = call.service.new_request_id()
     source_label = RequestLabel(prompt=text)
     outputs = [None] * params.n

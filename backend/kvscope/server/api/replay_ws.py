@@ -1,6 +1,4 @@
-"""`/ws/replay/<name>`: a recording played through the live protocol, so a page can be
-pointed at a replay instead of the engine. Commands: `{"type": "replay", "action":
-"play" | "pause" | "step", "speed"?: n}`; anything else gets an `error`."""
+"""`/ws/replay/<name>`: a recording played through the live protocol, steered by `replay` commands."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,4 @@
-"""REST beside the WebSocket: tokenize, generate as Server-Sent Events (the same
-`request.*` events a viewer sees), and the list of recordings."""
+"""REST beside the WebSocket: tokenize, generate as SSE (a viewer's `request.*` events), recordings."""
 from __future__ import annotations
 
 import asyncio
@@ -33,9 +32,7 @@ async def error_response(_request, exc: CommandError) -> JSONResponse:
 
 async def admitted_call(service: EngineService, request: Request,
                         validator: Draft202012Validator | None = None) -> tuple[bool, str | None, dict]:
-    """(instructor?, rate bucket key, JSON body) of a caller within its rate; the key is a learner
-    id (?learner= or X-Kvscope-Learner) or the address. The body must be declared as JSON (a
-    browser sends text/plain cross-site without asking) and is parsed without recursion errors."""
+    """(instructor?, rate key, body) of a caller within its rate; the body declared JSON (no cross-site text/plain)."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
     instructor, caller = service.policy.rest_caller(request.headers, host, learner)
@@ -115,8 +112,7 @@ def rest_router(service: EngineService) -> APIRouter:
 
 
 async def request_events(service: EngineService, rid: str, queue: asyncio.Queue):
-    """A followed request's events until it finishes; if the consumer leaves first, the
-    request is cancelled and its blocks freed."""
+    """A followed request's events until it finishes; a consumer that leaves first cancels it."""
     finished = False
     try:
         while not finished:

@@ -1,6 +1,4 @@
-"""Every client message is checked before anything acts on it: size, JSON, type, fields
-and ranges. A failure becomes a CommandError whose code and message go back to the client
-in an `error` event; the connection stays open."""
+"""Every client message is checked before anything acts on it; a failure is a CommandError reply."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,4 @@
-"""The `/ws` endpoint: one WebSocket per page. Two loops per connection — one reads and
-handles commands, one (the pump) writes whatever the hub queued for this viewer — so a
-viewer that stops reading only ever blocks its own pump."""
+"""`/ws`: one WebSocket per page, a reader and a pump, so a page that stops reading blocks only its pump."""
 from __future__ import annotations
 
 import asyncio
@@ -81,8 +79,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
-    """Close a viewer whose queue outgrew its byte budget (code 1013). A peer that does not
-    read may never take the close frame either: then the connection is cut."""
+    """Close a page too far behind (1013); one that does not even read the close frame is cut."""
     pump.cancel()
     try:
         await asyncio.wait_for(ws.close(code=1013, reason="too far behind: it did not read its events"),
@@ -95,8 +92,7 @@ async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
 
 
 async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> None:
-    """Write queued frames. Display-only frames are paced, so a busy engine costs each
-    viewer a bounded number of sends per second."""
+    """Write queued frames; display-only ones at most one per min_frame_interval."""
     interval = service.config.min_frame_interval
     try:
         while True:

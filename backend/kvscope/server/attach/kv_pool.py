@@ -1,14 +1,8 @@
-"""vLLM's prefix cache drawn as kvscope's block pool.
-
-vLLM's KV events name blocks by content hash only: no physical block index, no request,
-no reference count. So each hash is given a place in a pool of the server's size (its
-`num_gpu_blocks`), in the order vLLM stored them, and the blocks of requests sent through
-kvscope are found by their token ids: a block's key is (its parent's hash, its tokens),
-so walking a request's ids block by block from the root finds the blocks it holds.
-`ref` and `owners` therefore count only the requests kvscope sent (other clients' are
-invisible here). `hits` counts how often a request reused the block: kvscope's from the
-`cached_tokens` vLLM answered; another client's when vLLM publishes a block it already
-holds again, which it does only for requests sent with kv_cache_report_mode "full"."""
+"""vLLM's prefix cache drawn as kvscope's block pool. Its KV events name blocks by content hash
+only, so each hash gets a place in a pool of the server's size, in the order stored; kvscope's
+requests find their blocks by walking their token ids (a block's key: its parent's hash and its
+tokens), so `ref` and `owners` count only those. `hits`: a kvscope request's from vLLM's
+`cached_tokens`, another client's when vLLM republishes a block it holds (report mode "full")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -84,9 +78,7 @@ class AttachedPool:
         return new
 
     def _reused(self, slot: int) -> None:
-        """vLLM published a block it already held: a request reused it (kv_cache_report_mode
-        "full"). A kvscope request's hits are counted when it finishes (hit()); another
-        client's only here."""
+        """vLLM republished a block it held (report mode "full"): another client's hit (kvscope's count in hit())."""
         if any(slot in r.table for r in self.requests.values()):
             return
         self.blocks[slot]["hits"] += 1
@@ -134,8 +126,7 @@ class AttachedPool:
             self._retable()
 
     def hit(self, rid: str, cached_tokens: int | None) -> int:
-        """vLLM reported `cached_tokens` for the request (None: it was not asked to, so the
-        blocks already cached when the request was sent stand in). Returns the blocks hit."""
+        """The request's blocks hit, from vLLM's `cached_tokens` (None: the blocks cached when it was sent)."""
         r = self.requests.get(rid)
         if r is None:
             return 0

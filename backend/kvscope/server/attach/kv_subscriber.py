@@ -1,7 +1,5 @@
-"""A thread that reads vLLM's KV events from ZeroMQ: first what the publisher still buffers
-(its replay socket, so a late attach sees the blocks already cached), then the live stream,
-replaying again when a sequence number is skipped. `on_state` hears "live" once the publisher
-said anything, "silent" while its replay socket does not answer (a closed port, a firewall)."""
+"""A thread reading vLLM's KV events from ZeroMQ: the publisher's replay first (a late attach
+sees what is cached), then the live stream, replaying again when a sequence number is skipped."""
 from __future__ import annotations
 
 import logging
@@ -75,8 +73,7 @@ class KVSubscriber:
         self.on_batch(batch)
 
     def _replay(self, start: int) -> None:
-        """Every buffered batch from `start` on (vLLM's ROUTER answers a DEALER with
-        [empty, topic, seq, payload] messages, then an end marker)."""
+        """Every buffered batch from `start` on: vLLM's ROUTER answers our DEALER, then sends an end marker."""
         if not self.source.replay_endpoint:
             return
         self._asked = time.monotonic()

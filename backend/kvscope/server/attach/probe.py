@@ -48,8 +48,7 @@ class VllmServer:
 
     @property
     def supports_full_kv_report(self) -> bool:
-        """SamplingParams.extra_args["kv_cache_report_mode"] = "full" (vLLM 0.32's v1/request.py):
-        the BlockStored events then name the prefix blocks a request reused, not only new ones."""
+        """vLLM 0.32's kv_cache_report_mode "full": BlockStored also names the prefix blocks a request reused."""
         return version_tuple(self.version) >= (0, 32)
 
 
@@ -87,8 +86,7 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
 
 
 def server_info(http: httpx.Client) -> tuple[dict[str, int], str | None]:
-    """The scheduler's caps and the device, from /server_info: vLLM serves it only in its
-    development mode (VLLM_SERVER_DEV_MODE=1); elsewhere they are not reported ({}, None)."""
+    """The scheduler's caps and the device from /server_info (vLLM's dev mode only; else {}, None)."""
     try:
         r = http.get("/server_info", params={"config_format": "json"})
         config = r.json().get("vllm_config") if r.status_code == 200 else None
@@ -154,8 +152,7 @@ def reachable(endpoint: str | None, host: str) -> str | None:
 
 
 def event_sources(sources: dict, override: str | None, host: str) -> list[KVEventSource]:
-    """Every data-parallel rank's publisher from /kv_event_sources (keyed by rank; vLLM has
-    already offset each rank's ports), rank 0 first; --kv-events replaces rank 0's address."""
+    """Each data-parallel rank's publisher, rank 0 first; --kv-events replaces rank 0's address."""
     ranks = sorted(sources.items(), key=lambda kv: int(kv[0])) if sources else []
     configs = [config for _rank, config in ranks if isinstance(config, dict)]
     if not configs and override is None:
@@ -172,8 +169,7 @@ def event_sources(sources: dict, override: str | None, host: str) -> list[KVEven
 
 
 def local_model_facts(model: str, block_size: int) -> dict | None:
-    """hello.model from the checkpoint's config.json and safetensors headers, when vLLM's
-    model is a folder this machine can read (None otherwise: only the name is known)."""
+    """hello.model from the checkpoint's config and safetensors headers, when this machine can read them."""
     from kvscope.models.loader import ModelConfig, ModelConfigError
     path = Path(model)
     try:

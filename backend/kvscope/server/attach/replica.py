@@ -1,6 +1,4 @@
-"""One attached vLLM server (a replica) and its pools, one per data-parallel rank (each its own
-scheduler, blocks and KV-event publisher), numbered across servers in order: the `pool` of
-every `kv` event and of hello.deployment.pools."""
+"""One attached vLLM server and its pools, one per data-parallel rank, numbered across servers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

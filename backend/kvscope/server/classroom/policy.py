@@ -1,7 +1,5 @@
-"""The server's one policy, shared by the WebSocket, the REST routes and the OpenAI API:
-who is an instructor, what a prompt may be (characters, tokens, one form), how large the
-numbers in a request may be, and how often a caller may ask. Every refusal names the
-limit and the `kvscope serve` flag that sets it."""
+"""The one policy for the WebSocket, REST and OpenAI routes: who is an instructor, what a prompt
+and a request's numbers may be, how often a caller may ask; every refusal names its flag."""
 from __future__ import annotations
 
 import ipaddress
@@ -132,8 +130,7 @@ class Policy:
         return False, f"learner:{learner}" if learner else f"addr:{client_host}"
 
     def admit_rest(self, key: str | None, cost: int = 1) -> None:
-        """One bucket per caller for /api and /v1 together, and one for the class (learner ids
-        are the browser's choice, the class's bucket is not); a call with k prompts costs k."""
+        """One bucket per caller for /api and /v1, and one for the class; a call with k prompts costs k."""
         if key is None:
             return
         rate, class_rate = self.config.rest_requests_per_minute, self.config.rest_class_requests_per_minute

@@ -1,8 +1,5 @@
-"""A private, tiny block manager per viewer: the real `BlockManager`, poked by hand.
-
-Every token a sandbox sequence gets is "computed" at once, so its full blocks are hashed
-and a later allocation that starts with the same tokens hits the prefix cache, exactly as
-in the engine. Token ids are made up: fresh ones are unique, copied ones are shared."""
+"""A page's own tiny `BlockManager`, poked by hand: every token is computed at once, so full
+blocks hash and a later allocation of the same (made-up) token ids hits the prefix cache."""
 from __future__ import annotations
 
 import itertools
@@ -77,8 +74,7 @@ class Sandbox:
                      "copied_blocks": copied}
 
     def fork(self, name: str, new_name: str) -> None:
-        """Share every block of `name`, the partly filled last one too: it is copied only
-        when one of them first appends to it (copy-on-write)."""
+        """Share every block, the partly filled last one too: copied when one of them first appends (copy-on-write)."""
         parent = self._get(name)
         child = Sequence(list(parent.token_ids), PARAMS, request_id=new_name)
         self.bm.fork(parent, child)

@@ -1,6 +1,4 @@
-"""The state a late joiner needs, mirrored from the event stream on the event loop (the KV
-pool, the latest memory figures, the requests in flight and their owners), so snapshots
-never touch the engine thread."""
+"""What a late joiner needs, mirrored from the event stream, so snapshots never touch the engine thread."""
 from __future__ import annotations
 
 from kvscope.instrumentation.encode import dumps

@@ -1,10 +1,7 @@
-"""One connected page: what it subscribed to, what it watches, and its outgoing queue.
-
-The queue is bounded for display events: when a viewer falls behind, pending `kv` deltas
-collapse into one fresh snapshot, pending `memory` into the latest, and the rest is
-dropped (and counted). Essential events (replies, errors, its own requests' tokens) are
-never dropped; a viewer whose queue of those outgrows `max_pending_bytes` (a peer that
-does not read) is disconnected with code 1013."""
+"""One connected page: its subscriptions, its filters and its outgoing queue. Display events
+coalesce when it falls behind (kv into a fresh snapshot, memory into the latest, the rest
+dropped and counted); essential ones never drop, and a page whose queue outgrows
+`max_pending_bytes` (a peer that does not read) is closed with code 1013."""
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +47,7 @@ class Filter:
 
 @dataclass
 class Chunk:
-    """Serialised events: JSON texts comma-joined, or one binary frame (bytes, sent as a
-    frame of its own); `kv`/`memory` count the coalescible ones inside."""
+    """Serialised events: comma-joined JSON texts or one binary frame; `kv`/`memory` count coalescible ones."""
     text: str | bytes
     count: int
     essential: bool
@@ -149,8 +145,7 @@ class Viewer:
         return dropped
 
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
-        """One frame of about max_frame_out_bytes at most (or one binary frame), and whether it
-        held essential events; `snapshots(kind)` gives fresh `kv`/`memory` texts."""
+        """One frame up to about max_frame_out_bytes (a binary one alone) and whether it held essential events."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:

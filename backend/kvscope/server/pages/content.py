@@ -1,6 +1,4 @@
-"""The chapters and the glossary as data: read from `content/` (see docs/authoring.md).
-
-Plain files in, plain dataclasses out; no web framework and no engine imports here."""
+"""The chapters and the glossary read from `content/` as plain dataclasses (docs/authoring.md)."""
 from __future__ import annotations
 
 import os

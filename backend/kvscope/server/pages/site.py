@@ -1,6 +1,4 @@
-"""The whole site rendered with Jinja2, cached until a content file changes. Pages link with
-`link(url)` and `static(path)`: site-absolute when served, relative to the page when exported,
-so the files work from any folder of any static host and when opened as file://."""
+"""The site rendered with Jinja2, cached until content changes; links are relative when exported."""
 from __future__ import annotations
 
 import shutil
@@ -93,8 +91,7 @@ class Site:
 
     # -- pages ---------------------------------------------------------------------------
     def recording_for(self, chapter: Chapter | None) -> str:
-        """The recording a page replays with no backend: the chapter's own (front matter or its
-        slug), else `default`, else the first; "" when there is none (the page then says so)."""
+        """A page's recording: the chapter's own (front matter or slug), else `default`, else the first, else ""."""
         folder = self.recordings
         names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
         wanted = []
@@ -151,8 +148,7 @@ class Site:
 
 
 def export_static_site(out: Path, site: Site | None = None) -> Path:
-    """The whole book as plain files (pages, `static/`, the import map, the recordings as
-    classic scripts) that replay recordings with no backend, from any host or file://."""
+    """The whole book as plain files that replay recordings with no backend, from any host or file://."""
     source = site or Site()
     site = Site(source.content, source.frontend, source.recordings, static_export=True)
     out = Path(out)

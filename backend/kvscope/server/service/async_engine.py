@@ -97,8 +97,7 @@ class AsyncEngine:
         self._wake.set()
 
     async def step_now(self) -> int | None:
-        """Run exactly one engine step now (on the engine thread) and return its number;
-        None when no request can advance."""
+        """Run one engine step now and return its number; None when no request can advance."""
         def one():
             if not self.engine.has_unfinished():
                 return None
@@ -116,9 +115,7 @@ class AsyncEngine:
         return await self.call(do)
 
     def shutdown(self) -> None:
-        """Stop the engine thread, then the engine. Every open stream gets its final delta
-        (reason 'abort') and every pending call an error, so nothing awaiting them hangs.
-        Safe to call more than once."""
+        """Stop the thread, then the engine; open streams and pending calls are answered. Safe twice."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)

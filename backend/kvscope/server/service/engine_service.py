@@ -35,8 +35,7 @@ class Submitted:
 
 
 class ClassService(SweepAccounts):
-    """What both services (our engine's, an attached vLLM's) keep for the class: the hub,
-    the policy, the metrics, request ids, and the runs the server drives (sweeps)."""
+    """What both services keep for the class: hub, policy, metrics, request ids, sweeps."""
     default_learner_share = 16
 
     def __init__(self, config: ServerConfig, watches: WatchRegistry | None = None):
@@ -151,8 +150,7 @@ class EngineService(ClassService):
         return self._tokenizer().encode(prompt, add_special_tokens=False), prompt
 
     async def checked_prompt(self, body: dict, instructor: bool) -> tuple[list[int], str | None]:
-        """(token ids, text) of the one prompt form in `body`, within the policy's limits:
-        characters are checked before the tokenizer runs, and it runs off the event loop."""
+        """(token ids, text) of the prompt in `body`: characters checked first, tokenized off the event loop."""
         if "prompt" in body:
             self.policy.check_prompt_text(body["prompt"], instructor)
         for text in message_texts(body.get("messages") or []):
@@ -210,8 +208,7 @@ class EngineService(ClassService):
 
     async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
-        """A request's token deltas as an async iterator (OpenAI endpoints). Leaving the
-        iteration early aborts the request and frees its blocks."""
+        """A request's token deltas (OpenAI routes); leaving early aborts it."""
         self.instr.labels[rid] = replace(label, source=source)
         async for delta in self.aengine.generate(ids, params, rid, cache_salt=cache_salt):
             yield delta
@@ -247,8 +244,7 @@ class EngineService(ClassService):
         self.mark_held(rid, False)
 
     async def pace(self, rids: list[str], seconds: float) -> None:
-        """Step these requests at most once per `seconds`, whatever the others do. They are
-        paced in one go between two steps, so held ones released here start together."""
+        """Step these requests at most once per `seconds`; paced together, so held ones start together."""
         def pace():
             for seq in [self._live(rid) for rid in rids]:   # all found before any is paced
                 self.aengine.pacing.pace(seq, seconds)
