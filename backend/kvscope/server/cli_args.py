@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from kvscope.config import ATTENTION_BACKENDS
 
 CPU_DEFAULT_KV_BLOCKS = 1024   # a pool small enough to draw, big enough for a classroom
+
+
+def flag_fields(kind, args: argparse.Namespace) -> dict:
+    """The flags whose dest names a field of dataclass `kind`, as its keywords (None: the field's default)."""
+    return {f.name: getattr(args, f.name) for f in fields(kind) if getattr(args, f.name, None) is not None}
 
 
 def json_object(text: str) -> dict:
@@ -72,9 +78,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--enforce-eager", action="store_true")
     add_cpu_compile_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
+    p.add_argument("--threads", dest="num_threads", type=int, default=None, help="CPU threads for the engine")
     add_decoding_arguments(p)
-    # The server's flags below are named (dest) after their ServerConfig or Limits field: from_args reads them so.
+    # Each flag is named (dest) after its EngineConfig, ServerConfig or Limits field: see flag_fields.
     p.add_argument("--recordings-dir", type=Path, default=Path("recordings"), help="where record_start writes JSONL")
     p.add_argument("--frontend-dir", type=Path, default=None, help="static front end (default: frontend/ in the checkout)")
     p.add_argument("--allow-origin", dest="extra_origins", action="append", default=[],

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvscope.server.cli_args import flag_fields
 
 
 @dataclass
@@ -46,12 +48,10 @@ class ServerConfig:
 
     @classmethod
     def from_args(cls, args) -> ServerConfig:
-        """The settings the `kvscope serve` flags give: each flag's dest names its field (cli_args.py)."""
+        """The settings the `kvscope serve` flags give."""
         if args.max_watched_requests < 0:
             raise ValueError(f"--max-watched-requests must be >= 0, got {args.max_watched_requests}")
-        given = {k: v for k, v in vars(args).items() if v is not None}
-        named = lambda kind: {f.name: given[f.name] for f in fields(kind) if f.name in given}   # noqa: E731
-        return cls(**{**named(cls), "limits": Limits(**named(Limits))})
+        return cls(**flag_fields(cls, args), limits=Limits(**flag_fields(Limits, args)))
 
     @property
     def url(self) -> str:

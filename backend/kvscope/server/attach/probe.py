@@ -77,11 +77,12 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
             sources = {}
         scheduler, device = server_info(http)
     source = event_sources(sources, kv_events, urlsplit(url).hostname)
+    kv_bytes = config.get("kv_cache_memory_bytes", "")   # "None" unless vLLM was given a byte budget
     return VllmServer(url=url, version=version, model=models[0]["id"],
                       max_model_len=int(models[0].get("max_model_len") or 0),
                       block_size=int(config.get("block_size", 0)), num_blocks=int(config.get("num_gpu_blocks", 0)),
                       enable_prefix_caching=config.get("enable_prefix_caching") == "True",
-                      kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")), kv_events=source,
+                      kv_cache_bytes=int(kv_bytes) if kv_bytes.isdigit() else 0, kv_events=source,
                       scheduler=scheduler, device=device)
 
 
@@ -129,13 +130,6 @@ def _json(http: httpx.Client, path: str, url: str) -> dict:
     if not isinstance(value, dict):
         raise AttachError(f"{url} is not a vLLM server: GET {path} did not answer a JSON object")
     return value
-
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return 0
 
 
 def is_bind_endpoint(endpoint: str) -> bool:

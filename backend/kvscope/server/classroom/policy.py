@@ -59,22 +59,19 @@ def one_prompt_form(body: dict) -> str:
     return forms[0]
 
 
-def check_number(name: str, value, low: float, high: float) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
-        raise CommandError("invalid_field", f"{name}: {value!r} is out of range; it must be between {low:g} and {high:g}")
-
-
 def check_sampling_numbers(raw: dict, prefix: str = "") -> None:
     """Bounds on the numbers that reach tensors and generators, whatever the route's schema says."""
     for name, low, high in (("top_k", -1, MAX_TOP_K), ("seed", 0, MAX_SEED), ("n", 1, MAX_N),
                             ("temperature", 0, MAX_TEMPERATURE), ("top_p", 0, 1), ("min_p", 0, 1),
                             ("max_tokens", 1, 1 << 31), ("max_completion_tokens", 1, 1 << 31),
                             ("logprobs", 0, 20), ("top_logprobs", 0, 20)):
-        if name in raw and not (name == "logprobs" and isinstance(raw[name], bool)):
-            check_number(prefix + name, raw[name], low, high)
+        value = raw.get(name)
+        if value is None or (name == "logprobs" and isinstance(value, bool)):   # chat's logprobs is a switch
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+            raise CommandError("invalid_field", f"{prefix}{name}: {value!r} is out of range; "
+                                                f"it must be between {low:g} and {high:g}")
 
 
 def learner_id(raw: str | None) -> str | None:
