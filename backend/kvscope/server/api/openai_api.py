@@ -88,9 +88,7 @@ class Completion:
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         body = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
-                "model": self.model, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
+                "model": self.model, "choices": choices, **({"usage": usage} if usage is not None else {})}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def choice_delta(self, index: int, text: str, finish: str | None, logprobs=None, first: bool = False) -> dict:

@@ -58,10 +58,7 @@ async def handle(session: Session, data: str | bytes) -> None:
             raise CommandError("rate_limited", f"at most {limits.messages_per_second:g} messages a second; "
                                                f"this one was not processed")
         msg = parse_frame(data, limits.max_frame_bytes)
-        try:
-            kind = validate_command(msg)
-        except RecursionError:
-            raise CommandError("invalid_json", "the message is nested too deeply") from None
+        kind = validate_command(msg)
         if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
             raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
                                             f"token (?token=… or an auth message)")

@@ -22,21 +22,18 @@ class Tracked:
 class AttachedPool:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.clear()
+        self.blocks = [self._empty(i) for i in range(num_blocks)]
+        self.place: dict[object, int] = {}          # vLLM hash -> place in the pool
+        self.child: dict[tuple, object] = {}        # (parent hash, block tokens) -> hash
+        self.key_of: dict[object, tuple] = {}       # hash -> (parent hash, block tokens)
+        self.order: list[int] = []                  # places holding a hash, oldest first
+        self.free = list(range(num_blocks - 1, -1, -1))
         self.requests: dict[str, Tracked] = {}
         self.step = 0
         self.prefix_hits = self.evictions = 0
         self._events: list[dict] = []
         self._changed: set[int] = set()
         self._removed_tables: list[str] = []
-
-    def clear(self) -> None:
-        self.blocks = [self._empty(i) for i in range(self.num_blocks)]
-        self.place: dict[object, int] = {}          # vLLM hash -> place in the pool
-        self.child: dict[tuple, object] = {}        # (parent hash, block tokens) -> hash
-        self.key_of: dict[object, tuple] = {}       # hash -> (parent hash, block tokens)
-        self.order: list[int] = []                  # places holding a hash, oldest first
-        self.free = list(range(self.num_blocks - 1, -1, -1))
 
     @staticmethod
     def _empty(i: int) -> dict:

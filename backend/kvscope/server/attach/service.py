@@ -300,13 +300,11 @@ class AttachService(ClassService):
 
     def policy_figures(self) -> dict:
         """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""
-        out = {}
-        for policy, t in self.policy_totals.items():
-            out[policy] = {"requests": int(t["requests"]), "prefix_cache_hits": int(t["hits"]),
-                           "prefix_cache_queries": int(t["queries"]),
-                           "hit_rate": round(t["hits"] / t["queries"], 4) if t["queries"] else None,
-                           "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
-        return out
+        return {policy: {"requests": int(t["requests"]), "prefix_cache_hits": int(t["hits"]),
+                         "prefix_cache_queries": int(t["queries"]),
+                         "hit_rate": round(t["hits"] / t["queries"], 4) if t["queries"] else None,
+                         "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
+                for policy, t in self.policy_totals.items()}
 
     # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:

@@ -116,7 +116,6 @@ class Policy:
     def max_tokens(self, instructor: bool, engine_max: int) -> int:
         return engine_max if instructor else self.limits.max_tokens
 
-    # -- REST and OpenAI callers ---------------------------------------------------------
     def rest_caller(self, headers, client_host: str | None, learner: str | None = None) -> tuple[bool, str | None]:
         """(instructor?, the key of the caller's rate bucket, None when not limited)."""
         if is_token(headers.get("authorization", "").removeprefix("Bearer ").strip(), self.config):

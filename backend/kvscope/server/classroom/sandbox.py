@@ -26,7 +26,6 @@ class Sandbox:
         self._tokens = itertools.count(1)
         self.last: dict | None = None
 
-    # -- operations --------------------------------------------------------------------
     def apply(self, cmd: dict) -> None:
         op = cmd["op"]
         if op == "reset":
@@ -88,7 +87,6 @@ class Sandbox:
         del self.seqs[name]
         self.last = {"op": "free", "seq": name, "freed_blocks": freed}
 
-    # -- helpers -----------------------------------------------------------------------
     def _prefill(self, seq: Sequence, hits: list[int]) -> None:
         if not self.bm.can_allocate(hits, seq.num_tokens):
             needed = self.bm.blocks_for(seq.num_tokens) - len(hits)
@@ -125,7 +123,6 @@ class Sandbox:
             raise CommandError("invalid_field", f"{key}: required for sandbox op {cmd['op']!r}")
         return cmd[key]
 
-    # -- the reply ---------------------------------------------------------------------
     def state(self) -> dict:
         bm, bs = self.bm, self.bm.block_size
         owners: dict[int, dict[str, int]] = {}

@@ -38,11 +38,8 @@ class Filter:
         return not (self.layers is not None and event["type"] == "attention" and event["layer"] not in self.layers)
 
     def as_dict(self) -> dict:
-        out = {}
-        for key, value in (("request_id", self.request_ids), ("layer", self.layers), ("head", self.heads)):
-            if value is not None:
-                out[key] = sorted(value)
-        return out
+        named = {"request_id": self.request_ids, "layer": self.layers, "head": self.heads}
+        return {key: sorted(value) for key, value in named.items() if value is not None}
 
 
 @dataclass
@@ -91,7 +88,6 @@ class Viewer:
     def is_instructor(self) -> bool:
         return self.role == "instructor"
 
-    # -- subscriptions -----------------------------------------------------------------
     def subscribe(self, families: list[str], flt: Filter) -> None:
         for f in families:
             self.families[f] = flt
@@ -106,7 +102,6 @@ class Viewer:
         self.signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
         self.filtered = any(not flt.is_open for flt in self.families.values())
 
-    # -- outgoing queue ----------------------------------------------------------------
     def offer(self, chunk: Chunk) -> int:
         """Queue a chunk; returns display events dropped to make room."""
         if self.overflowed:   # closing: nothing more is queued for it

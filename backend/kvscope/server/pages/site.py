@@ -55,8 +55,8 @@ class Site:
         self._pages: dict[str, str] = {}
         self.markdown = make_markdown()
 
-    # -- content, reloaded when a file changes ------------------------------------------
     def _fresh(self) -> None:
+        """The content read again, and the cached pages dropped, when a file changed."""
         current = signature(self.content) + signature(self.frontend / "templates")
         if current != self._signature:
             self.glossary = load_glossary(self.content)
@@ -89,7 +89,6 @@ class Site:
                 return next((c for c in self.chapters if c.number == int(head)), None)
             return None
 
-    # -- pages ---------------------------------------------------------------------------
     def recording_for(self, chapter: Chapter | None) -> str:
         """A page's recording: the chapter's own (front matter or slug), else `default`, else the first, else ""."""
         folder = self.recordings

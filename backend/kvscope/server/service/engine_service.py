@@ -206,12 +206,11 @@ class EngineService(ClassService):
             self.instr.watch(rid, watch[0], watch[1], seq)
         return Submitted(rid, seq.num_prompt_tokens)
 
-    async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
-                     label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
+    def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
+               label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
         """A request's token deltas (OpenAI routes); leaving early aborts it."""
         self.instr.labels[rid] = replace(label, source=source)
-        async for delta in self.aengine.generate(ids, params, rid, cache_salt=cache_salt):
-            yield delta
+        return self.aengine.generate(ids, params, rid, cache_salt=cache_salt)
 
     async def cancel(self, rid: str) -> bool:
         return await self.aengine.abort(rid)
@@ -253,12 +252,7 @@ class EngineService(ClassService):
             self.mark_held(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
-        def do():
-            try:
-                self.instr.watch(rid, viewer_id, spec)
-            except KeyError:
-                raise CommandError("unknown_request", f"no request {rid!r} is in flight") from None
-        await self.aengine.call(do)
+        await self.on_request(rid, lambda seq: self.instr.watch(rid, viewer_id, spec, seq))
 
     async def unwatch(self, rid: str, viewer_id: str) -> None:
         await self.aengine.call(lambda: self.instr.unwatch(rid, viewer_id))
@@ -270,10 +264,7 @@ class EngineService(ClassService):
     # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
-        def apply():
-            self.aengine.pacing.set_slow_motion(seconds)
-            return self.aengine.pacing.min_step_interval_s
-        return await self.aengine.call(apply)
+        return await self.aengine.call(lambda: self.aengine.pacing.set_slow_motion(seconds))
 
     async def set_knobs(self, knobs: dict) -> dict:
         def apply():

@@ -33,8 +33,9 @@ class Pacing:
     allowance: dict[int, int] = field(default_factory=dict)       # seq_id -> tokens a held request may still draw
     last_step_at: float | None = None
 
-    def set_slow_motion(self, seconds: float) -> None:
+    def set_slow_motion(self, seconds: float) -> float:
         self.min_step_interval_s = check_interval(seconds)
+        return self.min_step_interval_s
 
     def pace(self, seq: Sequence, seconds: float) -> None:
         """Step `seq` at most once per `seconds` (0: full speed), on the beat of others at that interval."""
