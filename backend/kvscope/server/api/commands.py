@@ -49,7 +49,6 @@ class Session:
             raise CommandError("unknown_request", f"no request {rid!r} is in flight")
 
 
-# -- subscriptions -------------------------------------------------------------------------
 async def subscribe(s: Session, msg: dict) -> None:
     families = list(dict.fromkeys(msg["families"]))
     s.viewer.subscribe(families, Filter.parse(msg.get("filters")))
@@ -74,7 +73,6 @@ async def tokenize(s: Session, msg: dict) -> None:
     s.reply(msg, await s.service.off_loop(s.service.tokenize, msg["text"], msg.get("chat", False)))
 
 
-# -- requests ------------------------------------------------------------------------------
 def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     """A watch's output grows with the prompt's square and costs everyone engine time."""
     limits = s.service.config.limits
@@ -249,7 +247,6 @@ async def kv_quant(s: Session, msg: dict) -> None:
     s.reply(msg, {"type": "kv_quant", "ts": service.clock(), "prompt": text, **result})
 
 
-# -- sandbox, auth, ping -----------------------------------------------------------------------
 async def sandbox(s: Session, msg: dict) -> None:
     if s.viewer.sandbox is None:
         s.viewer.sandbox = Sandbox()
@@ -277,7 +274,6 @@ async def replay_control(s: Session, msg: dict) -> None:
     raise CommandError("replay", "replay commands work on a replay socket, /ws/replay/<name>")
 
 
-# -- instructor ----------------------------------------------------------------------------
 def announce(s: Session, reason: str) -> None:
     s.hub.broadcast(s.service.engine_state(reason))
 

@@ -34,10 +34,8 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
     hub.add(viewer)
     families = [f for f in ws.query_params.get("subscribe", "").split(",") if f in SUBSCRIBABLE]
     viewer.subscribe(families, Filter())
-    hub.send(viewer, {**service.hello, "ts": service.clock()})
-    hub.send(viewer, session.session_event())
-    hub.send(viewer, service.engine_state("connect"))
-    for event in hub.snapshots(families):
+    greeting = [{**service.hello, "ts": service.clock()}, session.session_event(), service.engine_state("connect")]
+    for event in greeting + hub.snapshots(families):
         hub.send(viewer, dict(event))
     pump = asyncio.create_task(pump_frames(ws, viewer, service))
     viewer.on_overflow = lambda: asyncio.get_running_loop().create_task(evict(ws, pump))

@@ -39,7 +39,6 @@ class AttachedPool:
     def _empty(i: int) -> dict:
         return {"id": i, "ref": 0, "filled": 0, "hash": None, "owners": [], "text": None, "hits": 0}
 
-    # -- vLLM's events ------------------------------------------------------------------------
     def apply(self, batch: Batch) -> list[tuple[object, tuple[int, ...]]]:
         """Apply one batch; returns (hash, tokens) of the new blocks, to be labelled."""
         self.step = max(self.step, batch.seq)
@@ -110,7 +109,6 @@ class AttachedPool:
             self.blocks[slot]["text"] = text
             self._changed.add(slot)
 
-    # -- kvscope's requests -------------------------------------------------------------------
     def track(self, rid: str, prompt_ids: list[int]) -> None:
         self.requests[rid] = Tracked(list(prompt_ids), len(prompt_ids))
         self._retable()
@@ -168,7 +166,6 @@ class AttachedPool:
         self._changed.add(slot)
         self._events.append(event)
 
-    # -- kvscope's `kv` events ------------------------------------------------------------------
     def totals(self) -> dict:
         cached = sum(1 for b in self.blocks if b["hash"] is not None and b["ref"] == 0)
         used = sum(1 for b in self.blocks if b["ref"] > 0)

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from packaging.version import InvalidVersion, Version
 
 from kvscope.server.attach.metrics import parse
 
@@ -103,13 +103,10 @@ def server_info(http: httpx.Client) -> tuple[dict[str, int], str | None]:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """"0.32.0rc1+cpu" -> (0, 32, 0); what cannot be read counts as (0,)."""
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts) or (0,)
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return (0,)
 
 
 def _get(http: httpx.Client, path: str, url: str) -> httpx.Response:

@@ -1,8 +1,7 @@
-"""Where a learner's prompt goes when kvscope is attached to several pools (servers, or one's
-data-parallel ranks), by the instructor's policy: round_robin (in turn); least_loaded (fewest
-running and waiting, by vLLM's /metrics or kvscope's own count); prefix, llm-d's
-`LongestPrefixScorer`: the prompt's blocks a pool holds from the first on, ties to the least
-loaded. Pools still tied take turns. Scores come from the KV events alone, as a router's would."""
+"""Where a learner's prompt goes among several attached pools, by the instructor's policy:
+round_robin, least_loaded (running and waiting) or prefix (llm-d's `LongestPrefixScorer`: the
+prompt's blocks a pool holds from the first on, ties to the least loaded); pools still tied take
+turns. The scores come from the KV events alone, as a router subscribed to them would know."""
 from __future__ import annotations
 
 from dataclasses import dataclass

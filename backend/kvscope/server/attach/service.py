@@ -56,7 +56,6 @@ class AttachService(ClassService):
         self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE},
                          "route_policy": self._route_policy}
 
-    # -- the deployment ------------------------------------------------------------------
     @property
     def pools(self) -> list[RankPool]:
         return [p for r in self.replicas for p in r.pools]
@@ -79,7 +78,6 @@ class AttachService(ClassService):
         """The whole deployment's figures: every server's /metrics summed."""
         return sum_figures([p.figures for p in self.pools])
 
-    # -- facts ---------------------------------------------------------------------------
     def _hello(self) -> dict:
         s = self.server
         local = local_model_facts(s.model, s.block_size)
@@ -142,7 +140,6 @@ class AttachService(ClassService):
         return "; ".join(f"{p.name}: {p.events_note(KV_EVENTS_HINT)}" if len(self.pools) > 1 else p.events_note(KV_EVENTS_HINT)
                          for p in self.pools)
 
-    # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.hub.loop = self._loop
@@ -268,7 +265,6 @@ class AttachService(ClassService):
         self.hub.broadcast(self.engine_state("reset" if restarted else "step"))
         return True
 
-    # -- the router ----------------------------------------------------------------------
     def route(self, ids: list[int]) -> tuple[RankPool | None, dict]:
         """The pool for a prompt under the policy, and the `route` event: each pool's matched prefix, load, the choice."""
         candidates = []
@@ -306,7 +302,6 @@ class AttachService(ClassService):
                          "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
                 for policy, t in self.policy_totals.items()}
 
-    # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:
         raise self._needs_engine(repr(msg["type"]))
 

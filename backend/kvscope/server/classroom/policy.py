@@ -32,18 +32,6 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def check_text(text: str, what: str, max_chars: int | None) -> None:
-    """Characters before tokens: a length the tokenizer never sees, and no lone surrogate."""
-    if max_chars is not None and len(text) > max_chars:
-        raise CommandError("prompt_too_long", f"{what} has {len(text)} characters; without the instructor token "
-                                              f"it may have at most {max_chars} (kvscope serve --learner-max-prompt-chars)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CommandError("invalid_field", f"{what}: character {exc.start} is a lone surrogate "
-                                            f"({text[exc.start]!a}), not valid Unicode text") from None
-
-
 def message_texts(messages: list[dict]) -> list[str]:
     texts = []
     for m in messages:
@@ -105,7 +93,16 @@ class Policy:
         return self.config.limits
 
     def check_prompt_text(self, text: str, instructor: bool, what: str = "the prompt") -> None:
-        check_text(text, what, None if instructor else self.limits.max_prompt_chars)
+        """Characters before tokens: a length the tokenizer never sees, and no lone surrogate."""
+        if not instructor and len(text) > self.limits.max_prompt_chars:
+            raise CommandError("prompt_too_long", f"{what} has {len(text)} characters; without the instructor token it "
+                                                  f"may have at most {self.limits.max_prompt_chars} "
+                                                  f"(kvscope serve --learner-max-prompt-chars)")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CommandError("invalid_field", f"{what}: character {exc.start} is a lone surrogate "
+                                                f"({text[exc.start]!a}), not valid Unicode text") from None
 
     def check_prompt_tokens(self, ids: list[int], instructor: bool) -> None:
         if not instructor and len(ids) > self.limits.max_prompt_tokens:

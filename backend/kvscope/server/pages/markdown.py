@@ -48,8 +48,6 @@ class RenderContext:
         return f"{prefix}-{self.next_id}"
 
 
-# -- [[term]] --------------------------------------------------------------------------
-
 def _glossary_rule(state: StateInline, silent: bool) -> bool:
     src, pos = state.src, state.pos
     if not src.startswith("[[", pos):
@@ -83,8 +81,6 @@ def _render_term(self, tokens, idx, options, env) -> str:
             f'<span class="kv-term__tip" role="tooltip" id="{tip_id}" hidden>'
             f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
 
-
-# -- widgets and figures on a line of their own -------------------------------------------
 
 def line_rule(pattern: re.Pattern, token_type: str, meta):
     """A block rule: a line matching `pattern` alone is one `token_type` token with meta(match), unless None."""
@@ -127,8 +123,6 @@ def _render_figure(self, tokens, idx, options, env) -> str:
     return (f'<figure class="kv-figure" id="figure-{name}">{path.read_text(encoding="utf-8").strip()}'
             f'<figcaption>{escape(caption)}</figcaption></figure>\n')
 
-
-# -- ```quiz ---------------------------------------------------------------------------
 
 def _quiz_questions(text: str, source: str) -> list[dict]:
     try:

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine import LLMEngine
 from kvscope.server.service.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.llm import RequestOutput
@@ -148,8 +148,7 @@ class AsyncEngine:
 
     def _step_and_push(self) -> bool:
         """One engine step and its deltas out; False when no request advanced."""
-        paced = self._paced_progress()
-        before = self._computed_tokens()
+        before = [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()]
         try:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
@@ -157,24 +156,14 @@ class AsyncEngine:
             for seq in self.engine.live_sequences():
                 self._finish(seq, "error", f"engine error: {exc}")
             return True
-        stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
+        advanced = [seq for seq, computed in before if seq.num_computed_tokens != computed or seq.is_finished]
         now = time.perf_counter()
-        self.pacing.stepped(stepped, deltas, finished, now)
+        self.pacing.stepped(advanced, deltas, finished, now)
         for d in deltas:
             self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text, d.logprob), now)
         for seq in finished:
             self._close(seq)
-        return bool(deltas or finished) or self._computed_tokens() != before
-
-    def _computed_tokens(self) -> int:
-        return sum(seq.num_computed_tokens for seq in self.engine.live_sequences())
-
-    def _paced_progress(self) -> list[tuple[Sequence, int]]:
-        """Paced requests and their computed tokens, to tell afterwards which ones ran."""
-        if not self.pacing.paced:
-            return []
-        return [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()
-                if seq.seq_id in self.pacing.paced]
+        return bool(deltas or finished or advanced)
 
     def _drain_commands(self, refuse: Exception | None = None) -> None:
         """Run the waiting commands, or answer each with `refuse` (the engine is gone)."""

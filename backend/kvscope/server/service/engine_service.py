@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
-from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
@@ -92,7 +92,6 @@ class EngineService(ClassService):
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self.default_learner_share = max(1, engine.config.max_num_seqs // 2)
 
-    # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
         self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
@@ -125,7 +124,6 @@ class EngineService(ClassService):
                     if rid in self.hub.requests:
                         await self.cancel(rid)
 
-    # -- prompts ------------------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> dict:
         tok = self._tokenizer()
         if chat:
@@ -167,7 +165,6 @@ class EngineService(ClassService):
             raise CommandError("engine", "this model has no tokenizer: submit prompt_token_ids")
         return self.engine.tokenizer
 
-    # -- requests -----------------------------------------------------------------------
     async def compile_grammar(self, constraint: StructuredOutputsParams) -> None:
         """Off the engine thread: a bad grammar is the caller's ValueError, and no step waits on a compile."""
         await self.off_loop(self.engine.structured_outputs.compile, grammar_key(constraint))
@@ -261,7 +258,7 @@ class EngineService(ClassService):
         await super().drop_viewer(viewer_id, request_ids)
         await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
 
-    # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
+    # the instructor's controls (pause, resume, step and reset are AsyncEngine's own)
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
         return await self.aengine.call(lambda: self.aengine.pacing.set_slow_motion(seconds))

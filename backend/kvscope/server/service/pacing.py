@@ -1,13 +1,11 @@
-"""How fast the engine may go, so a person can watch it: slow motion (a minimum interval
-between two steps), a request's pace (between two of its own steps; the others run on) and a
-hold (a request draws only the tokens its owner grants). A waiting request is paused in the
-engine (`LLMEngine.pause`), which only skips it: paces and allowances are kept here."""
+"""How fast the engine may go, so a person can watch: slow motion (between any two steps), a
+request's pace (between two of its own steps) and a hold (only the tokens its owner grants).
+A waiting request is paused in the engine (`LLMEngine.pause`); the rules are kept here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvscope.engine.llm_engine import LLMEngine
-from kvscope.engine.scheduler import TokenDelta
+from kvscope.engine import LLMEngine, TokenDelta
 from kvscope.engine.sequence import Sequence
 
 MAX_INTERVAL_S = 10.0
@@ -86,11 +84,11 @@ class Pacing:
                 self.engine.resume(seq.request_id)
         return earliest
 
-    def stepped(self, scheduled: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
+    def stepped(self, advanced: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
                 now: float) -> None:
         """After a step: paced requests that ran wait an interval; held ones out of allowance wait for a grant."""
         self.last_step_at = now
-        for seq in scheduled:
+        for seq in advanced:
             pace = self.paced.get(seq.seq_id)
             if pace is not None:
                 pace.due = now + pace.interval_s
