@@ -68,11 +68,11 @@ def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> F
 
     if front.is_dir():
         app.mount("/static", StaticFiles(directory=front), name="static")
-    mount_pages(app)
-    if front.is_dir():
+
         @app.get("/console", include_in_schema=False)
         async def console():
             return FileResponse(front / "console.html")
+    mount_pages(app)
     return app
 
 

@@ -82,7 +82,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     add_decoding_arguments(p)
     # Each flag is named (dest) after its EngineConfig, ServerConfig or Limits field: see flag_fields.
     p.add_argument("--recordings-dir", type=Path, default=Path("recordings"), help="where record_start writes JSONL")
-    p.add_argument("--frontend-dir", type=Path, default=None, help="static front end (default: frontend/ in the checkout)")
+    p.add_argument("--frontend-dir", type=Path, default=None,
+                   help="static front end (default: frontend/ in the checkout)")
     p.add_argument("--allow-origin", dest="extra_origins", action="append", default=[],
                    help="an extra WebSocket Origin to accept (repeatable), e.g. https://class.example.org")
     p.add_argument("--allow-host", dest="extra_hosts", action="append", default=[],

@@ -31,8 +31,11 @@ class Session:
             event["ref"] = message_ref(msg)
         self.hub.send(self.viewer, event)
 
-    def ack(self, msg: dict, **fields) -> None:
+    def ack(self, msg: dict, announce: str | None = None, **fields) -> None:
+        """The reply to `msg`; an instructor's control also `announce`s the engine's new state to every page."""
         self.reply(msg, {"type": "ack", "ts": self.service.clock(), "cmd": msg["type"], **fields})
+        if announce is not None:
+            self.hub.broadcast(self.service.engine_state(announce))
 
     def session_event(self) -> dict:
         v = self.viewer
@@ -248,9 +251,7 @@ async def kv_quant(s: Session, msg: dict) -> None:
 
 
 async def sandbox(s: Session, msg: dict) -> None:
-    if s.viewer.sandbox is None:
-        s.viewer.sandbox = Sandbox()
-    box = s.viewer.sandbox
+    box = s.viewer.sandbox = s.viewer.sandbox or Sandbox()   # made on first use
     try:
         box.apply(msg)
     except (AssertionError, RuntimeError, ValueError) as exc:
@@ -274,48 +275,36 @@ async def replay_control(s: Session, msg: dict) -> None:
     raise CommandError("replay", "replay commands work on a replay socket, /ws/replay/<name>")
 
 
-def announce(s: Session, reason: str) -> None:
-    s.hub.broadcast(s.service.engine_state(reason))
-
-
 async def pause(s: Session, msg: dict) -> None:
     s.service.aengine.pause()
-    s.ack(msg)
-    announce(s, "pause")
+    s.ack(msg, announce="pause")
 
 
 async def resume(s: Session, msg: dict) -> None:
     s.service.aengine.resume()
-    s.ack(msg)
-    announce(s, "resume")
+    s.ack(msg, announce="resume")
 
 
 async def step(s: Session, msg: dict) -> None:
-    s.ack(msg, step=await s.service.aengine.step_now())
-    announce(s, "step")
+    s.ack(msg, announce="step", step=await s.service.aengine.step_now())
 
 
 async def reset(s: Session, msg: dict) -> None:
-    aborted = await s.service.aengine.reset()
-    s.ack(msg, aborted=aborted)
-    announce(s, "reset")
+    s.ack(msg, announce="reset", aborted=await s.service.aengine.reset())
 
 
 async def slow_motion(s: Session, msg: dict) -> None:
-    s.ack(msg, interval_s=await s.service.slow_motion(msg["interval_s"]))
-    announce(s, "slow_motion")
+    s.ack(msg, announce="slow_motion", interval_s=await s.service.slow_motion(msg["interval_s"]))
 
 
 async def set_knobs(s: Session, msg: dict) -> None:
     knobs = {k: v for k, v in msg.items() if k not in ("type", "ref")}
-    s.ack(msg, knobs=await s.service.set_knobs(knobs))
-    announce(s, "knobs")
+    s.ack(msg, announce="knobs", knobs=await s.service.set_knobs(knobs))
 
 
 async def inject(s: Session, msg: dict) -> None:
     rids = await s.service.inject(msg["n"], msg.get("max_tokens", 32), msg.get("prompt_tokens"))
-    s.ack(msg, request_ids=rids)
-    announce(s, "inject")
+    s.ack(msg, announce="inject", request_ids=rids)
 
 
 async def record_start(s: Session, msg: dict) -> None:
@@ -325,16 +314,14 @@ async def record_start(s: Session, msg: dict) -> None:
     name = msg.get("name") or f"session-{int(service.started_at + service.clock())}"
     path = service.config.recordings_dir / f"{name}.jsonl"
     service.hub.start_recording(path, name, service.model_name, service.recording_preamble())
-    s.ack(msg, name=name, path=str(path))
-    announce(s, "recording")
+    s.ack(msg, announce="recording", name=name, path=str(path))
 
 
 async def record_stop(s: Session, msg: dict) -> None:
     rec = s.service.hub.stop_recording()
     if rec is None:
         raise CommandError("invalid_field", "not recording")
-    s.ack(msg, name=rec.name, path=str(rec.path), events=rec.events)
-    announce(s, "recording")
+    s.ack(msg, announce="recording", name=rec.name, path=str(rec.path), events=rec.events)
 
 
 async def viewers(s: Session, msg: dict) -> None:

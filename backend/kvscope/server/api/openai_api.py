@@ -15,7 +15,7 @@ from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
-from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
+from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers, message_texts
 from kvscope.server.api.rest import STATUS, admitted_call, until_disconnect
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.validation import printable
@@ -160,10 +160,6 @@ def structured_for(body: dict) -> StructuredOutputsParams | None:
     return StructuredOutputsParams(json=schema)
 
 
-def message_text(content) -> str:
-    return content if isinstance(content, str) else "".join(part["text"] for part in content)
-
-
 def logprobs_for(service: EngineService, chat: bool, token_id: int, lp: dict | None, offset: int):
     if lp is None:
         return None
@@ -243,7 +239,7 @@ async def prompt_list(service: EngineService, body: dict, chat: bool,
     try:
         if chat:
             messages = [{"role": "system" if m["role"] == "developer" else m["role"],
-                         "content": message_text(m["content"])} for m in body["messages"]]
+                         "content": "".join(message_texts([m]))} for m in body["messages"]]
             return [await service.checked_prompt({"messages": messages}, instructor)]
         p = body["prompt"]
         if isinstance(p, str) or all(isinstance(x, int) for x in p):

@@ -47,14 +47,13 @@ async def admitted_call(service: EngineService, request: Request,
                                                f"(kvscope serve --max-body-bytes)")
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
-    chunks, size = [], 0
+    raw = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
+        raw += chunk
+        if len(raw) > max_bytes:
             raise too_large
-        chunks.append(chunk)
     try:
-        body = strict_json(b"".join(chunks))
+        body = strict_json(raw)
     except (ValueError, RecursionError):
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
     if validator is not None:

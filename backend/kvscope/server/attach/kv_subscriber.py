@@ -1,5 +1,4 @@
-"""A thread reading vLLM's KV events from ZeroMQ: the publisher's replay first (a late attach
-sees what is cached), then the live stream, replaying again when a sequence number is skipped."""
+"""A thread reading vLLM's KV events from ZeroMQ: the publisher's replay first, then the live stream."""
 from __future__ import annotations
 
 import logging

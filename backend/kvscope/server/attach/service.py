@@ -266,7 +266,7 @@ class AttachService(ClassService):
         return True
 
     def route(self, ids: list[int]) -> tuple[RankPool | None, dict]:
-        """The pool for a prompt under the policy, and the `route` event: each pool's matched prefix, load, the choice."""
+        """The pool for a prompt under the policy, and the `route` event (each pool's prefix and load)."""
         candidates = []
         for pool in self.pools:
             matched = len(pool.mirror.walk(ids)) if pool.mirror is not None else 0
@@ -291,8 +291,7 @@ class AttachService(ClassService):
             if samples is not None:
                 self._take_samples(replica, samples)
         self.router.policy = policy
-        self.hub.broadcast(self.engine_state("knobs"))
-        session.ack(msg, policy=policy)
+        session.ack(msg, announce="knobs", policy=policy)
 
     def policy_figures(self) -> dict:
         """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""

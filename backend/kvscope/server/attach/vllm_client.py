@@ -31,7 +31,7 @@ class VllmClient:
 
     async def stream(self, prompt_ids: list[int], params: dict, request_id: str,
                      headers: dict | None = None) -> AsyncIterator[dict]:
-        """/v1/completions' chunks for a token-id prompt; the last carries `usage` (cached tokens, if vLLM reports them)."""
+        """/v1/completions' chunks for a token-id prompt; the last carries `usage` (with cached tokens)."""
         body = {"model": self.model, "prompt": prompt_ids, "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True}, **params}
         async with self.http.stream("POST", "/v1/completions", json=body,

@@ -1,5 +1,4 @@
-"""The one policy for the WebSocket, REST and OpenAI routes: who is an instructor, what a prompt
-and a request's numbers may be, how often a caller may ask; every refusal names its flag."""
+"""The one policy for every way in: who instructs, what prompts and numbers may be, how often; refusals name flags."""
 from __future__ import annotations
 
 import ipaddress

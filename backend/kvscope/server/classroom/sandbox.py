@@ -1,5 +1,4 @@
-"""A page's own tiny `BlockManager`, poked by hand: every token is computed at once, so full
-blocks hash and a later allocation of the same (made-up) token ids hits the prefix cache."""
+"""A page's own tiny `BlockManager`, poked by hand with made-up token ids, every token computed at once."""
 from __future__ import annotations
 
 import itertools

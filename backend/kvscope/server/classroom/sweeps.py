@@ -35,10 +35,8 @@ class Sweep:
 
 
 class SweepAccounts:
-    """The sweeps in progress and the in-flight counts the learner limits read."""
-
-    def __init__(self):
-        self.sweeps: dict[str, Sweep] = {}       # by owner: one sweep per viewer at a time
+    """The sweeps in progress (`sweeps`, by owner) and the in-flight counts the learner limits read."""
+    sweeps: dict[str, Sweep]
 
     @property
     def sweep_cap(self) -> int:

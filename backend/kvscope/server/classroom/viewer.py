@@ -1,7 +1,5 @@
-"""One connected page: its subscriptions, its filters and its outgoing queue. Display events
-coalesce when it falls behind (kv into a fresh snapshot, memory into the latest, the rest
-dropped and counted); essential ones never drop, and a page whose queue outgrows
-`max_pending_bytes` (a peer that does not read) is closed with code 1013."""
+"""One connected page: its subscriptions and its outgoing queue, where display events coalesce when it falls
+behind and essential ones never drop; a page that does not read is closed (1013)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,4 @@
-"""Chapter Markdown to HTML: CommonMark plus the marks of docs/authoring.md (`[[term]]`, ```quiz,
-a widget or figure alone on its line, `<kv-value>`); a broken mark raises RenderError."""
+"""Chapter Markdown to HTML: CommonMark plus docs/authoring.md's marks; a broken mark raises RenderError."""
 from __future__ import annotations
 
 import hashlib

@@ -1,7 +1,5 @@
-"""What lets an exported page run from a static host and from file:// alike: Chromium loads
-classic scripts from files and modules from data: URLs, so a classic script inserts an import
-map naming each module of frontend/js `kvscope/<path>` (a data: URL of its source, imports
-renamed), and each recording registers a data: URL in `window.kvscopeRecordings[<name>]`."""
+"""Exported pages run from file:// too: an import map of data: URLs (each module of frontend/js as
+`kvscope/<path>`), and each recording a data: URL in `window.kvscopeRecordings[<name>]`."""
 from __future__ import annotations
 
 import base64

@@ -1,5 +1,4 @@
-"""The engine stepping in its own thread, each request an async iterator of token deltas;
-commands from the event loop run on that thread between steps, so one thread owns the engine."""
+"""The engine in its own thread, each request an async iterator of deltas; commands run there between steps."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,4 @@
-"""The engine as the server sees it, and the operations every way in shares; engine state is
-only touched on the engine thread (through `AsyncEngine.call`)."""
+"""The engine as the server sees it and the operations every way in shares, run on its thread."""
 from __future__ import annotations
 
 import asyncio
@@ -39,7 +38,7 @@ class ClassService(SweepAccounts):
     default_learner_share = 16
 
     def __init__(self, config: ServerConfig, watches: WatchRegistry | None = None):
-        super().__init__()
+        self.sweeps = {}   # by owner: one sweep per viewer at a time (SweepAccounts)
         self.config, self.clock, self.started_at = config, Clock(), time.time()
         self.metrics = Metrics()
         self.policy = Policy(config)
@@ -173,9 +172,8 @@ class EngineService(ClassService):
                      label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
                      pace_s: float = 0.0, prefill_chunk_tokens: int | None = None,
                      cache_salt: str | None = None) -> Submitted:
-        """Add a request whose events reach its owner (and followers) through the hub.
-        `prefill_chunk_tokens` cuts only this request's prompt into chunks of at most that many
-        tokens a step; `cache_salt` (vLLM's field): only equal salts share prefix-cache blocks."""
+        """A request whose events reach its owner through the hub; `prefill_chunk_tokens` caps its prompt's chunks,
+        `cache_salt` (vLLM's field): only equal salts share prefix-cache blocks."""
         done = await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
                                                             prefill_chunk_tokens, cache_salt))
         if label.held and not done.error:
