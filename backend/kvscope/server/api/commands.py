@@ -87,8 +87,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     if not s.viewer.is_instructor and mine >= limits.max_watches:
         raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
     facts = s.service.instr.facts
-    layers = raw.get("layers")
-    heads = raw.get("heads")
+    layers, heads = raw.get("layers"), raw.get("heads")
     for name, values, n in (("layers", layers, facts.num_layers), ("heads", heads, facts.num_heads)):
         bad = [x for x in values or [] if x >= n]
         if bad:

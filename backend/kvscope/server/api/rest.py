@@ -103,9 +103,7 @@ def rest_router(service: EngineService) -> APIRouter:
 
     @router.get("/api/recordings")
     async def recordings():
-        folder = service.config.recordings_dir
-        names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
-        return {"recordings": names}
+        return {"recordings": sorted(p.stem for p in service.config.recordings_dir.glob("*.jsonl"))}
 
     return router
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,11 +189,7 @@ def safetensors_size(path: Path) -> tuple[int, int]:
         with f.open("rb") as fh:
             header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
         for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in t["shape"]:
-                n *= d
-            params += n
-            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
+            if name != "__metadata__":
+                params += math.prod(t["shape"])
+                nbytes += t["data_offsets"][1] - t["data_offsets"][0]
     return params, nbytes

@@ -28,10 +28,6 @@ class RankPool:
     events: str = "off"               # off (no KV events configured), waiting, live, silent
     figures: dict = field(default_factory=dict)   # this rank's share of the server's /metrics
 
-    def __post_init__(self):
-        if self.source is not None:
-            self.events = "waiting"
-
     @property
     def name(self) -> str:
         r = self.replica
@@ -71,7 +67,7 @@ class Replica:
         self.connected = True
         self.sample = None        # the last /metrics scrape, per rank ({rank: Sample})
         self.sample_t = 0.0
-        self.pools = [RankPool(first_pool + rank, self, rank, source)
+        self.pools = [RankPool(first_pool + rank, self, rank, source, events="waiting" if source else "off")
                       for rank, source in enumerate(server.kv_events or [None])]
 
     def describe(self) -> dict:

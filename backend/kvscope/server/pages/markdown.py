@@ -227,11 +227,9 @@ def render_markdown(md: MarkdownIt, text: str, glossary: Glossary, source: str) 
     tokens = md.parse(text, env)
     html = md.renderer.render(tokens, md.options, env)
     widgets = [t.meta["tag"] for t in tokens if t.type == "kv_widget"]
-    headings = []
-    for i, token in enumerate(tokens):
-        if token.type == "heading_open" and token.tag == "h2":
-            content = "".join(c.content for c in tokens[i + 1].children or [] if c.type in ("text", "code_inline"))
-            headings.append((token.attrs.get("id", ""), content))
+    headings = [(token.attrs.get("id", ""), "".join(c.content for c in tokens[i + 1].children or []
+                                                    if c.type in ("text", "code_inline")))
+                for i, token in enumerate(tokens) if token.type == "heading_open" and token.tag == "h2"]
     return Rendered(html=html, terms_used=ctx.terms_used, widgets=widgets,
                     has_quiz=any(t.type == "fence" and t.info.strip() == "quiz" for t in tokens),
                     headings=headings)

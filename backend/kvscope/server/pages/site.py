@@ -91,18 +91,14 @@ class Site:
 
     def recording_for(self, chapter: Chapter | None) -> str:
         """A page's recording: the chapter's own (front matter or slug), else `default`, else the first, else ""."""
-        folder = self.recordings
-        names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        names = sorted(p.stem for p in self.recordings.glob("*.jsonl"))   # none when the folder is missing
         wanted = []
         if chapter is not None:
             if chapter.meta.get("recording"):
                 wanted.append(str(chapter.meta["recording"]))
             wanted += [chapter.slug, chapter.slug.split("-", 1)[1]]
         wanted.append("default")
-        for name in wanted:
-            if name in names:
-                return name
-        return names[0] if names else ""
+        return next((name for name in wanted if name in names), names[0] if names else "")
 
     def _render(self, template: str, url: str = "/", **context) -> str:
         context.setdefault("recording", self.recording_for(context.get("chapter")))

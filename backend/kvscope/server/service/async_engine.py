@@ -61,13 +61,11 @@ class AsyncEngine:
 
         def add() -> list[Sequence]:
             seq = self.engine.add_request(prompt, params, request_id, cache_salt=cache_salt)
-            choices = seq.choices
-            for index, choice in enumerate(choices):
+            for index, choice in enumerate(seq.choices):
                 self._streams[choice.seq_id] = (loop, deltas, index, [])
-            for choice in choices:
                 if choice.is_finished:   # refused at admission: the reason is the last delta
                     self._close(choice)
-            return choices
+            return seq.choices
 
         choices = await self.call(add)
         if on_added is not None:

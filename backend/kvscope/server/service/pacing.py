@@ -70,19 +70,17 @@ class Pacing:
 
     def gate(self, now: float) -> float | None:
         """Pause the paced requests not due yet, resume the due ones; the earliest due time, or None."""
-        earliest = None
         if not self.paced:
             return None
+        waiting = []
         for seq in self.engine.live_sequences():
             pace = self.paced.get(seq.seq_id)
-            if pace is None:
-                continue
-            if now < pace.due:
+            if pace is not None and now < pace.due:
                 self.engine.pause(seq.request_id)
-                earliest = pace.due if earliest is None else min(earliest, pace.due)
-            else:
+                waiting.append(pace.due)
+            elif pace is not None:
                 self.engine.resume(seq.request_id)
-        return earliest
+        return min(waiting, default=None)
 
     def stepped(self, advanced: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
                 now: float) -> None:
