@@ -15,6 +15,7 @@ from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
+from kvscope.heap import freeze_start_up
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
@@ -101,6 +102,7 @@ class EngineService(ClassService):
         self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
         self.spawn(self._cancel_stale_holds())
+        freeze_start_up()   # the engine is built and compiled: what it made stays out of the GC's walks
 
     def stop(self) -> None:
         super().stop()
