@@ -168,8 +168,9 @@ class HostCopy:
             self.array = self.host.numpy()
         return self.array if dtype is None else self.array.astype(dtype)
 
-    def __getitem__(self, key) -> "HostView":
-        return HostView(self, key)
+    def __getitem__(self, key) -> "HostView | np.ndarray":
+        """A part of it: on the host already (a CPU's), the array's own view of it."""
+        return HostView(self, key) if self.done is not None else self.__array__()[key]
 
 
 @dataclass
@@ -225,7 +226,8 @@ class Capture:
     watched: list[WatchedRows]
     # (seq, layer, recomputed) -> (positions, weights [heads, rows, context], mean over every
     # head [rows, context]), in float16
-    attention: dict[tuple[int, int, bool], tuple[list[int], HostView, HostView]] = field(default_factory=dict)
+    attention: dict[tuple[int, int, bool], tuple[list[int], HostView | np.ndarray, HostView | np.ndarray]] = field(
+        default_factory=dict)
     # internals, float32 on the CPU, [rows, ...] each: (seq, layer, what) -> tensor, where
     # what is "input", "attention" (the sublayer's output), "mlp", "output", "gate", "up"
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
@@ -302,8 +304,8 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         heads, seq_id = _head_index(w.heads, num_heads), w.seq.seq_id
         for li, layer in enumerate(wanted):
             if w.layers is None or layer.layer_idx in w.layers:
-                result.attention[(seq_id, layer.layer_idx, False)] = ([w.first], HostView(
-                    halves, (li, i, heads, None, slice(w.end))), HostView(means, (li, i, None, slice(w.end))))
+                result.attention[(seq_id, layer.layer_idx, False)] = (
+                    [w.first], halves[li, i, heads, None, :w.end], means[li, i, None, :w.end])
 
 
 def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,

@@ -118,15 +118,15 @@ def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
-def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], context_len: int, weights, mean,
-                    heads: list[int], num_heads: int, num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
-    """weights: [len(heads), rows, context_len] and mean (over every head): [rows, context_len],
+def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], token_ids: list[int], weights, mean,
+                    heads: list[int], kv_heads: list[int], num_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """weights: [len(heads), rows, context] and mean (over every head): [rows, context],
     arrays (float16, possibly still on their way to the host: encode.py reads them off the
-    engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
-    group = num_heads // num_kv_heads
+    engine thread); token_ids: the context's (a SharedIds, the same for each layer's event);
+    `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
-            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": num_heads,
-            "query_positions": positions, "context_len": context_len, "token_ids": seq.token_ids[:context_len],
+            "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
+            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
             "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
