@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -275,9 +276,24 @@ def raw_distribution(logits: torch.Tensor) -> dict:
     return {"complete": top.indices.numel() == num_finite, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> its token_texts
+
+
 def token_texts(tokenizer) -> Callable[[int], str]:
-    """A token id's text, each decoded once."""
-    @functools.lru_cache(maxsize=1 << 16)
-    def text_of(token_id: int) -> str:
-        return f"<{token_id}>" if tokenizer is None else tokenizer.decode([token_id])
+    """A token id's text, each decoded once per tokenizer: observers that come and go (a
+    benchmark attaches one a run) share what the ones before them decoded."""
+    if tokenizer is None:
+        return _id_text
+    text_of = _TEXTS.get(tokenizer)
+    if text_of is None:
+        owner = weakref.ref(tokenizer)   # the cache must not keep its tokenizer alive
+
+        @functools.lru_cache(maxsize=1 << 16)
+        def text_of(token_id: int) -> str:
+            return owner().decode([token_id])
+        _TEXTS[tokenizer] = text_of
     return text_of
+
+
+def _id_text(token_id: int) -> str:
+    return f"<{token_id}>"
