@@ -168,9 +168,13 @@ class HostCopy:
             self.array = self.host.numpy()
         return self.array if dtype is None else self.array.astype(dtype)
 
-    def __getitem__(self, key) -> "HostView | np.ndarray":
-        """A part of it: on the host already (a CPU's), the array's own view of it."""
-        return HostView(self, key) if self.done is not None else self.__array__()[key]
+    def __getitem__(self, key) -> "HostView":
+        return HostView(self, key)
+
+    def parts(self) -> "HostCopy | np.ndarray":
+        """What to cut each event's part from: on the host already (a CPU's), the array
+        itself, whose views cost nothing to make and nothing to read."""
+        return self if self.done is not None else self.__array__()
 
 
 @dataclass
@@ -269,7 +273,7 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
                     keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
                     probs = attention_weights(q, keys, w.positions, layer.scale)
                     halves, mean = probs.half(), probs.mean(0).half()
-                kept_heads, mean = HostCopy(_heads(halves, w.heads)), HostCopy(mean)
+                kept_heads, mean = HostCopy(_heads(halves, w.heads)).parts(), HostCopy(mean).parts()
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     result.attention[(w.seq.seq_id, layer.layer_idx, recomputed)] = (
                         positions, kept_heads[:, rows, :context], mean[rows, :context])
@@ -299,7 +303,7 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     else:
         probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
         halves, means = probs.half(), probs.mean(2).half()
-    halves, means = HostCopy(halves), HostCopy(means)   # [layers, seqs, H, C], [layers, seqs, C]
+    halves, means = HostCopy(halves).parts(), HostCopy(means).parts()   # [layers, seqs, H, C], [layers, seqs, C]
     for i, w in enumerate(decodes):
         heads, seq_id = _head_index(w.heads, num_heads), w.seq.seq_id
         for li, layer in enumerate(wanted):

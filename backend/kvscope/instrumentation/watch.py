@@ -194,6 +194,8 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
             shown.append((name, on, None))
             continue
         probs = t.softmax(dim=1)
+        if t is model_rows:
+            model_probs = probs
         kept = torch.isfinite(t).sum(1).tolist() if pruned else [vocab] * n
         shown.append((name, on, _candidates(orders, text_of, t.gather(1, index), probs.gather(1, index), kept)))
         seen = t
@@ -209,7 +211,10 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
         for r, rank in zip(below, above.sum(1).tolist()):
             ranks[r] = rank
         low[below] = (part * above).sum(1, keepdim=True).double()
-    logprob = model_rows.gather(1, picked).double() - model_rows.logsumexp(dim=1, keepdim=True).double()
+    if rows is model_rows:   # the model's own probabilities are the first stage's
+        logprob = model_probs.gather(1, picked).double().log()
+    else:
+        logprob = model_rows.gather(1, picked).double() - model_rows.logsumexp(dim=1, keepdim=True).double()
     # cdf_low, cdf_high, the chosen's prob, its logprob
     draws = torch.cat([low.clamp(max=1.0), (low + p_chosen).clamp(max=1.0), p_chosen, logprob],
                       dim=1).round(decimals=6).tolist()

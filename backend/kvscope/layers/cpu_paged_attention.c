@@ -341,14 +341,20 @@ DEFINE_PREFILL(paged_prefill_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
  * context_lens [n_rows], each >= 1; out [n_rows, n_heads, out_width] float16; mean
  * [n_rows, out_width] float16, or NULL for none. */
 
-#ifdef __FLT16_MAX__   /* the compiler has a half type: F16C's conversion where the CPU has it */
+/* float32 -> float16, rounding to nearest even as torch does: eight at a time with F16C's
+ * instruction where the CPU has it (compilers do not vectorise the conversion themselves),
+ * else the compiler's half type, else by hand (F. Giesen's float_to_half_fast3_rtne). */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline uint16_t f32_to_f16(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#elif defined(__FLT16_MAX__)
 static inline uint16_t f32_to_f16(float f) {
     _Float16 h = (_Float16)f;
     uint16_t u;
     memcpy(&u, &h, sizeof u);
     return u;
 }
-#else   /* round to nearest even by hand (F. Giesen's float_to_half_fast3_rtne) */
+#else
 static inline uint16_t f32_to_f16(float f) {
     union { uint32_t u; float f; } c;
     c.f = f;
@@ -368,6 +374,15 @@ static inline uint16_t f32_to_f16(float f) {
 }
 #endif
 
+static inline void to_halves(const float *x, uint16_t *out, int n) {
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+
 static inline __attribute__((always_inline)) void weights_scores(const float *qs, const float *k,
         float *o, int H, int G, int D, int stride, int pos) {
     for (int kvh = 0; kvh < H / G; kvh++)
@@ -380,15 +395,16 @@ static inline __attribute__((always_inline)) void weights_scores(const float *qs
 
 #define DEFINE_WEIGHTS(NAME, T, LOAD)                                                            \
 void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32_t *context_lens, \
-          uint16_t *out, uint16_t *mean, int n_rows, int n_heads, int n_kv_heads, int head_dim,  \
+          void *out_halves, void *mean_halves, int n_rows, int n_heads, int n_kv_heads, int head_dim, \
           int block_size, int table_width, int out_width, float scale, int n_threads) {          \
     const int H = n_heads, G = n_heads / n_kv_heads, D = head_dim, W = n_kv_heads * head_dim;    \
+    uint16_t *out = out_halves, *mean = mean_halves;                                             \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(n_threads) if(n_threads > 1)")   \
     for (int r = 0; r < n_rows; r++) {                                                           \
         const int len = context_lens[r];                                                         \
         const int32_t *table = block_tables + (long)r * table_width;                             \
         float *o = malloc(sizeof(float) * (H + 1L) * len);  /* scores, then weights; their sum */ \
-        float *total = o + (long)H * len;                                                        \
+        float *restrict total = o + (long)H * len;                                               \
         memset(total, 0, sizeof(float) * len);                                                   \
         float qs[H * D], k[W];                                                                   \
         for (int i = 0; i < H * D; i++) qs[i] = LOAD(q[(long)r * H * D + i]) * scale;            \
@@ -408,17 +424,22 @@ void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32
             }                                                                                    \
         }                                                                                        \
         for (int h = 0; h < H; h++) {                                                            \
-            float *oh = o + (long)h * len, top = -3.0e38f, sum = 0.f;                            \
+            float *restrict oh = o + (long)h * len, top = -3.0e38f, sum = 0.f;                   \
             uint16_t *half = out + ((long)r * H + h) * out_width;                                \
             for (int i = 0; i < len; i++) top = oh[i] > top ? oh[i] : top;                       \
             for (int i = 0; i < len; i++) { oh[i] = expf(oh[i] - top); sum += oh[i]; }           \
             const float inv = 1.f / sum;                                                         \
-            for (int i = 0; i < len; i++) { oh[i] *= inv; half[i] = f32_to_f16(oh[i]); total[i] += oh[i]; } \
+            /* plain loops, each vectorised */                                                  \
+            for (int i = 0; i < len; i++) oh[i] *= inv;                                          \
+            to_halves(oh, half, len);                                                            \
+            for (int i = 0; i < len; i++) total[i] += oh[i];                                     \
             memset(half + len, 0, sizeof(uint16_t) * (out_width - len));                         \
         }                                                                                        \
         if (mean) {                                                                              \
             uint16_t *m = mean + (long)r * out_width;                                            \
-            for (int i = 0; i < len; i++) m[i] = f32_to_f16(total[i] / H);                       \
+            const float inv_heads = 1.f / H;                                                     \
+            for (int i = 0; i < len; i++) total[i] *= inv_heads;                                 \
+            to_halves(total, m, len);                                                            \
             memset(m + len, 0, sizeof(uint16_t) * (out_width - len));                            \
         }                                                                                        \
         free(o);                                                                                 \
