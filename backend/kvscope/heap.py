@@ -14,3 +14,9 @@ def freeze_start_up() -> None:
     """Call once start-up is done (model loaded, steps compiled), before serving."""
     gc.collect()
     gc.freeze()
+
+
+def thaw() -> None:
+    """Call when serving stops: what start-up made is the collector's again, so an engine
+    dropped in a process that goes on (tests, notebooks) is freed with its cycles."""
+    gc.unfreeze()

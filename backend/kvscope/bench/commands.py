@@ -15,7 +15,7 @@ import torch
 
 from kvscope.bench import cpu_ceilings, shapes, vllm_peer
 from kvscope.config import ATTENTION_BACKENDS
-from kvscope.heap import freeze_start_up
+from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.cli_args import add_cpu_compile_argument
@@ -342,6 +342,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
                 for size, runs in hf_runs.items():
                     runs.append(run_hf_static(model, prompts, outputs, size, engine.device))
     finally:
+        thaw()
         if peer is not None:
             peer.close()
     if args.clock == "cpu" and (peer is not None or model is not None):

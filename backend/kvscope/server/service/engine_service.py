@@ -15,7 +15,7 @@ from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
-from kvscope.heap import freeze_start_up
+from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
@@ -109,6 +109,7 @@ class EngineService(ClassService):
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
+        thaw()
 
     def touch_hold(self, rid: str, held: bool) -> None:
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
