@@ -313,15 +313,16 @@ def test_weights_in_half_precision_round_as_torch_does():
 def test_weights_refuse_lengths_past_the_output_or_the_table():
     q, k_cache, _, md = random_decode_step(4, [9, 12], seed=1)
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 10, dtype=torch.float16))
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+                            torch.empty(2, 8, 10, dtype=torch.float16))
     with pytest.raises(ValueError):
         kernels.cpu_weights(q, k_cache, md.block_tables, torch.tensor([9, 13], dtype=torch.int32), 1.0,
                             torch.empty(2, 8, 13, dtype=torch.float16))
     with pytest.raises(ValueError):   # float32 out, or a mean that does not fit it
         kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 12))
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 12, dtype=torch.float16),
-                            torch.empty(2, 13, dtype=torch.float16))
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+                            torch.empty(2, 8, 12, dtype=torch.float16), torch.empty(2, 13, dtype=torch.float16))
 
 
 def test_other_dtypes_are_refused_with_a_reason():

@@ -223,7 +223,8 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
         out_stages = []
         for name, on, candidates in shown:
             if candidates is not None and on[r]:
-                out_stages.append({"name": name, "applied": True, "kept": candidates[r][0], "candidates": candidates[r][1]})
+                num_kept, listed = candidates[r]
+                out_stages.append({"name": name, "applied": True, "kept": num_kept, "candidates": listed})
             else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
                 out_stages.append({**out_stages[-1], "name": name, "applied": on[r]})
         cdf_low, cdf_high, p_c, logprob = draws[r]
@@ -264,7 +265,8 @@ def _candidates(orders: list[list[int]], text_of: Callable[[int], str], logit_va
     for order, values, probs, k in zip(orders, logit_rows, chance_rows, kept):
         if not finite:
             values = [None if v == float("-inf") else v for v in values]
-        out.append((k, [{"id": i, "text": text_of(i), "logit": v, "prob": ch} for i, v, ch in zip(order, values, probs)]))
+        out.append((k, [{"id": i, "text": text_of(i), "logit": v, "prob": ch}
+                        for i, v, ch in zip(order, values, probs)]))
     return out
 
 
