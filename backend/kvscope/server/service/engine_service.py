@@ -12,6 +12,7 @@ from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
+from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
@@ -95,12 +96,14 @@ class EngineService(ClassService):
         self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
         self.spawn(self._cancel_stale_holds())
+        freeze_start_up()   # the engine is built and compiled: what it made stays out of the GC's walks
 
     def stop(self) -> None:
         super().stop()
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
+        thaw()
 
     def mark_held(self, rid: str, held: bool) -> None:
         """Held or not on the pages; a learner's held request starts its hold timeout."""
