@@ -16,7 +16,7 @@ from kvscope.instrumentation.cost import attention_pairs, step_cost
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.instrumentation.tokens import tokens_event
 from kvscope.sampling_params import SamplingParams
-from server_harness import check_event, model_path
+from server_harness import check_event, model_path, per_layer
 
 PROMPTS = ["Once upon a time, a little fox found a shiny stone by the river.",
            "Once upon a time, a little fox found a shiny stone by the sea and",
@@ -165,9 +165,11 @@ def test_kv_tracker_attached_mid_run_follows_forks_and_drafts():
 
 def test_attention_weights_match_transformers(engine):
     seq, events = watched_run(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    att = [wire(e) for e in events if e["type"] == "attention"]
+    frames = [wire(e) for e in events if e["type"] == "attention"]
     cfg = engine.model_config
-    assert len(att) == 4 * cfg.num_layers                       # prefill + 3 decode steps, every layer
+    assert len(frames) == 4                                     # prefill + 3 decode steps: one event each
+    assert all(a["layers"] == list(range(cfg.num_layers)) for a in frames)
+    att = per_layer(frames)
     check_against_transformers(att, seq)
 
 
@@ -208,9 +210,10 @@ def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
     watched, events, seqs = generate(watch=True)
     assert watched == plain
     assert compiled_runs == unwatched_runs and len(compiled_runs) == 5   # 5 decode steps, all 3 rows each
-    att = [wire(e) for e in events if e["type"] == "attention"]
-    assert {a["layer"] for a in att} == {1, 3} and all(a["heads"] == [0, 5] for a in att)
-    assert len(att) == 2 * 6                                   # the prompt and 5 decode steps
+    frames = [wire(e) for e in events if e["type"] == "attention"]
+    assert len(frames) == 6 and all(a["layers"] == [1, 3] for a in frames)   # the prompt and 5 decode steps
+    att = per_layer(frames)
+    assert all(a["heads"] == [0, 5] for a in att)
     assert len([e for e in events if e["type"] == "sampling"]) == 6
     check_against_transformers(att, seqs[1])
 
@@ -221,7 +224,7 @@ def test_prefix_cached_rows_are_recomputed_and_equal_an_uncached_run():
     run_to_end(engine)
     seq, events = watched_run(engine, PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
     assert seq.num_cached_tokens >= 8 and first.num_prompt_tokens == seq.num_prompt_tokens
-    att = [wire(e) for e in events if e["type"] == "attention"]
+    att = per_layer([wire(e) for e in events if e["type"] == "attention"])
     ref = hf_attentions(seq)
     for layer in range(engine.model_config.num_layers):
         rows = {p: a for a in att if a["layer"] == layer for p in a["query_positions"]}
@@ -287,9 +290,9 @@ def test_bench_modes_count_what_they_build(engine):
         counts[mode] = instr.sink.by_type
     assert counts["listen"]["step"] > 0 and counts["listen"]["request.token"] == 9
     assert counts["listen"]["attention"] == 0
-    # the first request, every layer, 3 steps; its prompt is cached by the listen round, so
-    # one more event per layer rebuilds the cached rows
-    assert counts["watch"]["attention"] == 4 * engine.model_config.num_layers
+    # the first request, 3 steps, every layer in one event each; its prompt is cached by the
+    # listen round, so one more event rebuilds the cached rows
+    assert counts["watch"]["attention"] == 4
 
 
 def test_tokens_event_spans_tile_the_bytes(engine):

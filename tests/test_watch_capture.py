@@ -17,7 +17,7 @@ from kvscope.instrumentation import Instrumentation, WatchSpec, capture
 from kvscope.layers.attention import KeptQueries
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.sampling_params import SamplingParams
-from server_harness import check_event
+from server_harness import check_event, per_layer
 
 F16_ATOL = 1e-3
 PROMPT_LENS = [37, 5, 22, 9, 3, 12, 8, 15, 6, 11]   # the first is computed in three chunks of at most 16 tokens
@@ -81,7 +81,7 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
     if compiled:   # every decode step ran the compiled graph, watched or not
         assert len(compiled_runs) == len(decode_steps) > 0
         assert set(compiled_runs) == {KeptQueries}   # every decode step here has a watched row
-    att = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
+    att = per_layer([decode(binary_frame(e)) for e in events if e["type"] == "attention"])
     for e in (e for e in events if e["type"] == "attention"):
         check_event(json.loads(json_text(e)))
     assert any(a["query_positions"][0] > 0 and len(a["query_positions"]) > 1 for a in att)   # a later chunk

@@ -169,7 +169,7 @@ class HostCopy:
         return self.array if dtype is None else self.array.astype(dtype)
 
     def __getitem__(self, key) -> "HostView":
-        return HostView(self, key)
+        return HostView(self, (key,))
 
     def parts(self) -> "HostCopy | np.ndarray":
         """What to cut each event's part from: on the host already (a CPU's), the array
@@ -179,15 +179,19 @@ class HostCopy:
 
 @dataclass
 class HostView:
-    """Part of a HostCopy (one sequence's rows of a batched copy), cut when it is read."""
+    """Part of a HostCopy (one sequence's rows of a batched copy), cut when it is read:
+    `keys` index it one after the other, as numpy would."""
     copy: HostCopy
-    key: tuple
+    keys: tuple
+
+    def __getitem__(self, key) -> "HostView":
+        return HostView(self.copy, self.keys + (key,))
 
     def __array__(self, dtype=None, copy=None):
-        part = self.copy.__array__()[self.key]
+        part = self.copy.__array__()
+        for key in self.keys:
+            part = part[key]
         return part if dtype is None else part.astype(dtype)
-
-
 
 
 @dataclass
@@ -228,10 +232,10 @@ class QueryKeeper:
 class Capture:
     """What capture computed for a step's watched rows."""
     watched: list[WatchedRows]
-    # (seq, layer, recomputed) -> (positions, weights [heads, rows, context], mean over every
-    # head [rows, context]), in float16
-    attention: dict[tuple[int, int, bool], tuple[list[int], HostView | np.ndarray, HostView | np.ndarray]] = field(
-        default_factory=dict)
+    # (seq, recomputed) -> (its layers, positions, weights [layers, heads, rows, context], mean
+    # over every head [layers, rows, context]), in float16: one attention event each
+    attention: dict[tuple[int, bool], tuple[list[int], list[int], HostView | np.ndarray, HostView | np.ndarray]] = (
+        field(default_factory=dict))
     # internals, float32 on the CPU, [rows, ...] each: (seq, layer, what) -> tensor, where
     # what is "input", "attention" (the sublayer's output), "mlp", "output", "gate", "up"
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
@@ -260,7 +264,8 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
     for w in watched:
         if w.end - w.first > 1:
             table = w.view.block_table[:cdiv(w.end, runner.block_size)]
-            for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
+            drawn, per_layer, means = [layer for layer in layers if w.wants(layer.layer_idx)], [], []
+            for layer in drawn:
                 q = queries[w.seq.seq_id][layer.layer_idx]
                 if in_place(layer):   # causal: row r sees the keys up to its own position
                     halves = torch.empty(len(w.positions), q.shape[1], w.end, dtype=torch.float16)
@@ -273,10 +278,14 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
                     keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
                     probs = attention_weights(q, keys, w.positions, layer.scale)
                     halves, mean = probs.half(), probs.mean(0).half()
-                kept_heads, mean = HostCopy(_heads(halves, w.heads)).parts(), HostCopy(mean).parts()
+                per_layer.append(_heads(halves, w.heads))
+                means.append(mean)
+            if drawn:   # one copy for every layer: [layers, heads, rows, context], [layers, rows, context]
+                kept_heads, mean = HostCopy(torch.stack(per_layer)).parts(), HostCopy(torch.stack(means)).parts()
+                numbers = [layer.layer_idx for layer in drawn]
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
-                    result.attention[(w.seq.seq_id, layer.layer_idx, recomputed)] = (
-                        positions, kept_heads[:, rows, :context], mean[rows, :context])
+                    result.attention[(w.seq.seq_id, recomputed)] = (
+                        numbers, positions, kept_heads[:, :, rows, :context], mean[:, rows, :context])
     return result
 
 
@@ -304,12 +313,14 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
         probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
         halves, means = probs.half(), probs.mean(2).half()
     halves, means = HostCopy(halves).parts(), HostCopy(means).parts()   # [layers, seqs, H, C], [layers, seqs, C]
+    numbers = [layer.layer_idx for layer in wanted]
     for i, w in enumerate(decodes):
-        heads, seq_id = _head_index(w.heads, num_heads), w.seq.seq_id
-        for li, layer in enumerate(wanted):
-            if w.layers is None or layer.layer_idx in w.layers:
-                result.attention[(seq_id, layer.layer_idx, False)] = (
-                    [w.first], halves[li, i, heads, None, :w.end], means[li, i, None, :w.end])
+        heads = _head_index(w.heads, num_heads)
+        mine = numbers if w.layers is None else [n for n in numbers if n in w.layers]
+        index = slice(None) if len(mine) == len(numbers) else [numbers.index(n) for n in mine]
+        weights = halves[index, i] if isinstance(heads, slice) else halves[index, i][:, heads]
+        result.attention[(w.seq.seq_id, False)] = (
+            mine, [w.first], weights[:, :, None, :w.end], means[index, i, None, :w.end])
 
 
 def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,

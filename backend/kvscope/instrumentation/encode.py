@@ -4,11 +4,12 @@ Most events are JSON text, compact. orjson (when installed) is several times fas
 the standard library, which matters when every step's events are serialised for hundreds
 of viewers; the output is the same JSON either way.
 
-Events that carry arrays (TENSOR_FIELDS: a watched request's attention weights) travel
-as one binary WebSocket frame each: a little-endian uint32 N, N bytes of a JSON header
-(the event without its arrays, plus `tensors`: each array's name, dtype and shape;
-padded with spaces so the payload starts 8-byte aligned), then the arrays' bytes, little-
-endian float16, one after the other. A recording (JSON lines) keeps the same header with
+Events that carry arrays (TENSOR_FIELDS: a watched request's attention weights, every
+layer it watches in one event a step) travel as one binary WebSocket frame each: a
+little-endian uint32 N, N bytes of a JSON header (the event without its arrays, plus
+`tensors`: each array's name, dtype and shape; padded with spaces so the payload starts
+8-byte aligned), then the arrays' bytes, little-endian float16, row-major, one after the
+other (`weights` [layers, heads, rows, context], then `mean` [layers, rows, context]). A recording (JSON lines) keeps the same header with
 the payload in base64 (`payload`). Reading an array waits for its copy to the host, so
 encoding belongs off the engine thread."""
 from __future__ import annotations
@@ -40,23 +41,9 @@ ALIGN = 8
 
 
 def has_tensors(event: dict) -> bool:
-    """True for an event whose arrays are still arrays (not a version-1 event's lists)."""
+    """True for an event whose arrays are still arrays (not lists, as converted recordings hold them)."""
     names = TENSOR_FIELDS.get(event.get("type"))
     return names is not None and hasattr(event.get(names[0]), "__array__")
-
-
-class SharedIds(list):
-    """Token ids several events carry unchanged (a watched request's context, in the attention
-    event of each of its layers): a binary frame encodes them once, the first time. Built
-    whole and never changed after."""
-    __slots__ = ("_json",)
-
-    def json(self) -> bytes:
-        try:
-            return self._json
-        except AttributeError:
-            self._json = dump_bytes(list(self))
-            return self._json
 
 
 def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:
@@ -77,14 +64,29 @@ def split(event: dict) -> tuple[dict, bytes]:
 
 def binary_frame(event: dict) -> bytes:
     header, arrays = _parts(event)
-    ids = header.get("token_ids")
-    if isinstance(ids, SharedIds):   # encoded once for all the events that carry them
-        del header["token_ids"]
-        text = b"%s,\"token_ids\":%s}" % (dump_bytes(header)[:-1], ids.json())
-    else:
-        text = dump_bytes(header)
+    text = dump_bytes(header)
     pad = -(4 + len(text)) % ALIGN
     return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
+
+
+def cut_attention(event: dict, layers: frozenset[int] | set[int] | None, heads: frozenset[int] | set[int] | None) -> dict | None:
+    """An attention event cut to the layers and heads one viewer asked for (None: all of
+    them), or None when it holds none of its layers. Arrays stay arrays, lists stay lists."""
+    keep_layers = [k for k, n in enumerate(event["layers"]) if layers is None or n in layers]
+    keep_heads = [k for k, h in enumerate(event["heads"]) if heads is None or h in heads]
+    if not keep_layers:
+        return None
+    if len(keep_layers) == len(event["layers"]) and len(keep_heads) == len(event["heads"]):
+        return event
+    weights, mean = event["weights"], event["mean"]
+    if hasattr(weights, "__array__"):
+        weights = np.asarray(weights)[keep_layers][:, keep_heads]
+        mean = np.asarray(mean)[keep_layers]
+    else:   # a recording's lists
+        weights = [[weights[li][k] for k in keep_heads] for li in keep_layers]
+        mean = [mean[li] for li in keep_layers]
+    return {**event, "layers": [event["layers"][k] for k in keep_layers], "heads": [event["heads"][k] for k in keep_heads],
+            "kv_heads": [event["kv_heads"][k] for k in keep_heads], "weights": weights, "mean": mean}
 
 
 def json_text(event: dict) -> str:

@@ -21,11 +21,10 @@ from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, WatchWanted, capture, watched_rows
-from kvscope.instrumentation.encode import SharedIds
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
-from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, grammar_allowed,
-                                           sampling_events, token_texts)
+from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, grammar_allowed, sampling_events,
+                                           token_texts)
 
 Sink = Callable[[list[dict]], None]
 PROMPT_PREVIEW = 300
@@ -51,6 +50,19 @@ class RequestLabel:
     prompt: str | None = None
     held: bool = False
     watched: bool = False
+
+
+def attention_event(seq: Sequence, step: int, layers: list[int], positions: list[int], token_ids: list[int],
+                    weights, mean, heads: list[int], kv_heads: list[int], num_heads: int, ts: float,
+                    recomputed: bool = False) -> dict:
+    """weights: [len(layers), len(heads), rows, context] and mean (over every head): [len(layers),
+    rows, context], arrays (float16, possibly still on their way to the host: encode.py reads
+    them off the engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt
+    by the side pass."""
+    return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layers": layers,
+            "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
+            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
+            "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
 def row_reason(row: ScheduledSeq) -> str:
@@ -278,23 +290,21 @@ class Instrumentation(EngineObserver):
         return events + self._attention_events(caught, watches, step, ts) + self._internals_events(caught, step, ts)
 
     def _attention_events(self, capture: Capture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:
+        """One event a watched request and step, every layer it watches in it (and one more
+        for the rows the side pass recomputed, which end at another context)."""
         rows = {r.seq.seq_id: r for r in capture.watched}
         num_heads, group = self.facts.num_heads, self.facts.num_heads // self.facts.num_kv_heads
         every_head = list(range(num_heads))
-        shared: dict[tuple[int, int], tuple] = {}   # (seq, context) -> what each layer's event repeats
         events = []
-        for (seq_id, layer, recomputed), (positions, weights, mean) in sorted(
-                capture.attention.items(), key=lambda item: (item[0][0], not item[0][2], item[0][1])):
-            r = rows[seq_id]
+        for (seq_id, recomputed), (layers, positions, weights, mean) in sorted(
+                capture.attention.items(), key=lambda item: (item[0][0], not item[0][1])):
             if seq_id not in watches:
                 continue
+            r = rows[seq_id]
             context = positions[-1] + 1 if recomputed else r.end
-            if (seq_id, context) not in shared:
-                heads = r.heads if r.heads is not None else every_head
-                shared[seq_id, context] = (SharedIds(r.seq.token_ids[:context]), heads, [h // group for h in heads])
-            token_ids, heads, kv_heads = shared[seq_id, context]
-            events.append(attention_event(r.seq, step, layer, positions, token_ids, weights, mean, heads, kv_heads,
-                                          num_heads, ts, recomputed))
+            heads = r.heads if r.heads is not None else every_head
+            events.append(attention_event(r.seq, step, layers, positions, r.seq.token_ids[:context], weights, mean,
+                                          heads, [h // group for h in heads], num_heads, ts, recomputed))
         return events
 
     def _internals_events(self, capture: Capture, step: int, ts: float) -> list[dict]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 
 # 2: a watched request's attention travels as a binary frame, its weights in float16
-# (docs/events.md, "Binary frames"); version-1 events (weights as lists) still validate,
-# so recordings made before it replay.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = [1, 2]
+# (docs/events.md, "Binary frames").
+# 3: one `attention` event a watched request and step carries every layer it watches
+# (`layers`, weights [layers, heads, rows, context]) instead of one event a layer.
+# Recordings of versions 1 and 2 are converted by scripts/upgrade_recordings.py.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = [3]
 
 # -- tiny builders ---------------------------------------------------------------------
 INT = {"type": "integer"}
@@ -179,15 +181,16 @@ ROUTE = event("route", {"request_id": STR, "policy": {"enum": ["round_robin", "l
                                                "load": NAT, "up": BOOL}))})
 
 PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
-# Version 2 sends the weights as arrays after the header (`tensors` says their names, dtypes
-# and shapes; a recording adds the bytes in base64 as `payload`); version 1 sent lists.
+# The weights travel as arrays after the header (`tensors` says their names, dtypes and
+# shapes; a recording adds the bytes in base64 as `payload`); recordings converted from
+# version 1 hold them as lists.
 TENSOR = obj({"name": {"enum": ["weights", "mean"]}, "dtype": {"const": "float16"}, "shape": arr(NAT)})
 ATTENTION = event("attention", {
-    "request_id": STR, "step": NAT, "layer": NAT, "heads": arr(NAT), "kv_heads": arr(NAT),
+    "request_id": STR, "step": NAT, "layers": arr(NAT, minItems=1), "heads": arr(NAT), "kv_heads": arr(NAT),
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT, "token_ids": arr(NAT)},
     {"recomputed": BOOL, "tensors": arr(TENSOR, minItems=2, maxItems=2),
      "payload": {"type": "string", "contentEncoding": "base64"},
-     "weights": arr(arr(arr(PROB))), "mean": arr(arr(PROB))})
+     "weights": arr(arr(arr(arr(PROB)))), "mean": arr(arr(arr(PROB)))})
 ATTENTION["oneOf"] = [{"required": ["tensors"], "not": {"anyOf": [{"required": ["weights"]}, {"required": ["mean"]}]}},
                       {"required": ["weights", "mean"], "not": {"anyOf": [{"required": ["tensors"]},
                                                                          {"required": ["payload"]}]}}]

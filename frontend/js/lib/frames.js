@@ -1,7 +1,9 @@
 // Events whose arrays travel as binary (docs/events.md, "Binary frames"): a watched request's
-// attention weights. A live binary WebSocket frame is a little-endian uint32 N, N bytes of a
-// JSON header (the event without its arrays, plus `tensors`: each array's name, dtype and
-// shape), then the arrays, little-endian float16, one after the other. A recording keeps the
+// attention weights, every layer it watches in one event a step. A live binary WebSocket
+// frame is a little-endian uint32 N, N bytes of a JSON header (the event without its arrays,
+// plus `tensors`: each array's name, dtype and shape), then the arrays, little-endian
+// float16, row-major, one after the other (`weights` [layers][heads][rows][context], then
+// `mean` [layers][rows][context]). A recording keeps the
 // same header with those bytes in base64 (`payload`). Both decode here, once for every
 // widget, into the event as it was built: each array a nest of plain arrays whose innermost
 // rows are Float32Arrays (index them like lists).

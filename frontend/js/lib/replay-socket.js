@@ -48,7 +48,7 @@ export function passesFilters(event, filters) {
   const ids = asList(filters.request_id);
   if (ids && 'request_id' in event && !ids.includes(event.request_id)) return false;
   const layers = asList(filters.layer);
-  if (layers && 'layer' in event && !layers.includes(event.layer)) return false;
+  if (layers && Array.isArray(event.layers) && !event.layers.some((l) => layers.includes(l))) return false;
   const heads = asList(filters.head);
   if (heads && Array.isArray(event.heads) && !event.heads.some((h) => heads.includes(h))) return false;
   return true;

@@ -12,9 +12,7 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
-from kvscope.instrumentation.encode import dumps, frame, json_text
+from kvscope.instrumentation.encode import cut_attention, dumps, frame, json_text
 from kvscope.instrumentation.recording import Recorder
 from kvscope.instrumentation.watch import WatchRegistry
 from kvscope.server.classroom.stream_state import StreamState
@@ -142,7 +140,7 @@ class Hub(StreamState):
             e = events[i]
             spec = self.watches.spec(e["request_id"], v.id)
             if spec is not None and not essential:   # a watcher: its own layers, and sampling if asked
-                if e["type"] == "attention" and spec.layers is not None and e["layer"] not in spec.layers:
+                if e["type"] == "attention" and spec.layers is not None and spec.layers.isdisjoint(e["layers"]):
                     continue
                 if e["type"] == "sampling" and not spec.sampling:
                     continue
@@ -152,19 +150,16 @@ class Hub(StreamState):
         for i in sorted(chosen):
             e, text = events[i], texts[i]
             if e["type"] == "attention":
-                text = self._heads_for(v, e, text)
+                text = self._cut_for(v, e, text)
             self._offer(v, Chunk(text, 1, chosen[i], kv=e["type"] == "kv", memory=e["type"] == "memory"))
 
-    def _heads_for(self, v: Viewer, e: dict, text: str | bytes) -> str | bytes:
-        """An attention event cut to the heads this viewer asked for."""
+    def _cut_for(self, v: Viewer, e: dict, text: str | bytes) -> str | bytes:
+        """An attention event cut to the layers and heads this viewer asked for."""
         spec, flt = self.watches.spec(e["request_id"], v.id), v.families.get("attention")
-        wanted = spec.heads if spec is not None else (flt.heads if flt is not None else None)
-        if wanted is None or set(e["heads"]) <= wanted:
-            return text
-        keep = [k for k, h in enumerate(e["heads"]) if h in wanted]
-        weights = np.asarray(e["weights"])[keep] if isinstance(text, bytes) else [e["weights"][k] for k in keep]
-        return frame({**e, "heads": [e["heads"][k] for k in keep], "kv_heads": [e["kv_heads"][k] for k in keep],
-                      "weights": weights})
+        layers = spec.layers if spec is not None else (flt.layers if flt is not None else None)
+        heads = spec.heads if spec is not None else (flt.heads if flt is not None else None)
+        cut = cut_attention(e, layers, heads)
+        return text if cut is e or cut is None else frame(cut)
 
     def _offer(self, v: Viewer, chunk: Chunk) -> None:
         dropped = v.offer(chunk)

@@ -1,5 +1,6 @@
 // The attention a widget has received for one request: per layer, per query position, the
-// mean over heads and each head's row of weights (as the `attention` events carry them).
+// mean over heads and each head's row of weights (as the `attention` events carry them, one
+// event a step with every layer it watches: weights[layer][head][row], mean[layer][row]).
 
 export class AttentionStore {
   constructor() { this.clear(); }
@@ -12,14 +13,16 @@ export class AttentionStore {
 
   add(e) {
     this.numHeads = e.num_heads;
-    if (!this.layers.has(e.layer)) this.layers.set(e.layer, new Map());
-    const rows = this.layers.get(e.layer);
-    e.query_positions.forEach((pos, r) => {
-      const heads = new Map();
-      e.heads.forEach((hd, k) => { heads.set(hd, e.weights[k][r]); this.headsSeen.add(hd); });
-      const old = rows.get(pos);
-      if (old) for (const [hd, row] of old.heads) if (!heads.has(hd)) heads.set(hd, row);
-      rows.set(pos, { mean: e.mean[r], heads });
+    e.layers.forEach((layer, l) => {
+      if (!this.layers.has(layer)) this.layers.set(layer, new Map());
+      const rows = this.layers.get(layer);
+      e.query_positions.forEach((pos, r) => {
+        const heads = new Map();
+        e.heads.forEach((hd, k) => { heads.set(hd, e.weights[l][k][r]); this.headsSeen.add(hd); });
+        const old = rows.get(pos);
+        if (old) for (const [hd, row] of old.heads) if (!heads.has(hd)) heads.set(hd, row);
+        rows.set(pos, { mean: e.mean[l][r], heads });
+      });
     });
   }
 

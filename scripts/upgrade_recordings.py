@@ -1,0 +1,68 @@
+"""Convert recordings of schema versions 1 and 2 to version 3 (docs/events.md): a watched
+request's per-layer `attention` events of one step (consecutive in the stream) become one
+event carrying every layer. The numbers are not touched: lists stay lists (version 1),
+float16 payloads are regrouped byte for byte (version 2).
+
+    python scripts/upgrade_recordings.py frontend/recordings/*.jsonl
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "backend"))
+
+from kvscope.instrumentation.encode import decode, json_text   # noqa: E402
+from kvscope.instrumentation.schema import SCHEMA_VERSION   # noqa: E402
+
+SAME = ("request_id", "step", "recomputed", "heads", "kv_heads", "num_heads", "query_positions", "context_len",
+        "token_ids")
+
+
+def compact(event: dict) -> str:
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+
+
+def merged(group: list[dict]) -> str:
+    """One version-3 attention line from a step's per-layer events."""
+    first = {k: v for k, v in group[0].items() if k not in ("layer", "weights", "mean", "tensors", "payload")}
+    first = {**first, "layers": [e["layer"] for e in group]}
+    if "payload" in group[0]:   # version 2: float16 arrays in base64
+        arrays = [decode(json.dumps(e)) for e in group]
+        return json_text({**first, "weights": np.stack([a["weights"] for a in arrays]).astype(np.float16),
+                          "mean": np.stack([a["mean"] for a in arrays]).astype(np.float16)})
+    return compact({**first, "weights": [e["weights"] for e in group], "mean": [e["mean"] for e in group]})
+
+
+def upgrade(lines: list[str]) -> list[str]:
+    head = json.loads(lines[0])
+    if head.get("schema_version") == SCHEMA_VERSION:
+        return lines
+    out, group = [json.dumps({**head, "schema_version": SCHEMA_VERSION})], []
+    for line in lines[1:] + [None]:
+        event = json.loads(line) if line is not None else None
+        is_layer = event is not None and event.get("type") == "attention" and "layer" in event
+        if group and not (is_layer and all(event.get(k) == group[0].get(k) for k in SAME)):
+            out.append(merged(group))
+            group = []
+        if is_layer:
+            group.append(event)
+        elif event is not None:
+            out.append(compact({**event, "schema_version": SCHEMA_VERSION}) if event.get("type") == "hello" else line)
+    return out
+
+
+def main(paths: list[str]) -> None:
+    for path in map(Path, paths):
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        new = upgrade(lines)
+        path.write_text("\n".join(new) + "\n", encoding="utf-8")
+        print(f"{path}: {len(lines) - 1} events -> {len(new) - 1}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
