@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvscope.instrumentation.schema import SCHEMA_VERSION
-from server_harness import TOKEN, Client, check_event
+from server_harness import TOKEN, Client, check_event, per_layer
 
 GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 HELLO_FIELDS = {
@@ -54,7 +54,7 @@ def test_connect_sends_hello_session_engine(server, learner):
     for block, fields in HELLO_FIELDS.items():
         assert set(hello[block]) == fields
     cfg = server.engine.model_config
-    assert hello["schema_version"] == SCHEMA_VERSION == 2
+    assert hello["schema_version"] == SCHEMA_VERSION == 3
     assert hello["model"]["num_layers"] == cfg.num_layers and hello["model"]["vocab_size"] == cfg.vocab_size
     assert hello["model"]["kv_bytes_per_token"] == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
     assert hello["engine"]["num_blocks"] == server.num_blocks
@@ -151,8 +151,9 @@ def test_watch_at_submit_gives_attention_and_sampling(server, learner):
     rid = ack["request_id"]
     finish_of(learner, rid)
     learner.drain(0.3)
-    att = learner.events_of("attention", rid)
-    assert {a["layer"] for a in att} == {0, 2}
+    frames = learner.events_of("attention", rid)
+    assert all(a["layers"] == [0, 2] for a in frames) and len({a["step"] for a in frames}) == len(frames)
+    att = per_layer(frames)
     n_prompt = ack["num_prompt_tokens"]
     first = [a for a in att if a["query_positions"][0] == 0]
     assert len(first) == 2 and first[0]["query_positions"] == list(range(n_prompt))
@@ -206,13 +207,21 @@ def test_hold_next_release_owner_only(server, learner):
         other.close()
 
 
-def test_watch_and_unwatch_a_running_request(learner):
+def test_watch_and_unwatch_a_running_request(server, learner):
     rid = learner.ok("submit", prompt="In a small village", params={"temperature": 0, "max_tokens": 30,
                                                                     "ignore_eos": True}, hold=True)["request_id"]
     learner.ok("watch", request_id=rid, layers=[1], sampling=False)
-    learner.ok("next", request_id=rid)
-    att = learner.until(lambda e: e["type"] == "attention" and e["request_id"] == rid, since=0)
-    assert att["layer"] == 1 and len(att["heads"]) == 8
+    other = Client(server.ws, token=TOKEN)   # the instructor watching it too, other layers and heads
+    try:
+        other.ok("watch", request_id=rid, layers=[0, 1], heads=[2], sampling=False)
+        learner.ok("next", request_id=rid)
+        att = learner.until(lambda e: e["type"] == "attention" and e["request_id"] == rid, since=0)
+        theirs = other.until(lambda e: e["type"] == "attention" and e["request_id"] == rid, since=0)
+    finally:
+        other.close()
+    assert att["layers"] == [1] and len(att["heads"]) == 8     # each viewer gets its own cut of one event
+    assert theirs["layers"] == [0, 1] and theirs["heads"] == [2] and theirs["step"] == att["step"]
+    assert theirs["weights"][1][0] == att["weights"][0][2] and len(theirs["mean"]) == 2
     learner.ok("unwatch", request_id=rid)
     seen = len(learner.events_of("attention", rid))
     learner.ok("next", request_id=rid)
