@@ -80,36 +80,49 @@ def test_second_run_of_a_cached_prompt_has_every_prompt_row(new_page, live_serve
 
 
 def test_binary_frames_decode_in_the_browser_as_python_encodes_them(page, live_server, assert_clean):
-    """An attention event through both wire forms (a binary frame, and a recording's base64
-    line) decoded by frontend/js/lib/frames.js: the same shape and values as sent, to
-    float16's precision; and the client hands a binary frame to its listeners decoded."""
+    """A multi-layer attention event (three layers, two heads, three rows) through both wire
+    forms (a binary frame, and a recording's base64 line) decoded by frontend/js/lib/frames.js:
+    the same shape and values as sent, to float16's precision, laid out [layer][head][row][key];
+    the client hands a binary frame to its listeners decoded, and the widgets' store files
+    each layer's rows under that layer."""
     import numpy as np
 
     from kvscope.instrumentation.encode import binary_frame, json_text
     rng = np.random.default_rng(0)
-    weights = rng.random((2, 3, 5)).astype(np.float32)
+    weights = rng.random((3, 2, 3, 5)).astype(np.float32)
     weights /= weights.sum(-1, keepdims=True)
-    event = {"type": "attention", "ts": 1.0, "request_id": "r1", "step": 3, "layer": 2, "heads": [1, 6],
+    mean = weights.mean(1)
+    event = {"type": "attention", "ts": 1.0, "request_id": "r1", "step": 3, "layers": [0, 2, 3], "heads": [1, 6],
              "kv_heads": [0, 1], "num_heads": 8, "query_positions": [2, 3, 4], "context_len": 5,
-             "token_ids": [5, 6, 7, 8, 9], "recomputed": False, "weights": weights, "mean": weights.mean(0)}
+             "token_ids": [5, 6, 7, 8, 9], "recomputed": False, "weights": weights, "mean": mean}
     page.goto(live_server + "/chapters/04-attention")
     page.wait_for_function("() => window.kvscope && window.kvscope.client.mode === 'live'")
-    decoded = page.evaluate("""async ([frame, line]) => {
+    decoded, stored = page.evaluate("""async ([frame, line]) => {
         const { decodeBinaryFrame, expandTensors } = await import('/static/js/lib/frames.js');
+        const { AttentionStore } = await import('/static/js/widgets/lib/attention-store.js');
         const client = window.kvscope.client;
         const heard = new Promise((resolve) => { const off = client.on('attention', (e) => { off(); resolve(e); }); });
         const buffer = new Uint8Array(frame).buffer;
         client._receive(buffer);
         const fromClient = await heard;
-        const plain = (e) => ({ ...e, weights: e.weights.map((h) => h.map((r) => Array.from(r))),
-                                mean: e.mean.map((r) => Array.from(r)) });
-        return [plain(decodeBinaryFrame(buffer)), plain(expandTensors(JSON.parse(line))), plain(fromClient)];
+        const plain = (e) => ({ ...e, weights: e.weights.map((l) => l.map((h) => h.map((r) => Array.from(r)))),
+                                mean: e.mean.map((l) => l.map((r) => Array.from(r))) });
+        const store = new AttentionStore();
+        store.add(decodeBinaryFrame(buffer));
+        const rows = (layer, head) => store.matrix(layer, head).slice(2).map((r) => r.slice(0, 5));
+        return [[plain(decodeBinaryFrame(buffer)), plain(expandTensors(JSON.parse(line))), plain(fromClient)],
+                { layers: [...store.layers.keys()], l2h6: rows(2, 6), l3mean: rows(3, 'mean') }];
     }""", [list(binary_frame(event)), json_text(event)])
     for got in decoded:
         assert "tensors" not in got and "payload" not in got
-        assert {k: got[k] for k in ("request_id", "layer", "heads", "query_positions", "context_len")} == \
-            {k: event[k] for k in ("request_id", "layer", "heads", "query_positions", "context_len")}
+        assert {k: got[k] for k in ("request_id", "layers", "heads", "query_positions", "context_len")} == \
+            {k: event[k] for k in ("request_id", "layers", "heads", "query_positions", "context_len")}
+        assert np.array(got["weights"]).shape == (3, 2, 3, 5) and np.array(got["mean"]).shape == (3, 3, 5)
         assert np.allclose(np.array(got["weights"]), weights, atol=5e-4)
-        assert np.allclose(np.array(got["mean"]), weights.mean(0), atol=5e-4)
+        assert np.allclose(np.array(got["mean"]), mean, atol=5e-4)
+    assert stored["layers"] == [0, 2, 3]
+    causal = np.tril(np.ones((3, 5)), k=2)   # rows at positions 2, 3, 4 see keys up to their own
+    assert np.allclose(stored["l2h6"], weights[1, 1] * causal, atol=5e-4)   # layer 2 is index 1, head 6 index 1
+    assert np.allclose(stored["l3mean"], mean[2] * causal, atol=5e-4)
     assert decoded[0] == decoded[1] == decoded[2]   # one decoder, whichever way the bytes came
     assert_clean(page)
