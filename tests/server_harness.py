@@ -51,25 +51,6 @@ def frame_events(frame: str | bytes) -> list[dict]:
     return [check_event(e) for e in (parsed if isinstance(parsed, list) else [parsed])]
 
 
-def per_layer(attention: list[dict]) -> list[dict]:
-    """Decoded attention events (one a request and step, every layer it watches) as one dict
-    a layer, `layer` set and its `weights` [heads, rows, context] and `mean` [rows, context]
-    cut out, after checking each event's arrays have the shape its header says."""
-    out = []
-    for a in attention:
-        shape = (len(a["layers"]), len(a["heads"]), len(a["query_positions"]), a["context_len"])
-        assert _shape(a["weights"]) == shape and _shape(a["mean"]) == shape[:1] + shape[2:], (a["layers"], a["step"])
-        out += [{**a, "layer": layer, "weights": a["weights"][i], "mean": a["mean"][i]}
-                for i, layer in enumerate(a["layers"])]
-    return out
-
-
-def _shape(nested) -> tuple[int, ...]:
-    if hasattr(nested, "shape"):
-        return tuple(nested.shape)
-    return (len(nested),) + (_shape(nested[0]) if nested and isinstance(nested[0], list) else ())
-
-
 # -- the server ---------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:

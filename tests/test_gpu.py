@@ -10,6 +10,7 @@ import gc
 import pytest
 import torch
 
+from attention_frames import per_layer
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
 
@@ -166,12 +167,14 @@ def test_watched_attention_from_the_cuda_graphs_equals_transformers(tmp_path):
         instr.detach()
         assert sum(n for (_, keep), n in replays.items() if keep) >= 7, replays
         hf = AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager", dtype=torch.float32).eval()
-        att = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
+        frames = [decode(binary_frame(e)) for e in events if e["type"] == "attention"]
+        att = per_layer(frames)
         for seq in (seqs[0], seqs[2]):
             with torch.no_grad():
                 ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+            assert len([a for a in frames if a["request_id"] == seq.request_id]) == 8   # the prompt and 7 decodes
             mine = [a for a in att if a["request_id"] == seq.request_id]
-            assert len(mine) == 8 * len(ref)   # the prompt and 7 decode steps, every layer
+            assert len(mine) == 8 * len(ref)   # every layer in each
             for a in mine:
                 want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
                 assert torch.allclose(torch.from_numpy(a["weights"]), want, atol=1e-3), (a["layer"], a["step"])

@@ -16,7 +16,8 @@ from kvscope.instrumentation.cost import attention_pairs, step_cost
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.instrumentation.tokens import tokens_event
 from kvscope.sampling_params import SamplingParams
-from server_harness import check_event, model_path, per_layer
+from attention_frames import per_layer
+from server_harness import check_event, model_path
 
 PROMPTS = ["Once upon a time, a little fox found a shiny stone by the river.",
            "Once upon a time, a little fox found a shiny stone by the sea and",

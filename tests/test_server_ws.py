@@ -9,7 +9,8 @@ import time
 import pytest
 
 from kvscope.instrumentation.schema import SCHEMA_VERSION
-from server_harness import TOKEN, Client, check_event, per_layer
+from attention_frames import per_layer
+from server_harness import TOKEN, Client, check_event
 
 GREEDY = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
 HELLO_FIELDS = {

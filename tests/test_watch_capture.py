@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from attention_frames import per_layer
 from hf_models import VOCAB, make_checkpoint
 from kvscope.engine.llm_engine import LLMEngine
 from kvscope.instrumentation import Instrumentation, WatchSpec, capture
 from kvscope.layers.attention import KeptQueries
 from kvscope.instrumentation.encode import binary_frame, decode, json_text
 from kvscope.sampling_params import SamplingParams
-from server_harness import check_event, per_layer
+from server_harness import check_event
 
 F16_ATOL = 1e-3
 PROMPT_LENS = [37, 5, 22, 9, 3, 12, 8, 15, 6, 11]   # the first is computed in three chunks of at most 16 tokens
@@ -102,3 +104,12 @@ def test_weights_from_the_steps_queries_equal_eager_attention(checkpoint, refere
             want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
             assert torch.allclose(torch.from_numpy(a["weights"]), want[heads], atol=F16_ATOL), (a["layer"], a["step"])
             assert torch.allclose(torch.from_numpy(a["mean"]), want.mean(0), atol=F16_ATOL)
+
+
+def test_host_views_index_one_after_the_other_as_numpy_does():
+    """A GPU's batched copy is cut per request lazily (HostView): layers by a list, one
+    sequence, heads by a list, then the context, applied in turn as numpy applies them."""
+    t = torch.arange(4 * 3 * 8 * 10, dtype=torch.float16).view(4, 3, 8, 10)
+    want = t.numpy()[[0, 2], 1][:, [1, 5]][:, :, None, :7]
+    got = np.asarray(capture.HostCopy(t)[[0, 2], 1][:, [1, 5]][:, :, None, :7])
+    assert got.shape == (2, 2, 1, 7) and (got == want).all()

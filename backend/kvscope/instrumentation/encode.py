@@ -9,9 +9,9 @@ layer it watches in one event a step) travel as one binary WebSocket frame each:
 little-endian uint32 N, N bytes of a JSON header (the event without its arrays, plus
 `tensors`: each array's name, dtype and shape; padded with spaces so the payload starts
 8-byte aligned), then the arrays' bytes, little-endian float16, row-major, one after the
-other (`weights` [layers, heads, rows, context], then `mean` [layers, rows, context]). A recording (JSON lines) keeps the same header with
-the payload in base64 (`payload`). Reading an array waits for its copy to the host, so
-encoding belongs off the engine thread."""
+other (`weights` [layers, heads, rows, context], then `mean` [layers, rows, context]). A
+recording (JSON lines) keeps the same header with the payload in base64 (`payload`).
+Reading an array waits for its copy to the host, so encoding belongs off the engine thread."""
 from __future__ import annotations
 
 import base64
@@ -69,7 +69,7 @@ def binary_frame(event: dict) -> bytes:
     return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
 
 
-def cut_attention(event: dict, layers: frozenset[int] | set[int] | None, heads: frozenset[int] | set[int] | None) -> dict | None:
+def cut_attention(event: dict, layers: frozenset[int] | None, heads: frozenset[int] | None) -> dict | None:
     """An attention event cut to the layers and heads one viewer asked for (None: all of
     them), or None when it holds none of its layers. Arrays stay arrays, lists stay lists."""
     keep_layers = [k for k, n in enumerate(event["layers"]) if layers is None or n in layers]
@@ -85,8 +85,9 @@ def cut_attention(event: dict, layers: frozenset[int] | set[int] | None, heads: 
     else:   # a recording's lists
         weights = [[weights[li][k] for k in keep_heads] for li in keep_layers]
         mean = [mean[li] for li in keep_layers]
-    return {**event, "layers": [event["layers"][k] for k in keep_layers], "heads": [event["heads"][k] for k in keep_heads],
-            "kv_heads": [event["kv_heads"][k] for k in keep_heads], "weights": weights, "mean": mean}
+    return {**event, "layers": [event["layers"][k] for k in keep_layers],
+            "heads": [event["heads"][k] for k in keep_heads], "kv_heads": [event["kv_heads"][k] for k in keep_heads],
+            "weights": weights, "mean": mean}
 
 
 def json_text(event: dict) -> str:

@@ -60,7 +60,8 @@ def read_recording(path: Path) -> tuple[dict, list[dict]]:
         raise ValueError(f"{path} is not a kvscope recording (no header line)")
     if head.get("schema_version") not in READABLE_VERSIONS:
         raise ValueError(f"{path} has schema version {head.get('schema_version')}; this reads "
-                         f"{', '.join(map(str, READABLE_VERSIONS))} (scripts/upgrade_recordings.py converts older ones)")
+                         f"{', '.join(map(str, READABLE_VERSIONS))} "
+                         "(scripts/upgrade_recordings.py converts older ones)")
     return head, [json.loads(ln) for ln in lines[1:]]
 
 

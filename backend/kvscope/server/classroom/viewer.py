@@ -33,7 +33,8 @@ class Filter:
         rid = event.get("request_id")
         if self.request_ids is not None and rid is not None and rid not in self.request_ids:
             return False
-        return not (self.layers is not None and event["type"] == "attention" and self.layers.isdisjoint(event["layers"]))
+        return not (self.layers is not None and event["type"] == "attention"
+                    and self.layers.isdisjoint(event["layers"]))
 
     def as_dict(self) -> dict:
         named = {"request_id": self.request_ids, "layer": self.layers, "head": self.heads}
