@@ -69,22 +69,15 @@ def binary_frame(event: dict) -> bytes:
     return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
 
 
-def cut_attention(event: dict, layers: frozenset[int] | None, heads: frozenset[int] | None) -> dict | None:
-    """An attention event cut to the layers and heads one viewer asked for (None: all of
-    them), or None when it holds none of its layers. Arrays stay arrays, lists stay lists."""
+def cut_attention(event: dict, layers: frozenset[int] | None, heads: frozenset[int] | None) -> dict:
+    """A live attention event (its arrays still arrays) cut to the layers and heads one
+    viewer asked for (None: all of them); the event itself when it has nothing else."""
     keep_layers = [k for k, n in enumerate(event["layers"]) if layers is None or n in layers]
     keep_heads = [k for k, h in enumerate(event["heads"]) if heads is None or h in heads]
-    if not keep_layers:
-        return None
     if len(keep_layers) == len(event["layers"]) and len(keep_heads) == len(event["heads"]):
         return event
-    weights, mean = event["weights"], event["mean"]
-    if hasattr(weights, "__array__"):
-        weights = np.asarray(weights)[keep_layers][:, keep_heads]
-        mean = np.asarray(mean)[keep_layers]
-    else:   # a recording's lists
-        weights = [[weights[li][k] for k in keep_heads] for li in keep_layers]
-        mean = [mean[li] for li in keep_layers]
+    weights = np.asarray(event["weights"])[keep_layers][:, keep_heads]
+    mean = np.asarray(event["mean"])[keep_layers]
     return {**event, "layers": [event["layers"][k] for k in keep_layers],
             "heads": [event["heads"][k] for k in keep_heads], "kv_heads": [event["kv_heads"][k] for k in keep_heads],
             "weights": weights, "mean": mean}

@@ -159,7 +159,7 @@ class Hub(StreamState):
         layers = spec.layers if spec is not None else (flt.layers if flt is not None else None)
         heads = spec.heads if spec is not None else (flt.heads if flt is not None else None)
         cut = cut_attention(e, layers, heads)
-        return text if cut is e or cut is None else frame(cut)
+        return text if cut is e else frame(cut)
 
     def _offer(self, v: Viewer, chunk: Chunk) -> None:
         dropped = v.offer(chunk)
