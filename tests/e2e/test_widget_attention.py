@@ -100,6 +100,7 @@ def test_binary_frames_decode_in_the_browser_as_python_encodes_them(page, live_s
     decoded, stored = page.evaluate("""async ([frame, line]) => {
         const { decodeBinaryFrame, expandTensors } = await import('/static/js/lib/frames.js');
         const { AttentionStore } = await import('/static/js/widgets/lib/attention-store.js');
+        const { passesFilters } = await import('/static/js/lib/replay-socket.js');
         const client = window.kvscope.client;
         const heard = new Promise((resolve) => { const off = client.on('attention', (e) => { off(); resolve(e); }); });
         const buffer = new Uint8Array(frame).buffer;
@@ -111,7 +112,8 @@ def test_binary_frames_decode_in_the_browser_as_python_encodes_them(page, live_s
         store.add(decodeBinaryFrame(buffer));
         const rows = (layer, head) => store.matrix(layer, head).slice(2).map((r) => r.slice(0, 5));
         return [[plain(decodeBinaryFrame(buffer)), plain(expandTensors(JSON.parse(line))), plain(fromClient)],
-                { layers: [...store.layers.keys()], l2h6: rows(2, 6), l3mean: rows(3, 'mean') }];
+                { layers: [...store.layers.keys()], l2h6: rows(2, 6), l3mean: rows(3, 'mean'),
+                  filtered: [[2], [1, 4], 3].map((layer) => passesFilters(fromClient, { layer })) }];
     }""", [list(binary_frame(event)), json_text(event)])
     for got in decoded:
         assert "tensors" not in got and "payload" not in got
@@ -121,6 +123,7 @@ def test_binary_frames_decode_in_the_browser_as_python_encodes_them(page, live_s
         assert np.allclose(np.array(got["weights"]), weights, atol=5e-4)
         assert np.allclose(np.array(got["mean"]), mean, atol=5e-4)
     assert stored["layers"] == [0, 2, 3]
+    assert stored["filtered"] == [True, False, True]   # a replay's layer filter: any layer of the event
     causal = np.tril(np.ones((3, 5)), k=2)   # rows at positions 2, 3, 4 see keys up to their own
     assert np.allclose(stored["l2h6"], weights[1, 1] * causal, atol=5e-4)   # layer 2 is index 1, head 6 index 1
     assert np.allclose(stored["l3mean"], mean[2] * causal, atol=5e-4)
