@@ -119,18 +119,6 @@ def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
-def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], token_ids: list[int], weights, mean,
-                    heads: list[int], kv_heads: list[int], num_heads: int, ts: float, recomputed: bool = False) -> dict:
-    """weights: [len(heads), rows, context] and mean (over every head): [rows, context],
-    arrays (float16, possibly still on their way to the host: encode.py reads them off the
-    engine thread); token_ids: the context's (a SharedIds, the same for each layer's event);
-    `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
-    return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
-            "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
-            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
-            "weights": weights, "mean": mean, "recomputed": recomputed}
-
-
 STAGES = (("temperature", apply_temperature, lambda p: p.temperature, 1.0),   # name, filter, its argument, a no-op one
           ("top_k", apply_top_k, lambda p: p.top_k, 0), ("top_p", apply_top_p, lambda p: p.top_p, 1.0),
           ("min_p", apply_min_p, lambda p: p.min_p, 0.0))
