@@ -135,8 +135,8 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
                             timeout=COLLECTIVE_TIMEOUT)
     try:
         path = resolve_model_path(config.model)
-        _, runner, _ = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                             lambda model: _receive(), TPGroup(rank, size))   # `send_setup`'s pool size
+        runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
+                                       lambda model: _receive(), TPGroup(rank, size))   # `send_setup`'s pool size
         while (plan := _receive()) is not None:
             replay(runner, move(plan, device))
     finally:

@@ -1,5 +1,4 @@
-"""Runs one scheduled step: flattens the batch (step_inputs.py), runs the model over it,
-and samples the next tokens."""
+"""Runs one scheduled step: flattens the batch (step_inputs.py), runs the model, samples."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -56,8 +55,7 @@ class ModelRunner:
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
         self.keep_queries: Callable[[SchedulerOutput, bool], KeptQueries | None] | None = None
-        # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
-        # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
+        # decode steps recorded once (CUDA graphs or a compiled step), and how decode steps run
         self.graphs, self.compiled, self.decode = record_decode(self)
 
     # -- KV cache ----------------------------------------------------------------------
@@ -75,13 +73,11 @@ class ModelRunner:
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:
-        """Every layer's K and V caches, and their scales where the format keeps any."""
         return [t for layer in self.attn_layers for t in (layer.k_cache, layer.v_cache, layer.k_scales, layer.v_scales)
                 if t is not None]
 
     def release(self) -> None:
-        """Give the KV cache, the captured graphs and the weights back (the engine is shut
-        down): on a GPU the next engine sizes its pool from the memory left free."""
+        """Give the memory back: on a GPU the next engine sizes its pool from what is free."""
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.empty(0)
             layer.k_scales = layer.v_scales = None
@@ -98,14 +94,8 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
-    @staticmethod
-    def _replayable(out: SchedulerOutput) -> bool:
-        """The one rule for a step a decode graph may run: decode rows only (no prompt, no
-        drafts), each sampled once from its own row (no choices forking from it)."""
-        return all(e.kind == "decode" and not e.forks for e in out.entries)
-
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
+        """Copy-on-write: each (src, dst) pair's dst block gets src's K/V, every layer."""
         if not copies:
             return
         src, dst = (to_device(torch.tensor(column), self.device) for column in zip(*copies))
@@ -116,10 +106,10 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator], eager: bool = False) -> StepResult:
-        """One step. `eager`: an observer's forward hooks must see every layer, so neither a
-        CUDA graph nor the compiled graph may run it."""
+        """One step. `eager`: an observer's forward hooks must see every layer, so no graph runs it."""
         self.copy_blocks(out.block_copies)
-        replay = not eager and self._replayable(out)
+        # the one rule for a step a decode graph may run: decode rows only, none forking
+        replay = not eager and all(e.kind == "decode" and not e.forks for e in out.entries)
         compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
         route = self.routes.graph if compiled else self.routes.eager
         inputs = prepare_inputs(out, self.block_size, self.buffers, route)
@@ -158,8 +148,7 @@ class ModelRunner:
 
     @staticmethod
     def _split_drafts(seqs, drafts: dict[int, int], logits, result) -> tuple[list, list[int]]:
-        """Rows of a sequence with k drafts (k + 1 rows) go to the verifier; returns the
-        sequences sampled plainly and their rows."""
+        """A sequence's k + 1 rows with k drafts go to the verifier; returns the others and their rows."""
         plain, plain_rows, row = [], [], 0
         while row < len(seqs):
             seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
@@ -182,12 +171,9 @@ class ModelRunner:
 # -- a failed step -------------------------------------------------------------------
 def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[int, torch.Generator],
                   eager: bool = False) -> tuple[StepResult, dict[int, str]]:
-    """The step's result and {seq_id: why its step failed}. When a step fails, each request's
-    part is tried alone and the step runs again without the ones that fail, so one bad
-    request ends alone instead of taking every stream with it (an error no single request
-    explains is raised again). Only the error path pays. Running a step again is safe:
-    writing a position's K/V is idempotent, and the seeded generators are rewound so the
-    rest draw exactly what they would have drawn."""
+    """The step's result and {seq_id: why its step failed}: a failed step tries each request alone
+    and runs again without those that fail (safe: K/V writes are idempotent, seeded generators
+    are rewound); an error no single request explains is raised again."""
     states = {seq_id: gen.get_state() for seq_id, gen in generators.items()}
     try:
         return runner.run(out, generators, eager), {}
@@ -215,12 +201,9 @@ def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tens
 
 def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
                           max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
-                          load_format: str | None = None) -> tuple[CausalLM, ModelRunner, str]:
-    """The one way a model and the runner that steps it are made: the engine's (rank 0),
-    a tensor-parallel rank's slice, the draft model's. `num_blocks(model)` sizes the KV
-    pool once the weights are in (on a GPU it measures what they leave free; a rank hears
-    rank 0's size). Also returns how decode steps run (graphs.record_decode)."""
+                          load_format: str | None = None) -> ModelRunner:
+    """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
+    draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
     model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
                         config.seed, tp)
-    runner = ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)
-    return model, runner, runner.decode
+    return ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)
