@@ -1,13 +1,6 @@
-"""Tensor parallelism across processes with torch.distributed (gloo on CPU, NCCL on CUDA).
-
-Rank 0 is the engine: it owns the block manager and the scheduler, prepares each step's
-inputs and broadcasts them as a `StepPlan`. Every other rank is a worker holding its slice
-of the weights and of the KV cache (its KV heads, same block ids): it replays the plan
-through its model, joining the all-reduces inside the layers. Only rank 0 samples.
-
-Workers are spawned by the engine (torch.multiprocessing, start method "spawn"), or, under
-`torchrun`, every rank runs the user's script and `LLMEngine(...)` turns ranks > 0 into
-workers that exit when rank 0 shuts down."""
+"""Tensor parallelism (gloo on CPU, NCCL on CUDA): rank 0 schedules and broadcasts each step's
+`StepPlan`; every other rank (spawned, or under torchrun the user's script) replays it through
+its slice of the weights and KV heads, joining the layers' all-reduces. Only rank 0 samples."""
 from __future__ import annotations
 
 import dataclasses

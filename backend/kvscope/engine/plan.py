@@ -1,6 +1,4 @@
-"""The start-up plan: the device, the attention backend, the KV pool's size (from the memory
-free), fixed once and kept as `engine.plan` (ExecutionPlan), which the hello event, the
-stats and the benchmarks read."""
+"""The start-up plan (`engine.plan`): the device, the attention backend, the KV pool's size."""
 from __future__ import annotations
 
 import logging
@@ -22,9 +20,7 @@ log = logging.getLogger("kvscope.engine")
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """How this engine runs, fixed at start-up and logged once (`engine.plan`): where, in
-    which dtype, with which attention kernel, how decode steps run, and the KV pool. Stats,
-    the hello event and the benchmarks read it here rather than from the runner."""
+    """How this engine runs, fixed at start-up and logged once; stats, hello and benchmarks read it."""
     device: torch.device
     dtype: torch.dtype
     dtype_reason: str
@@ -52,10 +48,8 @@ class ExecutionPlan:
                 f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
 
-# -- the device and the KV pool's size: what the engine picks for this machine --------------
-# On a CPU the KV cache takes this share of the memory available at start-up (as
-# vLLM's VLLM_CPU_KVCACHE_SPACE sizes it by hand), and never more than the scheduler
-# could fill: max_num_seqs sequences of max_model_len tokens.
+# On a CPU the KV cache takes this share of the memory available (vLLM's VLLM_CPU_KVCACHE_SPACE
+# sizes it by hand), never more than max_num_seqs sequences of max_model_len tokens fill.
 CPU_KV_FRACTION = 0.25
 
 
@@ -71,7 +65,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
-    """One block's K and V across all layers, as stored (an 8-bit cache: half or a quarter)."""
     fmt = kv_cache_format(kv_cache_dtype, dtype)
     return block_size * fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 

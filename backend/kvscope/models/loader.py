@@ -1,12 +1,5 @@
-"""From a checkpoint to a model: find it (a local directory, the embedded default, or a hub id),
-read the architecture facts the engine needs from its config.json, choose the dtype they run in,
-and load its safetensors into the engine's model, with errors that name the file or tensor at fault.
-
-What `dtype="auto"` picks, and why (the reason is shown to the user): on a GPU, bfloat16. On a
-CPU, bfloat16 halves the bytes every decode step reads, but it only pays where the cores compute
-it natively (AVX512-BF16 or AMX); elsewhere each bf16 matmul converts to float32 on the fly and is
-slower than plain float32. A checkpoint stored in float32 stays float32 (halving it would change
-its numbers), and a tiny model whose weights sit in the CPU caches gains nothing from fewer bytes."""
+"""From a checkpoint to a model: find it (a directory, the embedded default, a hub id), read its
+architecture facts, choose the dtype, load its safetensors, with errors naming what is at fault."""
 from __future__ import annotations
 
 import json
@@ -31,7 +24,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 class ModelConfigError(ValueError):
-    """A config.json kvscope cannot run: the message names the unsupported value or the missing field."""
+    """A config.json kvscope cannot run."""
 
 
 @dataclass
@@ -85,13 +78,11 @@ class ModelConfig:
 
     @property
     def kv_elements_per_token(self) -> int:
-        """K and V, every layer, every KV head: cache elements one token takes (times the dtype size = bytes)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
 def _rope_settings(cfg: dict) -> tuple[dict, float]:
-    """transformers 5 nests rope settings in `rope_parameters`; older files use
-    `rope_theta` and `rope_scaling`. Both are accepted."""
+    """transformers 5 nests them in `rope_parameters`, older files in `rope_theta`/`rope_scaling`."""
     merged = {**(cfg.get("rope_parameters") or {}), **(cfg.get("rope_scaling") or {})}
     theta = float(merged.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
@@ -115,7 +106,6 @@ class DtypeChoice:
 
 
 def approx_params(cfg: ModelConfig) -> int:
-    """Parameters from the shapes in config.json (before loading anything)."""
     h, layers = cfg.hidden_size, cfg.num_layers
     attn = h * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
     mlp = 3 * h * cfg.intermediate_size
@@ -125,7 +115,9 @@ def approx_params(cfg: ModelConfig) -> int:
 
 def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
                  native_bf16: list[str] | None = None) -> DtypeChoice:
-    """`native_bf16`: the CPU's bf16 feature flags (read from /proc/cpuinfo when None)."""
+    """bfloat16 on a GPU; on a CPU only where it computes bfloat16 natively (else each matmul
+    converts), the checkpoint is 16-bit and the model is not cache-sized. `native_bf16`: the
+    CPU's flags (read from /proc/cpuinfo when None)."""
     if name != "auto":
         if name not in DTYPES:
             raise ValueError(f"unsupported dtype {name!r}: use one of {', '.join(DTYPES)}")
@@ -149,7 +141,7 @@ def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
 
 # -- finding and loading a checkpoint ---------------------------------------------------------
 class ModelLoadError(RuntimeError):
-    """A checkpoint that cannot be used; the message says what and where."""
+    """A checkpoint that cannot be used."""
 
 
 def resolve_model_path(model: str | None) -> Path:
@@ -227,7 +219,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
 
 
 def _load_tensor(model, params, name, tensor, file, loaded) -> None:
-    """`tensor`: safetensors' lazy slice, so a tensor-parallel layer reads only its own part."""
+    """`tensor`: safetensors' lazy slice, so a tensor-parallel layer reads only its part."""
     target, shard = name, 0
     for fragment, (packed, index) in CausalLM.packed.items():
         if f".{fragment}." in name and name.replace(fragment, packed) in params:
@@ -249,7 +241,6 @@ def _load_tensor(model, params, name, tensor, file, loaded) -> None:
 
 
 def _full_shape(module, param, shard: int) -> tuple[int, ...]:
-    """The checkpoint shape this parameter (or this shard of a packed one) comes from."""
     if isinstance(module, ColumnParallelLinear):
         return (module.local_sizes[shard] * module.tp.size, *param.shape[1:])
     if isinstance(module, RowParallelLinear):
@@ -260,7 +251,6 @@ def _full_shape(module, param, shard: int) -> tuple[int, ...]:
 
 
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Random weights for benchmarks: small normal values, norms at one."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if "norm" in name:
