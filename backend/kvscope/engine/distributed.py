@@ -70,9 +70,15 @@ class TPWorkers:
         self.alive = True
 
     @classmethod
-    def start(cls, size: int, config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
-        processes = []
-        if torchrun_rank() is not None:
+    def start(cls, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
+        """The other ranks; under torchrun, ranks > 0 serve rank 0's steps here, then exit."""
+        size = config.tensor_parallel_size
+        check_tp(size, model_config, device)
+        if rank := torchrun_rank():
+            worker_main(rank, size, "env://", config, dtype, max_model_len)
+            raise SystemExit(0)
+        device, processes = rank_device(device, 0), []
+        if rank is not None:
             init_method = "env://"
         else:
             init_method = f"tcp://127.0.0.1:{_free_port()}"

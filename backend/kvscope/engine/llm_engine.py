@@ -18,10 +18,10 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
-from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
+from kvscope.engine.distributed import TPWorkers, WorkerDied
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.spec_decode import Speculator, spec_logprobs
+from kvscope.engine.spec_decode import Speculator
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
@@ -112,7 +112,8 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers, device = self._start_workers(device, dtype_choice.dtype)
+            self.workers = TPWorkers.start(config, self.model_config, dtype_choice.dtype, self.max_model_len, device)
+            device = self.workers.device
         sizing = ""   # how the pool's size was chosen
 
         def size_kv_cache(model) -> int:
@@ -126,13 +127,13 @@ class LLMEngine:
         self.runner = load_model_and_runner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
                                             self.max_model_len, size_kv_cache,
                                             self.workers.group if self.workers else TPGroup())
-        self.model = self.runner.model
-        self.runner.workers = self.workers
+        runner, self.model = self.runner, self.runner.model
+        runner.workers = self.workers
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
-            attention_backend=self.runner.attention_backend, attention=self.runner.routes, decode=self.runner.decode, kv_format=self.runner.kv_format,
-            kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing,
-            block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+            attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,
+            kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
+            kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
@@ -152,17 +153,6 @@ class LLMEngine:
     @property
     def dtype(self) -> torch.dtype:
         return self.plan.dtype
-
-    def _start_workers(self, device: torch.device, dtype: torch.dtype) -> tuple[TPWorkers, torch.device]:
-        """The other ranks, and rank 0's own device."""
-        size = self.config.tensor_parallel_size
-        check_tp(size, self.model_config, device)
-        rank = torchrun_rank()
-        if rank:   # under torchrun, ranks > 0 serve rank 0's steps, then exit
-            worker_main(rank, size, "env://", self.config, dtype, self.max_model_len)
-            raise SystemExit(0)
-        device = rank_device(device, 0)
-        return TPWorkers.start(size, self.config, dtype, self.max_model_len, device), device
 
     def shutdown(self) -> None:
         """Abort what is queued and release(), so another engine can start; safe to call twice."""
@@ -355,18 +345,26 @@ class LLMEngine:
             except (WorkerDied, RuntimeError) as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
-            self._verify_drafts(out, result)
+            self.speculator.verify(out, result, self.generators, self.runner.sampler.generator)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
         if self.detokenizer.live:
             deltas = self._detokenize(deltas, finished)
-        if result.logprobs:
-            self._attach_logprobs(deltas, result.logprobs)
+        if result.logprobs:   # each appended token's {logprob, top}, in the order its sequence drew them
+            drawn = {seq_id: iter(entries) for seq_id, entries in result.logprobs.items()}
+            for d in deltas:
+                if d.seq.seq_id in drawn:
+                    d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
         for seq in finished:
             self._cleanup(seq)
         comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step
         if self.observers:
-            self._publish_step(out, result, deltas, finished, comm, t0, t1, t2)
+            record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
+                                model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
+                                num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+                                token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs)
+            for obs in self.observers:
+                obs.on_step(record)
         return deltas, ended + finished
 
     def _detokenize(self, deltas: list[TokenDelta], finished: list[Sequence]) -> list[TokenDelta]:
@@ -389,28 +387,6 @@ class LLMEngine:
                 ended += entry.seq.choices
                 self.finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
         return ended
-
-    def _verify_drafts(self, out, result) -> None:
-        """Accept or reject each sequence's drafts against the target's scores."""
-        for entry in out.entries:
-            seq = entry.seq
-            logits = result.spec_logits.get(seq.seq_id)
-            if logits is None:
-                continue
-            verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
-                                             self.generators.get(seq.seq_id, self.runner.sampler.generator))
-            result.spec[seq.seq_id] = verdict
-            result.tokens[seq.seq_id] = verdict.token_ids
-            if seq.params.logprobs is not None:
-                result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
-
-    @staticmethod
-    def _attach_logprobs(deltas: list[TokenDelta], logprobs: dict[int, list[dict]]) -> None:
-        """Each appended token's {logprob, top}, in the order its sequence drew them."""
-        drawn = {seq_id: iter(entries) for seq_id, entries in logprobs.items()}
-        for d in deltas:
-            if d.seq.seq_id in drawn:
-                d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
 
     def _fail_everything(self, reason: str) -> list[Sequence]:
         """A rank is gone: every request fails with the reason and the other ranks stop."""
@@ -436,11 +412,3 @@ class LLMEngine:
             self.speculator.release(seq)
         for obs in self.observers:
             obs.on_request_finished(seq)
-
-    def _publish_step(self, out, result, deltas, finished, comm, t0, t1, t2) -> None:
-        record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
-                            model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
-                            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
-                            token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs)
-        for obs in self.observers:
-            obs.on_step(record)

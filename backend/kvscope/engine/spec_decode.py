@@ -138,23 +138,26 @@ class Speculator:
                 seq.spec_token_ids = draft.token_ids
                 self.drafts[seq.seq_id] = draft
 
-    def verify(self, seq: Sequence, proposed: list[int], logits: torch.Tensor,
-               generator: torch.Generator) -> SpecVerdict:
-        draft = self.drafts.pop(seq.seq_id, None)
-        probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
-        verdict = verify(logits, proposed, seq.params, generator, probs)
-        self.total.add(verdict)
-        return verdict
+    def verify(self, out: SchedulerOutput, result, generators: dict[int, torch.Generator],
+               default: torch.Generator) -> None:
+        """Accept or reject each sequence's drafts against the target's rows (`result.spec_logits`)."""
+        for entry in out.entries:
+            seq, proposed = entry.seq, entry.spec_token_ids
+            if (logits := result.spec_logits.get(seq.seq_id)) is None:
+                continue
+            draft = self.drafts.pop(seq.seq_id, None)
+            probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
+            verdict = result.spec[seq.seq_id] = verify(logits, proposed, seq.params,
+                                                       generators.get(seq.seq_id, default), probs)
+            self.total.add(verdict)
+            result.tokens[seq.seq_id] = ids = verdict.token_ids
+            if (n := seq.params.logprobs) is not None:   # each emitted token's, under the target
+                result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], torch.tensor(ids, device=logits.device),
+                                                              [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
         self.proposer.release(seq)
-
-
-def spec_logprobs(logits: torch.Tensor, token_ids: list[int], n: int) -> list[dict]:
-    """Per emitted token: its log-probability under the target and the top n."""
-    rows = logits[:len(token_ids)]
-    return logprob_entries(rows, torch.tensor(token_ids, device=rows.device), [n] * len(token_ids))
 
 
 class NgramProposer:
