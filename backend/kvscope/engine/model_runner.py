@@ -132,71 +132,54 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(sampled_rows(hidden, inputs.sample_rows)).float()
         result.logits = logits
-        drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
-        plain, plain_rows = (seqs, None) if not drafts else self._split_drafts(seqs, drafts, logits, result)
-        if plain:
-            if plain_rows is not None and len(plain_rows) < logits.shape[0]:   # indexing copies every row
-                logits = logits[plain_rows]
-            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
-            raw = logits
-            if any(s.grammar is not None for s in plain):
-                # logprobs stay those of the model's own distribution, as in vLLM
-                logits = logits.clone()   # the model's own rows stay: logprobs and observers read them
-                apply_masks(logits, [s.grammar for s in plain])
-            self._collect(result, plain, raw, self.sampler(logits, batch))
-        return result
-
-    @staticmethod
-    def _split_drafts(seqs, drafts: dict[int, int], logits, result) -> tuple[list, list[int]]:
-        """A sequence's k + 1 rows with k drafts go to the verifier; returns the others and their rows."""
-        plain, plain_rows, row = [], [], 0
-        while row < len(seqs):
-            seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
-            if k:
-                result.spec_logits[seq.seq_id] = logits[row:row + k + 1]
-            else:
-                plain.append(seq)
-                plain_rows.append(row)
-            row += k + 1
-        return plain, plain_rows
-
-    def _collect(self, result, seqs, logits, tokens) -> None:
+        if any([e.spec_token_ids for e in out.entries]):   # a sequence's k + 1 rows with k drafts: the verifier's
+            drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries}
+            rows, row = [], 0
+            while row < len(seqs):
+                if k := drafts.get(seqs[row].seq_id, 0):
+                    result.spec_logits[seqs[row].seq_id] = logits[row:row + k + 1]
+                else:
+                    rows.append(row)
+                row += k + 1
+            seqs, logits = [seqs[r] for r in rows], logits[rows]
+            if not seqs:
+                return result
+        masked = logits   # the model's own rows stay: logprobs (as in vLLM) and observers read them
+        if any(s.grammar is not None for s in seqs):
+            masked = logits.clone()
+            apply_masks(masked, [s.grammar for s in seqs])
+        tokens = self.sampler(masked, SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs]))
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
         if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])
-            for i, entry in zip(wants, entries):
-                result.logprobs[seqs[i].seq_id] = [entry]
+            result.logprobs.update((seqs[i].seq_id, [entry]) for i, entry in zip(wants, entries))
+        return result
 
 
-# -- a failed step -------------------------------------------------------------------
 def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[int, torch.Generator],
                   eager: bool = False) -> tuple[StepResult, dict[int, str]]:
     """The step's result and {seq_id: why its step failed}: a failed step tries each request alone
     and runs again without those that fail (safe: K/V writes are idempotent, seeded generators
     are rewound); an error no single request explains is raised again."""
     states = {seq_id: gen.get_state() for seq_id, gen in generators.items()}
+
+    def rerun(entries: list) -> StepResult:
+        for seq_id, state in states.items():
+            generators[seq_id].set_state(state)
+        return runner.run(replace(out, entries=entries), generators, eager)
     try:
         return runner.run(out, generators, eager), {}
     except Exception as error:
         failed = {}
         for entry in out.entries:
-            _rewind(generators, states)
             try:
-                runner.run(replace(out, entries=[entry]), generators, eager)
+                rerun([entry])
             except Exception as alone:
                 failed[entry.seq.seq_id] = f"{type(alone).__name__}: {alone}"
         if not failed:
             raise error
     kept = [e for e in out.entries if e.seq.seq_id not in failed]
-    _rewind(generators, states)
-    if not kept:
-        return StepResult(), failed
-    return runner.run(replace(out, entries=kept), generators, eager), failed
-
-
-def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tensor]) -> None:
-    for seq_id, state in states.items():
-        generators[seq_id].set_state(state)
+    return rerun(kept) if kept else StepResult(), failed
 
 
 def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,

@@ -152,8 +152,8 @@ class Speculator:
             self.total.add(verdict)
             result.tokens[seq.seq_id] = ids = verdict.token_ids
             if (n := seq.params.logprobs) is not None:   # each emitted token's, under the target
-                result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], torch.tensor(ids, device=logits.device),
-                                                              [n] * len(ids))
+                drawn = torch.tensor(ids, device=logits.device)
+                result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], drawn, [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
         self.drafts.pop(seq.seq_id, None)
