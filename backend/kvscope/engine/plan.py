@@ -101,21 +101,13 @@ def _free_cpu_budget(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
     return share, f"{CPU_KV_FRACTION:.0%} of the {available / 2**30:.1f} GiB of memory available"
 
 
+@torch.inference_mode()
 def _free_gpu_budget(config: EngineConfig, cfg: ModelConfig, model, device: torch.device) -> int:
-    """A fraction of the card, less the weights and the peak of one full-budget forward."""
+    """A fraction of the card, less the weights and the peak of the largest prefill the scheduler
+    can issue (run against a one-block cache)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    _profile_forward(config, cfg, model, device)
-    free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return max(0, int(total * config.gpu_memory_utilization) - used_by_others - peak)
-
-
-@torch.inference_mode()
-def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torch.device) -> None:
-    """Run the largest prefill the scheduler can issue, against a one-block cache."""
     n = config.max_num_batched_tokens
     dtype = next(model.parameters()).dtype
     for layer in model.modules():
@@ -123,13 +115,16 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
             layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
     ids = torch.zeros(n, dtype=torch.long, device=device)
-    rope_len = model.model.rotary.cos_cache.shape[0]
-    pos = torch.arange(n, device=device) % rope_len
+    pos = torch.arange(n, device=device) % model.model.rotary.cos_cache.shape[0]
     md = span_metadata(torch.zeros(n, dtype=torch.long, device=device), PrefillSpan(0, n, 0))
     with step_metadata(model, md):
         hidden = model(ids, pos)
     model.compute_logits(hidden[-min(n, config.max_num_seqs):])
     torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return max(0, int(total * config.gpu_memory_utilization) - used_by_others - peak)
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
@@ -139,7 +134,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             raise ValueError(f"kv_cache_dtype={kv_format.name!r} is read by the 'torch' attention backend only, "
                              f"not {requested!r}")
         return "torch"
-    triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
+    triton_fits = HAS_TRITON and all(n > 0 and n & (n - 1) == 0 for n in (head_dim, block_size))   # powers of two
     if requested == "auto":
         if device.type != "cuda":
             # the C kernel reads K/V in place; where it cannot run, the reference gathers
@@ -164,6 +159,3 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
                          f"block_size multiple of {FLASH_PAGE_MULTIPLE}")
     return requested
 
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0

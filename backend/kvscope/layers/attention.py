@@ -32,17 +32,8 @@ class Route(Enum):
     FLASH_PREFILL_TRITON = ("flash_attn varlen", "triton")
     FLASH_ATTN = ("flash_attn varlen", "flash_attn with_kvcache")
 
-    @property
-    def prefill(self) -> str:
-        return self.value[0]
-
-    @property
-    def decode(self) -> str:
-        return self.value[1]
-
-    @property
-    def flash_prefill(self) -> bool:
-        return self.prefill == "flash_attn varlen"
+    def __init__(self, prefill: str, decode: str):
+        self.prefill, self.decode, self.flash_prefill = prefill, decode, prefill == "flash_attn varlen"
 
 
 @dataclass(frozen=True)
@@ -224,29 +215,21 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
-def quantize(x: torch.Tensor, fmt: KVCacheFormat, tensor_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [N, KVH, D] → (stored values, per-token-head scales [N, KVH] or None)."""
-    if fmt.per_token_head:
-        scale = x.abs().amax(dim=-1).float().clamp_min(1e-8) / 127.0
-        return (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8), scale
-    limit = torch.finfo(fmt.dtype).max     # saturate instead of overflowing to NaN
-    return (x.float() / tensor_scale).clamp(-limit, limit).to(fmt.dtype), None
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor | None, fmt: KVCacheFormat, tensor_scale: float) -> torch.Tensor:
-    return (q.float() * (scale.unsqueeze(-1) if fmt.per_token_head else tensor_scale)).to(fmt.compute_dtype)
-
-
 def store(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor, x: torch.Tensor,
           fmt: KVCacheFormat, tensor_scale: float = 1.0) -> None:
+    """Write K or V rows [N, KVH, D] into their slots, quantized as the format says."""
     kvh, d = x.shape[1], x.shape[2]
     if not fmt.quantized:
         cache.view(-1, kvh, d).index_copy_(0, slots, x)
         return
-    q, scale = quantize(x, fmt, tensor_scale)
-    as_bytes(cache).view(-1, kvh, d).index_copy_(0, slots, as_bytes(q))
-    if scale is not None:
+    if fmt.per_token_head:   # each row's largest magnitude / 127
+        scale = x.abs().amax(dim=-1).float().clamp_min(1e-8) / 127.0
         scales.view(-1, kvh).index_copy_(0, slots, scale)
+        x = (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
+    else:   # saturated instead of overflowing to NaN
+        limit = torch.finfo(fmt.dtype).max
+        x = (x.float() / tensor_scale).clamp(-limit, limit).to(fmt.dtype)
+    as_bytes(cache).view(-1, kvh, d).index_copy_(0, slots, as_bytes(x))
 
 
 class QuantizedCache:
@@ -260,9 +243,9 @@ class QuantizedCache:
         return self.data.shape
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        q = as_bytes(self.data).index_select(dim, index).view(self.fmt.dtype)
-        scale = self.scales.index_select(dim, index) if self.scales is not None else None
-        return dequantize(q, scale, self.fmt, self.tensor_scale)
+        q = as_bytes(self.data).index_select(dim, index).view(self.fmt.dtype).float()
+        scale = self.scales.index_select(dim, index).unsqueeze(-1) if self.fmt.per_token_head else self.tensor_scale
+        return (q * scale).to(self.fmt.compute_dtype)
 
 
 class PagedAttention(nn.Module):

@@ -24,12 +24,11 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict) -> torch.Ten
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    return _llama3_frequencies(inv_freq, scaling) if kind == "llama3" else inv_freq
-
-
-def _llama3_frequencies(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s.get("original_max_position_embeddings", 8192)
+    if kind != "llama3":
+        return inv_freq
+    # Llama 3 keeps high frequencies, divides low ones by `factor`, blends in between
+    factor, low, high = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_len = scaling.get("original_max_position_embeddings", 8192)
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)

@@ -77,6 +77,12 @@ class ModelConfig:
             raise ModelConfigError(f"config.json lacks the field {missing}") from None
 
     @property
+    def approx_params(self) -> int:   # from the shapes, before loading anything
+        h = self.hidden_size
+        attn, mlp = h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads), 3 * h * self.intermediate_size
+        return self.num_layers * (attn + mlp) + self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+
+    @property
     def kv_elements_per_token(self) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
@@ -105,14 +111,6 @@ class DtypeChoice:
     reason: str
 
 
-def approx_params(cfg: ModelConfig) -> int:
-    h, layers = cfg.hidden_size, cfg.num_layers
-    attn = h * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * h * cfg.intermediate_size
-    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
-    return layers * (attn + mlp) + embed
-
-
 def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
                  native_bf16: list[str] | None = None) -> DtypeChoice:
     """bfloat16 on a GPU; on a CPU only where it computes bfloat16 natively (else each matmul
@@ -126,7 +124,7 @@ def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
         return DtypeChoice(torch.bfloat16, "auto: GPUs compute bfloat16 natively")
     flags = cpu_bf16_flags() if native_bf16 is None else native_bf16
     stored = (cfg.torch_dtype or "float32").removeprefix("torch.")
-    params = approx_params(cfg)
+    params = cfg.approx_params
     if not flags:
         return DtypeChoice(torch.float32, "auto: this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16), "
                                           "so float32 is faster")
@@ -163,16 +161,12 @@ def resolve_model_path(model: str | None) -> Path:
         raise ModelLoadError(f"{path} is a file; --model takes a checkpoint directory or a hub id")
     if model.count("/") != 1 or model.startswith((".", "/", "~")):
         raise ModelLoadError(f"no checkpoint directory at {model!r} (and it is not a hub id like 'Qwen/Qwen3-0.6B')")
-    return _download(model)
-
-
-def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as exc:  # offline, unknown repo, no permission: one line, not a traceback
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"could not get {repo_id!r}: no local directory of that name, and the "
+        raise ModelLoadError(f"could not get {model!r}: no local directory of that name, and the "
                              f"Hugging Face hub download failed ({reason[:160]})") from None
 
 
@@ -250,20 +244,13 @@ def _full_shape(module, param, shard: int) -> tuple[int, ...]:
     return tuple(param.shape)
 
 
-def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if "norm" in name:
-            p.data.fill_(1.0)
-        else:
-            p.data.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-
-
 def build_model(path: Path, cfg: ModelConfig, load_format: str, dtype: torch.dtype,
                 device: torch.device, max_position: int, seed: int = 0, tp: TPGroup = TPGroup()) -> CausalLM:
     model = CausalLM(cfg, max_position, tp)
-    if load_format == "dummy":
-        init_dummy_weights(model, seed)
+    if load_format == "dummy":   # benchmarks: small normal values, norms at one
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():
+            p.data.copy_(torch.ones(p.shape) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
     else:
         load_weights(model, path)
     model = model.to(device=device, dtype=dtype).eval()
