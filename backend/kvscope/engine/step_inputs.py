@@ -34,29 +34,18 @@ class StepBuffers:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.on_cpu = device.type == "cpu"
-        self.tokens = np.zeros((3, 0), dtype=np.int64)        # ids, positions, slots
-        self.tables = np.zeros(0, dtype=np.int32)             # decode block tables, flattened
-        self.lens = np.zeros(0, dtype=np.int32)               # decode context lengths
-        self.offsets = np.zeros(0, dtype=np.int64)            # 0, 1, 2, ... for masks
+        # token ids, positions and slots (3 rows); decode block tables (flattened) and context lengths
+        self.arrays = {"tokens": np.arange(0), "tables": np.arange(0, dtype=np.int32),
+                       "lens": np.arange(0, dtype=np.int32), "offsets": np.arange(0)}
 
-    def token_arrays(self, n: int) -> np.ndarray:
-        if self.tokens.shape[1] < n:
-            self.tokens = np.zeros((3, max(n, 2 * self.tokens.shape[1])), dtype=np.int64)
-        return self.tokens[:, :n]
+    def room(self, name: str, n: int) -> np.ndarray:
+        """The first n of a named array, regrown (at least doubled) when short, as 0, 1, 2, ..."""
+        if len(array := self.arrays[name]) < n:
+            array = self.arrays[name] = np.arange(max(n, 2 * len(array)), dtype=array.dtype)
+        return array[:n]
 
-    def decode_arrays(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """A [rows, width] block table (contiguous) and [rows] context lengths."""
-        if len(self.tables) < rows * width:
-            self.tables = np.zeros(max(rows * width, 2 * len(self.tables)), dtype=np.int32)
-        if len(self.lens) < rows:
-            self.lens = np.zeros(max(rows, 2 * len(self.lens)), dtype=np.int32)
-        return self.tables[:rows * width].reshape(rows, width), self.lens[:rows]
-
-    def arange(self, n: int) -> np.ndarray:
-        if len(self.offsets) < n:
-            self.offsets = np.arange(max(n, 2 * len(self.offsets)), dtype=np.int64)
-        return self.offsets[:n]
+    def arange(self, n: int) -> np.ndarray:   # 0, 1, 2, ..., n - 1, never written
+        return self.room("offsets", n)
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(torch.from_numpy(array), self.device)
@@ -86,7 +75,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
     decodes = [e for e in ordered if e.kind == "decode"]
     prefills = ordered[:len(ordered) - len(decodes)]
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
-    tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
+    num_tokens = num_prefill_tokens + len(decodes)
+    tokens = buffers.room("tokens", 3 * num_tokens).reshape(3, num_tokens)
     md = AttentionMetadata(route, slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
     inputs = StepInputs(None, None, md)
     spans, span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
@@ -198,7 +188,7 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
     block_tables = [e.seq.block_table for e in decodes]
     starts = [e.start for e in decodes]
     width = max(max(map(len, block_tables)), min_width)
-    tables, lens = buffers.decode_arrays(len(decodes), width)
+    tables, lens = buffers.room("tables", len(decodes) * width).reshape(-1, width), buffers.room("lens", len(decodes))
     padding = [0] * width
     tables[:] = [table + padding[len(table):] for table in block_tables]
     ids[:] = [e.seq.token_ids[start] for e, start in zip(decodes, starts)]

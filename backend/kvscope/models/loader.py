@@ -19,7 +19,7 @@ IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 
 
 # -- the architecture facts -----------------------------------------------------------------
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -30,7 +30,6 @@ class ModelConfigError(ValueError):
 @dataclass
 class ModelConfig:
     architecture: str
-    family: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -56,20 +55,19 @@ class ModelConfig:
         if arch is None:
             raise ModelConfigError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                                    f"kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}")
-        family = SUPPORTED_ARCHITECTURES[arch]
         try:
             heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
             rope, rope_theta = _rope_settings(cfg)
             eos = cfg.get("eos_token_id")
             return cls(
-                architecture=arch, family=family, name=name, vocab_size=cfg["vocab_size"], hidden_size=hidden,
+                architecture=arch, name=name, vocab_size=cfg["vocab_size"], hidden_size=hidden,
                 intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
                 num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
                 rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-                rope_theta=rope_theta, rope_scaling=rope, qk_norm=family == "qwen3",
-                qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+                rope_theta=rope_theta, rope_scaling=rope, qk_norm=arch == "Qwen3ForCausalLM",
+                qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
