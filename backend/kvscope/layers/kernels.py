@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 # -- CPU: the C kernels --------------------------------------------------------------------
 SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
 CPU_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-# each kernel's (pointer, int) arguments, then the scale and the thread count; the weights are capture's
-SIGNATURES = {"paged_decode": (6, 6), "paged_prefill": (8, 6), "paged_weights": (5, 7)}
+# each kernel's pointer arguments; then six ints, the scale and the thread count
+POINTERS = {"paged_decode": 6, "paged_prefill": 8}
 
 
 @functools.cache
@@ -38,11 +38,14 @@ def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
         lib = load(SOURCE)
     except NativeBuildError as exc:
         return str(exc)
-    kernels = {(name, dtype): getattr(lib, f"{name}_{suffix}") for name in SIGNATURES
-               for dtype, suffix in CPU_DTYPES.items()}
+    kernels = {(name, dtype): getattr(lib, f"{name}_{suffix}")
+               for name in POINTERS for dtype, suffix in CPU_DTYPES.items()}
     for (name, _), fn in kernels.items():
-        pointers, ints = SIGNATURES[name]
-        fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int] * ints + [ctypes.c_float, ctypes.c_int]
+        fn.argtypes = [ctypes.c_void_p] * POINTERS[name] + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+        fn.restype = None
+    for dtype, suffix in CPU_DTYPES.items():   # capture's weights: five pointers, seven ints
+        fn = kernels["paged_weights", dtype] = getattr(lib, f"paged_weights_{suffix}")
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
         fn.restype = None
     return kernels
 
@@ -80,7 +83,8 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
 
 def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                 scale: float, out: torch.Tensor) -> None:
-    """The softmax weights of q [n, H, D] over each row's context, into out [n, H, width] float32."""
+    """The softmax weights of q [n, H, D] over each row's first context_lens[r] keys, read in
+    place through its block table, into out [n, H, width] float32 (zero past a row's length)."""
     _check_layout(q, k_cache, k_cache, q, block_tables, context_lens)
     width = out.shape[2]
     if not (out.is_contiguous() and out.dtype == torch.float32 and out.shape[:2] == q.shape[:2]
