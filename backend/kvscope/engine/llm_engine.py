@@ -331,7 +331,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
-        if out.is_empty:
+        if not out.entries:
             return [], []
         t1 = time.perf_counter()
         eager = any([obs.on_scheduled(out) for obs in self.observers])   # every observer hears it

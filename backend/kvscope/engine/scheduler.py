@@ -58,10 +58,6 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(e.num_new_tokens for e in self.entries)
 
-    @property
-    def is_empty(self) -> bool:
-        return not self.entries
-
 
 def check_chunking(enable_chunked_prefill: bool, max_num_batched_tokens: int, max_model_len: int) -> None:
     """Without chunked prefill a whole prompt must fit in one step's token budget."""
@@ -158,9 +154,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        if seq in self.running:
-            self.running.remove(seq)
+        seq.num_preemptions += 1   # (it leaves `running` with the kept list _schedule_running builds)
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 

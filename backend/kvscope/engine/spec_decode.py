@@ -86,12 +86,6 @@ def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
 
 
 @dataclass
-class Draft:
-    token_ids: list[int]
-    probs: torch.Tensor | None = None        # [k, V] drafter distribution; None: one-hot
-
-
-@dataclass
 class SpecStats:
     """Running totals: the engine's (`Speculator.total`), or one request's (the explainer keeps those)."""
     proposed: int = 0
@@ -117,8 +111,8 @@ class SpecStats:
 class Speculator:
     def __init__(self, config: SpeculativeConfig, engine):
         self.config, self.max_model_len = config, engine.max_model_len
+        # both drafters propose deterministically (lookup, a greedy draft model): q is one-hot
         self.proposer = NgramProposer(config) if config.method == "ngram" else DraftModelProposer(config, engine)
-        self.drafts: dict[int, Draft] = {}
         self.total = SpecStats()   # the engine's running totals
 
     def propose(self, running: list[Sequence]) -> None:
@@ -133,22 +127,18 @@ class Speculator:
                 ready.append(seq)
                 ks.append(k)
         for seq, draft in zip(ready, self.proposer.propose(ready, ks)):
-            self.drafts.pop(seq.seq_id, None)
-            if draft.token_ids:
-                seq.spec_token_ids = draft.token_ids
-                self.drafts[seq.seq_id] = draft
+            if draft:
+                seq.spec_token_ids = draft
 
     def verify(self, out: SchedulerOutput, result, generators: dict[int, torch.Generator],
                default: torch.Generator) -> None:
         """Accept or reject each sequence's drafts against the target's rows (`result.spec_logits`)."""
         for entry in out.entries:
-            seq, proposed = entry.seq, entry.spec_token_ids
+            seq = entry.seq
             if (logits := result.spec_logits.get(seq.seq_id)) is None:
                 continue
-            draft = self.drafts.pop(seq.seq_id, None)
-            probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
-            verdict = result.spec[seq.seq_id] = verify(logits, proposed, seq.params,
-                                                       generators.get(seq.seq_id, default), probs)
+            verdict = result.spec[seq.seq_id] = verify(logits, entry.spec_token_ids, seq.params,
+                                                       generators.get(seq.seq_id, default))
             self.total.add(verdict)
             result.tokens[seq.seq_id] = ids = verdict.token_ids
             if (n := seq.params.logprobs) is not None:   # each emitted token's, under the target
@@ -156,7 +146,6 @@ class Speculator:
                 result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], drawn, [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
-        self.drafts.pop(seq.seq_id, None)
         self.proposer.release(seq)
 
 
@@ -167,8 +156,8 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig):
         self.max_n, self.min_n = config.prompt_lookup_max, config.prompt_lookup_min
 
-    def propose(self, seqs: list, ks: list[int]) -> list[Draft]:
-        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, ks)]
+    def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:
+        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, ks)]
 
     def release(self, seq) -> None:   # nothing is kept per sequence
         pass
@@ -201,7 +190,7 @@ class DraftModelProposer:
         self.mirrors: dict[int, Sequence] = {}
         self.num_steps = 0
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         mirrors = [self._sync(seq) for seq in seqs]
         active = [(m, m.num_tokens + k) for m, k in zip(mirrors, ks)]   # a mirror and its length when done
         while active:
@@ -211,7 +200,7 @@ class DraftModelProposer:
                 n = mirror.num_tokens - mirror.num_computed_tokens
                 if self.block_manager.try_append(mirror, n):   # a full draft cache ends its drafting here
                     out.entries.append(ScheduledSeq.row(mirror, n))
-            if out.is_empty:
+            if not out.entries:
                 break
             result = self.runner.run(out, {})
             for entry in out.entries:
@@ -219,7 +208,7 @@ class DraftModelProposer:
                 entry.seq.token_ids.append(result.tokens[entry.seq.seq_id][0])
             scheduled = {e.seq.seq_id for e in out.entries}
             active = [(m, end) for m, end in active if m.seq_id in scheduled and m.num_tokens < end]
-        return [Draft(m.token_ids[seq.num_tokens:]) for m, seq in zip(mirrors, seqs)]
+        return [m.token_ids[seq.num_tokens:] for m, seq in zip(mirrors, seqs)]
 
     def _sync(self, seq: Sequence) -> Sequence:
         """The mirror with the target's tokens, keeping K/V only for the shared prefix."""
