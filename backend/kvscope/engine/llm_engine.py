@@ -122,7 +122,7 @@ class LLMEngine:
             num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype_choice.dtype,
                                                  self.max_model_len)
             if self.workers is not None:
-                self.workers.send_setup(num_blocks)
+                self.workers.send(num_blocks)
             return num_blocks
         self.runner = load_model_and_runner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
                                             self.max_model_len, size_kv_cache,
