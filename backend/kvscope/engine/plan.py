@@ -81,24 +81,17 @@ def kv_cache_blocks(config: EngineConfig, cfg: ModelConfig, model, device: torch
         budget = _free_gpu_budget(config, cfg, model, device)
         why = f"{config.gpu_memory_utilization:.0%} of the GPU, less weights and activations"
     else:
-        budget, why = _free_cpu_budget(config, cfg, dtype, max_model_len)
+        available = host_memory()[1]
+        share = int(available * CPU_KV_FRACTION)
+        fillable = config.max_num_seqs * max_model_len * per_block // config.block_size
+        budget = min(share, fillable)
+        why = (f"what {config.max_num_seqs} sequences of {max_model_len} tokens fill; " if fillable <= share
+               else f"{CPU_KV_FRACTION:.0%} of the ") + f"{available / 2**30:.1f} GiB of memory available"
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) is smaller than one block "
                          f"({per_block / 2**20:.2f} MiB)")
     return int(blocks), f"{int(blocks) * per_block / 2**20:,.0f} MiB, {int(blocks)} blocks ({why})"
-
-
-def _free_cpu_budget(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
-                     max_model_len: int) -> tuple[int, str]:
-    available = host_memory()[1]
-    share = int(available * CPU_KV_FRACTION)
-    per_token = block_bytes(cfg, 1, dtype, config.kv_cache_dtype)
-    fillable = config.max_num_seqs * max_model_len * per_token
-    if fillable <= share:
-        return fillable, (f"what {config.max_num_seqs} sequences of {max_model_len} tokens fill; "
-                          f"{available / 2**30:.1f} GiB of memory available")
-    return share, f"{CPU_KV_FRACTION:.0%} of the {available / 2**30:.1f} GiB of memory available"
 
 
 @torch.inference_mode()
