@@ -95,6 +95,7 @@ def test_each_step_record_carries_its_engines_bytes_between_ranks(tmp_path):
     record: a decode step of b sequences all-reduces the embeddings and two [b, hidden]
     partial sums a layer, and gathers b rows of the other rank's half of the logits."""
     from kvscope.engine import EngineObserver
+    from kvscope.layers.parallel import TPGroup
 
     class Bytes(EngineObserver):
         def __init__(self):
@@ -115,6 +116,7 @@ def test_each_step_record_carries_its_engines_bytes_between_ranks(tmp_path):
         for out, n in decodes:
             b = len(out.entries)
             assert n == 4 * b * (cfg.hidden_size * (2 * cfg.num_layers + 1) + cfg.vocab_size // 2)
-        assert llm.engine.workers.group.comm_bytes == 0   # taken by the last step
+        assert llm.engine.workers.group.comm is not TPGroup(0, 2).comm   # per engine, not per process
+        assert llm.engine.workers.group.comm.nbytes == 0                 # taken by the last step
     finally:
         llm.close()

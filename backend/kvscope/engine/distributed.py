@@ -137,4 +137,4 @@ def replay(runner, plan: StepPlan) -> None:
         hidden = runner.model(plan.input_ids, plan.positions)
     if plan.sample_rows:
         runner.model.compute_logits(sampled_rows(hidden, plan.sample_rows))
-    runner.model.tp.take_comm()   # only rank 0's count is published
+    runner.model.tp.comm.take()   # only rank 0's count is published

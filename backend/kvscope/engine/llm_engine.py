@@ -357,7 +357,7 @@ class LLMEngine:
                     d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
         for seq in finished:
             self._cleanup(seq)
-        comm = self.workers.group.take_comm() if self.workers is not None else 0   # counted every step
+        comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step
         if self.observers:
             record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
                                 model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,

@@ -3,7 +3,7 @@ splits inputs and all-reduces, the vocabulary is split by token ids; each layer'
 its slice of a lazily opened checkpoint tensor. With one rank they are plain layers."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -11,28 +11,36 @@ import torch.nn.functional as F
 from torch import nn
 
 
-@dataclass(eq=False)
+class CommCounter:
+    """Bytes one rank of one group sent through collectives since the last `take` (an all-reduce's
+    payload once); each group counts its own, so two engines in a process never mix."""
+    def __init__(self):
+        self.nbytes = 0
+
+    def add(self, x: torch.Tensor, times: int = 1) -> None:
+        self.nbytes += x.numel() * x.element_size() * times
+
+    def take(self) -> int:
+        n, self.nbytes = self.nbytes, 0
+        return n
+
+
+@dataclass(frozen=True)
 class TPGroup:
-    """This rank's place in its group, and the bytes it sent through collectives since the last
-    `take_comm` (an all-reduce's payload once): each group counts its own, so engines never mix."""
     rank: int = 0
     size: int = 1
-    comm_bytes: int = 0
-
-    def take_comm(self) -> int:
-        n, self.comm_bytes = self.comm_bytes, 0
-        return n
+    comm: CommCounter = field(default_factory=CommCounter, compare=False, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            self.comm_bytes += x.numel() * x.element_size()
+            self.comm.add(x)
             dist.all_reduce(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        self.comm_bytes += x.numel() * x.element_size() * (self.size - 1)
+        self.comm.add(x, self.size - 1)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
