@@ -325,4 +325,4 @@ def test_a_late_joiner_gets_one_kv_snapshot_per_pool(batches):
     assert [(s["pool"], s["num_cached"]) for s in snaps] == [(0, 0), (1, 3)]
     for s in snaps:
         check_event(s)
-    assert len(state.snapshot_texts("kv")) == 2 and state.kv.meta["num_cached"] == 0   # pool 0 first
+    assert len(state.snapshot_texts("kv")) == 2 and state.kvs[0].meta["num_cached"] == 0   # pool 0 first

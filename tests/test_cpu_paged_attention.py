@@ -269,13 +269,17 @@ def test_weights_equal_capture_s_pytorch_path(heads, kv_heads, head_dim, dtype):
     lens = [1, 7, 16, 33, 50]
     q, k_cache, _, md = random_decode_step(4, lens, seed=11, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                                            dtype=dtype)
-    out = torch.full((len(lens), heads, 52), float("nan"))
-    kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 0.3, out)
+    out = torch.full((len(lens), heads, 52), float("nan"), dtype=torch.float16)
+    mean = torch.full((len(lens), 52), float("nan"), dtype=torch.float16)
+    kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 0.3, out, mean)
     for r, n in enumerate(lens):
         keys = attention.gather_context(k_cache, md.block_tables[r].long(), n)
         want = capture.attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]   # [H, n]
-        assert torch.allclose(out[r, :, :n], want, atol=1e-6 if dtype == torch.float32 else 1e-5)
-        assert (out[r, :, n:] == 0).all()
+        # float16 as torch rounds it (the same bits but where float32 sums differ in the last place)
+        torch.testing.assert_close(out[r, :, :n], want.half(), atol=1e-3 if dtype == torch.float32 else 2e-3,
+                                   rtol=0)
+        torch.testing.assert_close(mean[r, :n], want.mean(0).half(), atol=1e-3, rtol=0)
+        assert (out[r, :, n:] == 0).all() and (mean[r, n:] == 0).all()
 
 
 def test_weights_of_a_causal_span_see_no_key_past_each_row():
@@ -283,20 +287,42 @@ def test_weights_of_a_causal_span_see_no_key_past_each_row():
     q, k_cache, _, md = random_decode_step(4, [20], seed=3)
     rows = torch.randn(6, 8, 16, generator=torch.Generator().manual_seed(5))
     positions = list(range(14, 20))
-    out = torch.empty(6, 8, 20)
+    out = torch.empty(6, 8, 20, dtype=torch.float16)
     kernels.cpu_weights(rows, k_cache, md.block_tables.expand(6, -1).contiguous(),
                         torch.tensor(positions, dtype=torch.int32) + 1, 0.25, out)
     keys = attention.gather_context(k_cache, md.block_tables[0].long(), 20)
-    assert torch.allclose(out.transpose(0, 1), capture.attention_weights(rows, keys, positions, 0.25), atol=1e-6)
+    want = capture.attention_weights(rows, keys, positions, 0.25).half()
+    torch.testing.assert_close(out.transpose(0, 1), want, atol=1e-3, rtol=0)
+    assert (out.transpose(0, 1)[:, torch.arange(6)[:, None] < torch.arange(20) - 14] == 0).all()
+
+
+def test_weights_in_half_precision_round_as_torch_does():
+    """The kernel's own float-to-half conversion: subnormal halves (the tail of a long
+    context's weights), exact halves and values between two halves (rounded to even)."""
+    q, k_cache, _, md = random_decode_step(4, [40], seed=9)
+    q = q * 1.5   # sharp weights: a third of them below float16's smallest normal number
+    out = torch.empty(1, 8, 40, dtype=torch.float16)
+    kernels.cpu_weights(q[:1], k_cache, md.block_tables[:1], md.context_lens[:1], 1.0, out)
+    keys = attention.gather_context(k_cache, md.block_tables[0].long(), 40)
+    want = capture.attention_weights(q[:1], keys, [39], 1.0)[:, 0]
+    assert ((want > 1e-7) & (want < 6.1e-5)).sum() > 20   # the subnormal range is exercised
+    # within one float16 step of the float32 weight: its relative step, or a subnormal's 2^-24
+    assert ((out[0].float() - want).abs() <= want * 2**-10 + 2**-24).all()
 
 
 def test_weights_refuse_lengths_past_the_output_or_the_table():
     q, k_cache, _, md = random_decode_step(4, [9, 12], seed=1)
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 10))
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+                            torch.empty(2, 8, 10, dtype=torch.float16))
     with pytest.raises(ValueError):
         kernels.cpu_weights(q, k_cache, md.block_tables, torch.tensor([9, 13], dtype=torch.int32), 1.0,
-                            torch.empty(2, 8, 13))
+                            torch.empty(2, 8, 13, dtype=torch.float16))
+    with pytest.raises(ValueError):   # float32 out, or a mean that does not fit it
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 12))
+    with pytest.raises(ValueError):
+        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+                            torch.empty(2, 8, 12, dtype=torch.float16), torch.empty(2, 13, dtype=torch.float16))
 
 
 def test_other_dtypes_are_refused_with_a_reason():

@@ -2,6 +2,7 @@
 every command, every event checked against the JSON Schema (by the client helper)."""
 from __future__ import annotations
 
+import gc
 import json
 import time
 
@@ -381,3 +382,14 @@ def test_auth_upgrades_to_instructor(server):
         assert c.ok("viewers")["viewers"]
     finally:
         c.close()
+
+
+def test_start_up_stays_out_of_the_collectors_walks_while_serving(server):
+    """The service freezes what start-up made (kvscope.heap: a watched step's garbage would
+    otherwise make each full collection walk the model and the compiled step again), and
+    thaws it when it stops, so an engine dropped in a process that goes on is collected."""
+    from server_harness import LiveServer
+    assert gc.get_freeze_count() > 10_000
+    other = LiveServer()
+    other.stop()
+    assert gc.get_freeze_count() == 0

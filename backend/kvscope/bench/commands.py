@@ -15,6 +15,7 @@ import torch
 
 from kvscope.bench import cpu_ceilings, shapes, vllm_peer
 from kvscope.config import ATTENTION_BACKENDS
+from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import model_facts
 from kvscope.sampling_params import SamplingParams
 from kvscope.server.cli_args import add_cpu_compile_argument
@@ -327,6 +328,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
             # vLLM's engine core is still settling when it says ready: a first timed kvscope
             # run beside it once measured 0.09x of what the next two measured
             peer.throughput(prompts[:4], [4] * 4)
+        freeze_start_up()   # as the server does once started: timed runs see the collector it runs with
         model = None if args.no_hf else hf_model_like(engine)
         if model is not None:
             run_hf_static(model, prompts[:2], [2, 2], 2, engine.device)   # warm-up
@@ -340,6 +342,7 @@ def _throughput_one(args, model_arg: str | None) -> dict:
                 for size, runs in hf_runs.items():
                     runs.append(run_hf_static(model, prompts, outputs, size, engine.device))
     finally:
+        thaw()
         if peer is not None:
             peer.close()
     if args.clock == "cpu" and (peer is not None or model is not None):

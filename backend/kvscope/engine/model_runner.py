@@ -64,7 +64,7 @@ class ModelRunner:
         shape = (self.num_blocks + 1, self.block_size, layer.num_kv_heads, layer.head_dim)
         fmt = self.kv_format
         for layer in self.attn_layers:
-            layer.kv_format = fmt
+            layer.kv_format = replace(fmt)   # each layer's own: see parallel.own
             layer.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=self.device)
             if fmt.per_token_head:   # one scale per token and KV head, beside the values

@@ -7,7 +7,8 @@ in a decode step, whose graph keeps the shapes it was recorded with, the watched
 step with prompts. After the step, the watched rows' attention weights are computed from
 those queries and the keys the step has just written to the paged cache, for the layers and
 heads viewers asked for: on a CPU by the C kernel beside the decode kernel, which reads each
-row's keys in place through its block table (layers/kernels.py cpu_weights); elsewhere (a
+row's keys in place through its block table and writes the weights and their mean over the
+heads in half precision (layers/kernels.py cpu_weights); elsewhere (a
 GPU, a quantized cache) from keys gathered out of the pool, the decode rows of every watched
 sequence and layer in one batched product. Kept in half precision and copied to the host
 without waiting (HostCopy).
@@ -170,6 +171,11 @@ class HostCopy:
     def __getitem__(self, key) -> "HostView":
         return HostView(self, key)
 
+    def parts(self) -> "HostCopy | np.ndarray":
+        """What to cut each event's part from: on the host already (a CPU's), the array
+        itself, whose views cost nothing to make and nothing to read."""
+        return self if self.done is not None else self.__array__()
+
 
 @dataclass
 class HostView:
@@ -224,7 +230,8 @@ class Capture:
     watched: list[WatchedRows]
     # (seq, layer, recomputed) -> (positions, weights [heads, rows, context], mean over every
     # head [rows, context]), in float16
-    attention: dict[tuple[int, int, bool], tuple[list[int], HostView, HostView]] = field(default_factory=dict)
+    attention: dict[tuple[int, int, bool], tuple[list[int], HostView | np.ndarray, HostView | np.ndarray]] = field(
+        default_factory=dict)
     # internals, float32 on the CPU, [rows, ...] each: (seq, layer, what) -> tensor, where
     # what is "input", "attention" (the sublayer's output), "mlp", "output", "gate", "up"
     tensors: dict[tuple[int, int, str], torch.Tensor] = field(default_factory=dict)
@@ -256,16 +263,17 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffer
             for layer in (layer for layer in layers if w.wants(layer.layer_idx)):
                 q = queries[w.seq.seq_id][layer.layer_idx]
                 if in_place(layer):   # causal: row r sees the keys up to its own position
-                    probs = torch.empty(len(w.positions), q.shape[1], w.end)
+                    halves = torch.empty(len(w.positions), q.shape[1], w.end, dtype=torch.float16)
+                    mean = torch.empty(len(w.positions), w.end, dtype=torch.float16)
                     cpu_weights(q.contiguous(), layer.k_cache, torch.tensor([table], dtype=torch.int32).expand(
                         len(w.positions), -1).contiguous(), torch.tensor(w.positions, dtype=torch.int32) + 1,
-                        layer.scale, probs)
-                    probs = probs.transpose(0, 1)
+                        layer.scale, halves, mean)
+                    halves = halves.transpose(0, 1)
                 else:
                     keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
                     probs = attention_weights(q, keys, w.positions, layer.scale)
-                kept_heads = HostCopy(_heads(probs, w.heads).half())
-                mean = HostCopy(probs.mean(0).half())
+                    halves, mean = probs.half(), probs.mean(0).half()
+                kept_heads, mean = HostCopy(_heads(halves, w.heads)).parts(), HostCopy(mean).parts()
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     result.attention[(w.seq.seq_id, layer.layer_idx, recomputed)] = (
                         positions, kept_heads[:, rows, :context], mean[rows, :context])
@@ -284,21 +292,24 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
               for w in decodes]   # padding: block 0 (the kernel stops at each row's length; gathering masks it)
     n, context = len(decodes), max(w.end for w in decodes)
     q = torch.cat([queries[w.seq.seq_id] for w in decodes], dim=1)[[layer.layer_idx for layer in wanted]]
-    if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie
+    num_heads = q.shape[2]
+    if in_place(wanted[0]):   # the C kernel reads each row's keys where they lie, and writes halves and means
         tables = torch.tensor(tables, dtype=torch.int32)
         lens = torch.tensor([w.end for w in decodes], dtype=torch.int32)
-        probs = torch.empty(len(wanted), n, q.shape[2], context)
+        halves = torch.empty(len(wanted), n, num_heads, context, dtype=torch.float16)
+        means = torch.empty(len(wanted), n, context, dtype=torch.float16)
         for i, layer in enumerate(wanted):
-            cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, probs[i])
+            cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, halves[i], means[i])
     else:
         probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
-    halves, means = HostCopy(probs.half()), HostCopy(probs.mean(2).half())   # [layers, seqs, H, C], [layers, seqs, C]
+        halves, means = probs.half(), probs.mean(2).half()
+    halves, means = HostCopy(halves).parts(), HostCopy(means).parts()   # [layers, seqs, H, C], [layers, seqs, C]
     for i, w in enumerate(decodes):
-        heads, seq_id = _head_index(w.heads, probs.shape[2]), w.seq.seq_id
+        heads, seq_id = _head_index(w.heads, num_heads), w.seq.seq_id
         for li, layer in enumerate(wanted):
             if w.layers is None or layer.layer_idx in w.layers:
-                result.attention[(seq_id, layer.layer_idx, False)] = ([w.first], HostView(
-                    halves, (li, i, heads, None, slice(w.end))), HostView(means, (li, i, None, slice(w.end))))
+                result.attention[(seq_id, layer.layer_idx, False)] = (
+                    [w.first], halves[li, i, heads, None, :w.end], means[li, i, None, :w.end])
 
 
 def _gathered_decode_weights(wanted, decodes: list[WatchedRows], q: torch.Tensor, tables: torch.Tensor,

@@ -45,17 +45,26 @@ def has_tensors(event: dict) -> bool:
     return names is not None and hasattr(event.get(names[0]), "__array__")
 
 
+class SharedIds(list):
+    """Token ids several events carry unchanged (a watched request's context, in the attention
+    event of each of its layers): a binary frame encodes them once, the first time. Built
+    whole and never changed after."""
+    __slots__ = ("_json",)
+
+    def json(self) -> bytes:
+        try:
+            return self._json
+        except AttributeError:
+            self._json = dump_bytes(list(self))
+            return self._json
+
+
 def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:
     """(the JSON header, the arrays as they go on the wire): each event's arrays are small,
     so what costs here is per call; nothing is copied that is already float16 in order."""
     names = TENSOR_FIELDS[event["type"]]
-    arrays = []
-    for name in names:
-        a = np.asarray(event[name])
-        arrays.append(a if a.dtype == WIRE_DTYPE and a.flags.c_contiguous else np.ascontiguousarray(a, WIRE_DTYPE))
     header = event.copy()
-    for name in names:
-        del header[name]
+    arrays = [np.ascontiguousarray(np.asarray(header.pop(name)), WIRE_DTYPE) for name in names]
     header["tensors"] = [{"name": name, "dtype": "float16", "shape": list(a.shape)} for name, a in zip(names, arrays)]
     return header, arrays
 
@@ -68,7 +77,12 @@ def split(event: dict) -> tuple[dict, bytes]:
 
 def binary_frame(event: dict) -> bytes:
     header, arrays = _parts(event)
-    text = dump_bytes(header)
+    ids = header.get("token_ids")
+    if isinstance(ids, SharedIds):   # encoded once for all the events that carry them
+        del header["token_ids"]
+        text = b"%s,\"token_ids\":%s}" % (dump_bytes(header)[:-1], ids.json())
+    else:
+        text = dump_bytes(header)
     pad = -(4 + len(text)) % ALIGN
     return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
 

@@ -21,6 +21,7 @@ from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
 from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, WatchWanted, capture, watched_rows
+from kvscope.instrumentation.encode import SharedIds
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
 from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, attention_event, grammar_allowed,
@@ -278,16 +279,22 @@ class Instrumentation(EngineObserver):
 
     def _attention_events(self, capture: Capture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:
         rows = {r.seq.seq_id: r for r in capture.watched}
-        num_heads, num_kv_heads = self.facts.num_heads, self.facts.num_kv_heads
+        num_heads, group = self.facts.num_heads, self.facts.num_heads // self.facts.num_kv_heads
+        every_head = list(range(num_heads))
+        shared: dict[tuple[int, int], tuple] = {}   # (seq, context) -> what each layer's event repeats
         events = []
         for (seq_id, layer, recomputed), (positions, weights, mean) in sorted(
                 capture.attention.items(), key=lambda item: (item[0][0], not item[0][2], item[0][1])):
             r = rows[seq_id]
             if seq_id not in watches:
                 continue
-            heads = r.heads if r.heads is not None else list(range(num_heads))
-            events.append(attention_event(r.seq, step, layer, positions, positions[-1] + 1 if recomputed else r.end,
-                                          weights, mean, heads, num_heads, num_kv_heads, ts, recomputed))
+            context = positions[-1] + 1 if recomputed else r.end
+            if (seq_id, context) not in shared:
+                heads = r.heads if r.heads is not None else every_head
+                shared[seq_id, context] = (SharedIds(r.seq.token_ids[:context]), heads, [h // group for h in heads])
+            token_ids, heads, kv_heads = shared[seq_id, context]
+            events.append(attention_event(r.seq, step, layer, positions, token_ids, weights, mean, heads, kv_heads,
+                                          num_heads, ts, recomputed))
         return events
 
     def _internals_events(self, capture: Capture, step: int, ts: float) -> list[dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -118,15 +119,15 @@ def rounded(t: torch.Tensor) -> list:
     return ((t.double() * 10**DECIMALS).round() / 10**DECIMALS).tolist()
 
 
-def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], context_len: int, weights, mean,
-                    heads: list[int], num_heads: int, num_kv_heads: int, ts: float, recomputed: bool = False) -> dict:
-    """weights: [len(heads), rows, context_len] and mean (over every head): [rows, context_len],
+def attention_event(seq: Sequence, step: int, layer: int, positions: list[int], token_ids: list[int], weights, mean,
+                    heads: list[int], kv_heads: list[int], num_heads: int, ts: float, recomputed: bool = False) -> dict:
+    """weights: [len(heads), rows, context] and mean (over every head): [rows, context],
     arrays (float16, possibly still on their way to the host: encode.py reads them off the
-    engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
-    group = num_heads // num_kv_heads
+    engine thread); token_ids: the context's (a SharedIds, the same for each layer's event);
+    `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layer": layer,
-            "heads": heads, "kv_heads": [h // group for h in heads], "num_heads": num_heads,
-            "query_positions": positions, "context_len": context_len, "token_ids": seq.token_ids[:context_len],
+            "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
+            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
             "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
@@ -159,72 +160,114 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     logits and probabilities; a stage a request does not apply shows what the one before
     did. A request under structured outputs is shown as the sampler saw it: the grammar's
     forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob` stays the
-    model's own, as on request.token."""
+    model's own, as on request.token.
+
+    Every number is computed and rounded by tensor operations over all rows at once; what
+    is left per row is putting the lists into the event's shape (a class watches 32 rows a
+    step, so per-row Python is what this costs)."""
     model_rows = logits.float()
-    vocab = model_rows.shape[1]
+    n, vocab = model_rows.shape
+    device = model_rows.device
     masks = [grammar_allowed(s.grammar, vocab) if s.grammar is not None else None for s in seqs]
     rows = model_rows
     if any(m is not None for m in masks):
         every = torch.ones(vocab, dtype=torch.bool)
-        rows = model_rows.masked_fill(~torch.stack([every if m is None else m for m in masks]).to(rows.device),
+        rows = model_rows.masked_fill(~torch.stack([every if m is None else m for m in masks]).to(device),
                                       float("-inf"))
     params = [s.params for s in seqs]
-    stages, cur = [("logits", [True] * len(seqs), rows)], rows
+    # each stage: (name, which rows apply it, its logits, whether any token is at -inf by now)
+    stages, cur, pruned = [("logits", [True] * n, rows, rows is not model_rows)], rows, rows is not model_rows
+    sampled = [not p.greedy for p in params]
     for name, fn, arg, noop in STAGES:   # one filter over every row; rows it does not apply to keep their values
-        on = [_applies(name, p) for p in params]
+        on = [s and _applies(name, p) for s, p in zip(sampled, params)] if any(sampled) else [False] * n
         if any(on):
-            new = fn(cur, torch.tensor([arg(p) if o else noop for p, o in zip(params, on)], device=rows.device))
-            cur = torch.where(torch.tensor(on, device=rows.device)[:, None], new, cur)
-        stages.append((name, on, cur))
-    top = rows.topk(min(TOP_CANDIDATES, vocab), dim=1)
-    orders = [[i for i, v in zip(ids, values) if v > float("-inf")]
-              for ids, values in zip(top.indices.tolist(), top.values.tolist())]
-    orders = [order if c in order else order + [c] for order, c in zip(orders, chosen)]
+            new = fn(cur, torch.tensor([arg(p) if o else noop for p, o in zip(params, on)], device=device))
+            cur = torch.where(torch.tensor(on, device=device)[:, None], new, cur)
+            pruned = pruned or name != "temperature"
+        stages.append((name, on, cur, pruned))
+    orders = _candidate_orders(rows, chosen)
     width = max(map(len, orders))
-    index = torch.tensor([order + [order[0]] * (width - len(order)) for order in orders], device=rows.device)
-    shown, seen = [], None
-    for name, on, t in stages:
+    index = torch.tensor([order + [order[0]] * (width - len(order)) for order in orders], device=device)
+    shown, seen = [], None   # per stage: (name, on, its candidates per row) or None: as the stage before
+    for name, on, t, pruned in stages:
         if t is seen:   # no row applied it: every row shows the stage before
             shown.append((name, on, None))
             continue
         probs = t.softmax(dim=1)
-        shown.append((name, on, (t.gather(1, index).tolist(), probs.gather(1, index).tolist(),
-                                 torch.isfinite(t).sum(1).tolist())))
+        if t is model_rows:
+            model_probs = probs
+        kept = torch.isfinite(t).sum(1).tolist() if pruned else [vocab] * n
+        shown.append((name, on, _candidates(orders, text_of, t.gather(1, index), probs.gather(1, index), kept)))
         seen = t
     final = probs   # the last stage's: each row's own last filter
-    picked = torch.tensor(chosen, device=rows.device)[:, None]
-    p_chosen = final.gather(1, picked)
-    above = final > p_chosen   # the draw's place in the sorted distribution: the mass of the likelier tokens
-    ranks, lows = above.sum(1).tolist(), (final * above).sum(1).tolist()
-    logprobs = model_rows.log_softmax(dim=1).gather(1, picked)[:, 0].tolist()
+    picked = torch.tensor(chosen, device=device)[:, None]
+    p_chosen = final.gather(1, picked).double()
+    # the draw's place in the sorted distribution: how many tokens are likelier, and their mass.
+    # Every filter keeps the likeliest token, so a row that drew it (every greedy row) has none
+    ranks, low = [0] * n, torch.zeros_like(p_chosen)
+    if below := [r for r, (order, c) in enumerate(zip(orders, chosen)) if c != order[0]]:
+        part = final[below]
+        above = part > p_chosen[below].float()
+        for r, rank in zip(below, above.sum(1).tolist()):
+            ranks[r] = rank
+        low[below] = (part * above).sum(1, keepdim=True).double()
+    if rows is model_rows:   # the model's own probabilities are the first stage's
+        logprob = model_probs.gather(1, picked).double().log()
+    else:
+        logprob = model_rows.gather(1, picked).double() - model_rows.logsumexp(dim=1, keepdim=True).double()
+    # cdf_low, cdf_high, the chosen's prob, its logprob
+    draws = torch.cat([low.clamp(max=1.0), (low + p_chosen).clamp(max=1.0), p_chosen, logprob],
+                      dim=1).round(decimals=6).tolist()
     events = []
-    for r, (seq, p, c, order) in enumerate(zip(seqs, params, chosen, orders)):
-        texts = {i: text_of(i) for i in order}
-        out_stages, at = [], None
-        for name, on, values in shown:
-            if values is not None and on[r]:
-                at = values
-                logit_values, chances, kept = values[0][r], values[1][r], values[2][r]
-                out_stages.append({"name": name, "applied": True, "kept": kept, "candidates": [
-                    {"id": i, "text": texts[i], "logit": None if v == float("-inf") else round(v, 4),
-                     "prob": round(ch, 6)} for i, v, ch in zip(order, logit_values, chances)]})
+    for r, (seq, p, c) in enumerate(zip(seqs, params, chosen)):
+        out_stages = []
+        for name, on, candidates in shown:
+            if candidates is not None and on[r]:
+                num_kept, listed = candidates[r]
+                out_stages.append({"name": name, "applied": True, "kept": num_kept, "candidates": listed})
             else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
                 out_stages.append({**out_stages[-1], "name": name, "applied": on[r]})
-        p_c = at[1][r][order.index(c)]
-        low = lows[r]
-        draw = {"method": "greedy" if p.greedy else "sample", "rank": ranks[r],
-                "cdf_low": round(min(low, 1.0), 6), "cdf_high": round(min(low + p_c, 1.0), 6)}
+        cdf_low, cdf_high, p_c, logprob = draws[r]
         event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
                  "index": seq.num_output_tokens - 1,
                  "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
-                 "stages": out_stages, "draw": draw,
-                 "chosen": {"id": c, "text": texts[c], "prob": round(p_c, 6), "logprob": round(logprobs[r], 6)}}
+                 "stages": out_stages,
+                 "draw": {"method": "sample" if sampled[r] else "greedy", "rank": ranks[r],
+                          "cdf_low": cdf_low, "cdf_high": cdf_high},
+                 "chosen": {"id": c, "text": text_of(c), "prob": p_c, "logprob": logprob}}
         if masks[r] is not None:
             event["allowed_tokens"] = int(masks[r].sum())
         if with_distribution[r]:
             event["distribution"] = raw_distribution(rows[r])
         events.append(event)
     return events
+
+
+def _candidate_orders(rows: torch.Tensor, chosen: list[int]) -> list[list[int]]:
+    """Each row's candidates: its TOP_CANDIDATES likeliest allowed tokens, and the chosen one."""
+    top = rows.topk(min(TOP_CANDIDATES, rows.shape[1]), dim=1)
+    if bool(torch.isfinite(top.values).all()):
+        orders = top.indices.tolist()
+    else:   # a grammar's mask left fewer
+        orders = [[i for i, v in zip(ids, values) if v > float("-inf")]
+                  for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    return [order if c in order else order + [c] for order, c in zip(orders, chosen)]
+
+
+def _candidates(orders: list[list[int]], text_of: Callable[[int], str], logit_values: torch.Tensor,
+                chances: torch.Tensor, kept: list[int]) -> list[tuple[int, list[dict]]]:
+    """One stage's (tokens kept, candidates) for each row: the candidates' logits (None where
+    the stage removed one) and probabilities, rounded in one operation for every row."""
+    logit_values = logit_values.double().round(decimals=4)
+    finite = bool(torch.isfinite(logit_values).all())
+    logit_rows, chance_rows = logit_values.tolist(), chances.double().round(decimals=6).tolist()
+    out = []
+    for order, values, probs, k in zip(orders, logit_rows, chance_rows, kept):
+        if not finite:
+            values = [None if v == float("-inf") else v for v in values]
+        out.append((k, [{"id": i, "text": text_of(i), "logit": v, "prob": ch}
+                        for i, v, ch in zip(order, values, probs)]))
+    return out
 
 
 def raw_distribution(logits: torch.Tensor) -> dict:
@@ -240,9 +283,24 @@ def raw_distribution(logits: torch.Tensor) -> dict:
     return {"complete": top.indices.numel() == num_finite, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> its token_texts
+
+
 def token_texts(tokenizer) -> Callable[[int], str]:
-    """A token id's text, each decoded once."""
-    @functools.lru_cache(maxsize=1 << 16)
-    def text_of(token_id: int) -> str:
-        return f"<{token_id}>" if tokenizer is None else tokenizer.decode([token_id])
+    """A token id's text, each decoded once per tokenizer: observers that come and go (a
+    benchmark attaches one a run) share what the ones before them decoded."""
+    if tokenizer is None:
+        return _id_text
+    text_of = _TEXTS.get(tokenizer)
+    if text_of is None:
+        owner = weakref.ref(tokenizer)   # the cache must not keep its tokenizer alive
+
+        @functools.lru_cache(maxsize=1 << 16)
+        def text_of(token_id: int) -> str:
+            return owner().decode([token_id])
+        _TEXTS[tokenizer] = text_of
     return text_of
+
+
+def _id_text(token_id: int) -> str:
+    return f"<{token_id}>"

@@ -18,6 +18,7 @@
  * [num_blocks, block_size, n_kv_heads, head_dim]; block_tables [n_seqs, table_width] int32;
  * context_lens [n_seqs] int32, each >= 1. Query head h reads KV head h / (n_heads / n_kv_heads). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <math.h>
 #include <string.h>
 
@@ -330,32 +331,81 @@ DEFINE_PREFILL(paged_prefill_bf16, uint16_t, bf16_to_f32, f32_to_bf16)
  * keys where they lie, as the decode kernel reads them, instead of copying each row's
  * context out of the pool first. A task is one row: its scores for every position below its
  * length, each slot's keys read whole (every KV head) in address order with the next
- * block's rows requested ahead, then a softmax per query head, in float32. Positions from
+ * block's rows requested ahead, then a softmax per query head, in float32, written out in
+ * float16 (what is sent to a browser), with the mean over the heads beside it (the widget's
+ * "all heads" view), so no pass over the weights is left to do after the call. Positions from
  * the row's length to out_width are written as 0, so rows of different lengths share one
  * output. A causal span is rows of one block table with lengths position + 1.
  *
  * Layouts: q [n_rows, n_heads, head_dim]; block_tables [n_rows, table_width];
- * context_lens [n_rows], each >= 1; out [n_rows, n_heads, out_width] float32. */
+ * context_lens [n_rows], each >= 1; out [n_rows, n_heads, out_width] float16; mean
+ * [n_rows, out_width] float16, or NULL for none. */
+
+/* float32 -> float16, rounding to nearest even as torch does: eight at a time with F16C's
+ * instruction where the CPU has it (compilers do not vectorise the conversion themselves),
+ * else the compiler's half type, else by hand (F. Giesen's float_to_half_fast3_rtne). */
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline uint16_t f32_to_f16(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+#elif defined(__FLT16_MAX__)
+static inline uint16_t f32_to_f16(float f) {
+    _Float16 h = (_Float16)f;
+    uint16_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+#else
+static inline uint16_t f32_to_f16(float f) {
+    union { uint32_t u; float f; } c;
+    c.f = f;
+    const uint32_t sign = c.u & 0x80000000u;
+    c.u ^= sign;
+    uint16_t o;
+    if (c.u >= (143u << 23)) o = c.u > (255u << 23) ? 0x7e00 : 0x7c00;   /* too large: inf; NaN */
+    else if (c.u < (113u << 23)) {   /* a subnormal half: 0.5 lines its bits up at the bottom */
+        c.f += 0.5f;
+        o = (uint16_t)(c.u - (126u << 23));
+    } else {
+        const uint32_t odd = (c.u >> 13) & 1;
+        c.u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        o = (uint16_t)(c.u >> 13);
+    }
+    return o | (uint16_t)(sign >> 16);
+}
+#endif
+
+static inline void to_halves(const float *x, uint16_t *out, int n) {
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+
 static inline __attribute__((always_inline)) void weights_scores(const float *qs, const float *k,
-        float *o, int H, int G, int D, int out_width, int pos) {
+        float *o, int H, int G, int D, int stride, int pos) {
     for (int kvh = 0; kvh < H / G; kvh++)
         for (int h = kvh * G; h < (kvh + 1) * G; h++) {
             float s = 0.f;
             for (int d = 0; d < D; d++) s += qs[h * D + d] * k[kvh * D + d];
-            o[(long)h * out_width + pos] = s;
+            o[(long)h * stride + pos] = s;
         }
 }
 
 #define DEFINE_WEIGHTS(NAME, T, LOAD)                                                            \
 void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32_t *context_lens, \
-          float *out, int n_rows, int n_heads, int n_kv_heads, int head_dim, int block_size,     \
-          int table_width, int out_width, float scale, int n_threads) {                          \
+          void *out_halves, void *mean_halves, int n_rows, int n_heads, int n_kv_heads, int head_dim, \
+          int block_size, int table_width, int out_width, float scale, int n_threads) {          \
     const int H = n_heads, G = n_heads / n_kv_heads, D = head_dim, W = n_kv_heads * head_dim;    \
+    uint16_t *out = out_halves, *mean = mean_halves;                                             \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(n_threads) if(n_threads > 1)")   \
     for (int r = 0; r < n_rows; r++) {                                                           \
         const int len = context_lens[r];                                                         \
         const int32_t *table = block_tables + (long)r * table_width;                             \
-        float *o = out + (long)r * H * out_width;                                                \
+        float *o = malloc(sizeof(float) * (H + 1L) * len);  /* scores, then weights; their sum */ \
+        float *restrict total = o + (long)H * len;                                               \
+        memset(total, 0, sizeof(float) * len);                                                   \
         float qs[H * D], k[W];                                                                   \
         for (int i = 0; i < H * D; i++) qs[i] = LOAD(q[(long)r * H * D + i]) * scale;            \
         for (int b = 0; b * block_size < len; b++) {        /* a block at a time, in order */  \
@@ -367,20 +417,32 @@ void NAME(const T *q, const T *k_cache, const int32_t *block_tables, const int32
                 PREFETCH_ROW(T, next + (long)t * W, W)                                           \
                 for (int d = 0; d < W; d++) k[d] = LOAD(kb[(long)t * W + d]);                    \
                 /* constant head_dim for the common shapes: the dot products vectorise */       \
-                if (D == 32) weights_scores(qs, k, o, H, G, 32, out_width, pos);                 \
-                else if (D == 64) weights_scores(qs, k, o, H, G, 64, out_width, pos);            \
-                else if (D == 128) weights_scores(qs, k, o, H, G, 128, out_width, pos);          \
-                else weights_scores(qs, k, o, H, G, D, out_width, pos);                          \
+                if (D == 32) weights_scores(qs, k, o, H, G, 32, len, pos);                       \
+                else if (D == 64) weights_scores(qs, k, o, H, G, 64, len, pos);                  \
+                else if (D == 128) weights_scores(qs, k, o, H, G, 128, len, pos);                \
+                else weights_scores(qs, k, o, H, G, D, len, pos);                                \
             }                                                                                    \
         }                                                                                        \
         for (int h = 0; h < H; h++) {                                                            \
-            float *oh = o + (long)h * out_width, top = -3.0e38f, sum = 0.f;                      \
+            float *restrict oh = o + (long)h * len, top = -3.0e38f, sum = 0.f;                   \
+            uint16_t *half = out + ((long)r * H + h) * out_width;                                \
             for (int i = 0; i < len; i++) top = oh[i] > top ? oh[i] : top;                       \
             for (int i = 0; i < len; i++) { oh[i] = expf(oh[i] - top); sum += oh[i]; }           \
             const float inv = 1.f / sum;                                                         \
+            /* plain loops, each vectorised */                                                  \
             for (int i = 0; i < len; i++) oh[i] *= inv;                                          \
-            for (int i = len; i < out_width; i++) oh[i] = 0.f;                                   \
+            to_halves(oh, half, len);                                                            \
+            for (int i = 0; i < len; i++) total[i] += oh[i];                                     \
+            memset(half + len, 0, sizeof(uint16_t) * (out_width - len));                         \
         }                                                                                        \
+        if (mean) {                                                                              \
+            uint16_t *m = mean + (long)r * out_width;                                            \
+            const float inv_heads = 1.f / H;                                                     \
+            for (int i = 0; i < len; i++) total[i] *= inv_heads;                                 \
+            to_halves(total, m, len);                                                            \
+            memset(m + len, 0, sizeof(uint16_t) * (out_width - len));                            \
+        }                                                                                        \
+        free(o);                                                                                 \
     }                                                                                            \
 }
 

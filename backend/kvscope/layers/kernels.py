@@ -43,9 +43,9 @@ def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
     for (name, _), fn in kernels.items():
         fn.argtypes = [ctypes.c_void_p] * POINTERS[name] + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
         fn.restype = None
-    for dtype, suffix in CPU_DTYPES.items():   # capture's weights: five pointers, seven ints
+    for dtype, suffix in CPU_DTYPES.items():   # capture's weights: six pointers, seven ints
         fn = kernels["paged_weights", dtype] = getattr(lib, f"paged_weights_{suffix}")
-        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
         fn.restype = None
     return kernels
 
@@ -82,20 +82,24 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
 
 
 def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                scale: float, out: torch.Tensor) -> None:
+                scale: float, out: torch.Tensor, mean: torch.Tensor | None = None) -> None:
     """The softmax weights of q [n, H, D] over each row's first context_lens[r] keys, read in
-    place through its block table, into out [n, H, width] float32 (zero past a row's length)."""
+    place through its block table, into out [n, H, width] float16 (zero past a row's length),
+    and their mean over the heads into mean [n, width] float16 when given."""
     _check_layout(q, k_cache, k_cache, q, block_tables, context_lens)
     width = out.shape[2]
-    if not (out.is_contiguous() and out.dtype == torch.float32 and out.shape[:2] == q.shape[:2]
+    if not (out.is_contiguous() and out.dtype == torch.float16 and out.shape[:2] == q.shape[:2]
             and context_lens.shape == q.shape[:1] and block_tables.shape[0] == q.shape[0]
-            and int(context_lens.max()) <= min(width, block_tables.shape[1] * k_cache.shape[1])):
-        raise ValueError(f"weights for queries {tuple(q.shape)} do not fit out {tuple(out.shape)}, "
+            and int(context_lens.max()) <= min(width, block_tables.shape[1] * k_cache.shape[1])
+            and (mean is None or (mean.is_contiguous() and mean.dtype == torch.float16
+                                  and mean.shape == (q.shape[0], width)))):
+        raise ValueError(f"weights for queries {tuple(q.shape)} do not fit out {tuple(out.shape)} {out.dtype}, "
+                         f"mean {None if mean is None else (tuple(mean.shape), mean.dtype)}, "
                          f"tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}")
     _kernel("paged_weights", q.dtype)(
-        q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(), q.shape[0],
-        q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], block_tables.shape[1], width, scale,
-        torch.get_num_threads())
+        q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(),
+        None if mean is None else mean.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
+        k_cache.shape[1], block_tables.shape[1], width, scale, torch.get_num_threads())
 
 
 def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:

@@ -3,7 +3,7 @@ splits inputs and all-reduces, the vocabulary is split by token ids; each layer'
 its slice of a lazily opened checkpoint tensor. With one rank they are plain layers."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -44,6 +44,13 @@ class TPGroup:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
+
+
+def own(tp: TPGroup) -> TPGroup:
+    """A layer's own copy of the group (the same rank, size and counter): a compiled step
+    re-checks, with a Python call each, that modules sharing one object still share it;
+    a copy each leaves only dynamo's cheap C++ guards."""
+    return replace(tp)
 
 
 def split(n: int, tp: TPGroup, what: str) -> int:
@@ -100,7 +107,7 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, what: str):
         super().__init__()
-        self.tp = tp
+        self.tp = own(tp)
         self.local_sizes = [split(n, tp, what) for n in out_sizes]
         self.weight = input_major(sum(self.local_sizes), in_features)
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes))) if bias else None
@@ -116,7 +123,7 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, tp: TPGroup, what: str):
         super().__init__()
-        self.tp = tp
+        self.tp = own(tp)
         self.local_in = split(in_features, tp, what)
         self.weight = input_major(out_features, self.local_in)
 
@@ -131,7 +138,7 @@ class VocabParallelEmbedding(nn.Module):
     """The rank's range of the vocabulary (the last one padded)."""
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup):
         super().__init__()
-        self.tp, self.vocab_size = tp, vocab_size
+        self.tp, self.vocab_size = own(tp), vocab_size
         self.per_rank = -(-vocab_size // tp.size)   # rounded up
         self.start = tp.rank * self.per_rank
         # input-major too: looking up a few rows reads them strided, which costs little,

@@ -87,7 +87,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.ops = Elementwise
+        self.ops = Elementwise()   # its own: see parallel.own
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.norm(x, self.weight, self.eps)
@@ -106,7 +106,7 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, layer_idx)
-        self.ops = Elementwise
+        self.ops = Elementwise()   # its own: see parallel.own
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)   # this rank's heads
@@ -123,7 +123,7 @@ class MLP(nn.Module):
         inter = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter, inter], False, tp, "intermediate_size")
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, tp, "intermediate_size")
-        self.ops = Elementwise
+        self.ops = Elementwise()   # its own: see parallel.own
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.ops.activation(self.gate_up_proj(x)))

@@ -7,10 +7,11 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from kvscope.server.api.openai_api import openai_router
+from kvscope.server.api.openai_api import OpenAIError, openai_router
 from kvscope.server.api.replay_ws import serve_replay
 from kvscope.server.redact import hide_tokens_in_server_logs
-from kvscope.server.api.rest import rest_router
+from kvscope.server.api.rest import error_response, rest_router
+from kvscope.server.errors import CommandError
 from kvscope.server.security import SecurityMiddleware, origin_allowed
 from kvscope.server.api.ws import serve_websocket
 from kvscope.server.pages.content import frontend_dir
@@ -24,10 +25,7 @@ KEEP_ALIVE_S = 75
 
 
 def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> FastAPI:
-    """The app both servers run, our engine behind it or an attached vLLM: the service started
-    and stopped with it, the host check, tokens kept out of the access log, /healthz, /metrics,
-    the event and replay sockets, the static front end, the chapters and the console. Attached,
-    there are no /api or /v1 routes of ours: those belong to the vLLM server."""
+    """The app both servers run, our engine or an attached vLLM behind it (attached: no /api or /v1 of ours)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.start()
@@ -43,6 +41,8 @@ def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> F
     if engine_routes:
         app.include_router(rest_router(service))
         app.include_router(openai_router(service))
+        app.add_exception_handler(CommandError, error_response)
+        app.add_exception_handler(OpenAIError, lambda _request, exc: exc.response())
     front = frontend_dir(service.config.frontend_dir)
 
     @app.get("/healthz")
@@ -68,11 +68,11 @@ def create_app(service, title: str = "kvscope", engine_routes: bool = True) -> F
 
     if front.is_dir():
         app.mount("/static", StaticFiles(directory=front), name="static")
-    mount_pages(app)
-    if front.is_dir():
+
         @app.get("/console", include_in_schema=False)
         async def console():
             return FileResponse(front / "console.html")
+    mount_pages(app)
     return app
 
 

@@ -1,13 +1,19 @@
-"""`kvscope serve` arguments. Imports nothing heavy: the CLI builds its parser from this
-even on machines without the web stack."""
+"""`kvscope serve` arguments, importing nothing heavy: the CLI builds its parser without the web stack."""
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
+from pathlib import Path
 
 from kvscope.config import ATTENTION_BACKENDS
 
 CPU_DEFAULT_KV_BLOCKS = 1024   # a pool small enough to draw, big enough for a classroom
+
+
+def flag_fields(kind, args: argparse.Namespace) -> dict:
+    """The flags whose dest names a field of dataclass `kind`, as its keywords (None: the field's default)."""
+    return {f.name: getattr(args, f.name) for f in fields(kind) if getattr(args, f.name, None) is not None}
 
 
 def json_object(text: str) -> dict:
@@ -72,36 +78,39 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--enforce-eager", action="store_true")
     add_cpu_compile_argument(p)
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the engine")
+    p.add_argument("--threads", dest="num_threads", type=int, default=None, help="CPU threads for the engine")
     add_decoding_arguments(p)
-    p.add_argument("--recordings-dir", default="recordings", help="where record_start writes JSONL")
-    p.add_argument("--frontend-dir", default=None, help="static front end (default: frontend/ in the checkout)")
-    p.add_argument("--allow-origin", action="append", default=[],
+    # Each flag is named (dest) after its EngineConfig, ServerConfig or Limits field: see flag_fields.
+    p.add_argument("--recordings-dir", type=Path, default=Path("recordings"), help="where record_start writes JSONL")
+    p.add_argument("--frontend-dir", type=Path, default=None,
+                   help="static front end (default: frontend/ in the checkout)")
+    p.add_argument("--allow-origin", dest="extra_origins", action="append", default=[],
                    help="an extra WebSocket Origin to accept (repeatable), e.g. https://class.example.org")
-    p.add_argument("--allow-host", action="append", default=[],
+    p.add_argument("--allow-host", dest="extra_hosts", action="append", default=[],
                    help="a Host name the server answers to (repeatable), e.g. class.example.org; loopback names, "
                         "IP addresses and --host always work (the check stops DNS rebinding)")
     p.add_argument("--max-watched-requests", type=int, default=8,
                    help="requests whose attention is captured at once (each costs engine time)")
-    p.add_argument("--learner-max-tokens", type=int, default=256)
-    p.add_argument("--learner-max-prompt-tokens", type=int, default=512)
-    p.add_argument("--learner-submits-per-minute", type=float, default=20)
-    p.add_argument("--learner-max-active-requests", type=int, default=4, help="requests in flight per learner")
+    p.add_argument("--learner-max-tokens", dest="max_tokens", type=int, default=256)
+    p.add_argument("--learner-max-prompt-tokens", dest="max_prompt_tokens", type=int, default=512)
+    p.add_argument("--learner-submits-per-minute", dest="submits_per_minute", type=float, default=20)
+    p.add_argument("--learner-max-active-requests", dest="max_active_requests", type=int, default=4,
+                   help="requests in flight per learner")
     p.add_argument("--max-learner-requests", type=int, default=None,
                    help="requests in flight across all learners together (default: half of --max-num-seqs), "
                         "so learners never fill the engine")
-    p.add_argument("--learner-max-sweep-in-flight", type=int, default=32,
+    p.add_argument("--learner-max-sweep-in-flight", dest="max_sweep_in_flight", type=int, default=32,
                    help="requests a learner's throughput sweep may keep in flight at its top level, within "
                         "--max-learner-requests; the sweep counts as one request in flight (0: no learner sweeps)")
-    p.add_argument("--hold-timeout", type=float, default=300,
+    p.add_argument("--hold-timeout", dest="hold_timeout_s", type=float, default=300,
                    help="seconds a learner's held request may sit untouched before it is cancelled")
-    p.add_argument("--learner-messages-per-second", type=float, default=50,
+    p.add_argument("--learner-messages-per-second", dest="messages_per_second", type=float, default=50,
                    help="WebSocket messages a second per learner connection")
     p.add_argument("--max-watched-prompt-tokens", type=int, default=256,
                    help="longest prompt whose attention a learner may watch (attention grows with its square)")
     p.add_argument("--max-pending-bytes", type=int, default=8 << 20,
                    help="bytes queued for one viewer before it is closed (1013) as not reading")
-    p.add_argument("--learner-max-prompt-chars", type=int, default=8000,
+    p.add_argument("--learner-max-prompt-chars", dest="max_prompt_chars", type=int, default=8000,
                    help="characters in a learner's prompt, checked before tokenizing")
     p.add_argument("--rest-requests-per-minute", type=float, default=120,
                    help="REST/OpenAI prompts per minute per caller (learner id or address) without the token, "

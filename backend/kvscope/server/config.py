@@ -5,6 +5,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvscope.server.cli_args import flag_fields
+
 
 @dataclass
 class Limits:
@@ -41,34 +43,15 @@ class ServerConfig:
     max_watched_requests: int = 8
     recordings_dir: Path = Path("recordings")
     frontend_dir: Path | None = None
-    extra_origins: tuple[str, ...] = ()
-    extra_hosts: tuple[str, ...] = ()       # Host names besides loopback, IP addresses and --host
+    extra_origins: list[str] = field(default_factory=list)
+    extra_hosts: list[str] = field(default_factory=list)   # Host names besides loopback, IP addresses and --host
 
     @classmethod
     def from_args(cls, args) -> ServerConfig:
-        """The settings the `kvscope serve` flags (cli_args.py) give, with or without --attach."""
+        """The settings the `kvscope serve` flags give."""
         if args.max_watched_requests < 0:
             raise ValueError(f"--max-watched-requests must be >= 0, got {args.max_watched_requests}")
-        config = cls(
-            host=args.host, port=args.port,
-            limits=Limits(max_tokens=args.learner_max_tokens, max_prompt_tokens=args.learner_max_prompt_tokens,
-                          max_prompt_chars=args.learner_max_prompt_chars,
-                          max_active_requests=args.learner_max_active_requests,
-                          max_learner_requests=args.max_learner_requests, hold_timeout_s=args.hold_timeout,
-                          max_sweep_in_flight=args.learner_max_sweep_in_flight,
-                          messages_per_second=args.learner_messages_per_second,
-                          max_watched_prompt_tokens=args.max_watched_prompt_tokens,
-                          submits_per_minute=args.learner_submits_per_minute),
-            rest_requests_per_minute=args.rest_requests_per_minute, limit_loopback=args.limit_loopback,
-            rest_class_requests_per_minute=args.rest_class_requests_per_minute,
-            max_body_bytes=args.max_body_bytes, max_pending_bytes=args.max_pending_bytes,
-            recordings_dir=Path(args.recordings_dir),
-            frontend_dir=Path(args.frontend_dir) if args.frontend_dir else None,
-            extra_origins=tuple(args.allow_origin), extra_hosts=tuple(args.allow_host),
-            max_watched_requests=args.max_watched_requests)
-        if args.instructor_token:
-            config.instructor_token = args.instructor_token
-        return config
+        return cls(**flag_fields(cls, args), limits=Limits(**flag_fields(Limits, args)))
 
     @property
     def url(self) -> str:

@@ -1,5 +1,4 @@
-"""The one error a client's message can cause: a code and a message that go back to the
-client (an `error` event on the WebSocket, an HTTP status and JSON body elsewhere)."""
+"""The one error a client's message can cause: a code and a message that go back to the client."""
 from __future__ import annotations
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvscope.server.cli_args import CPU_DEFAULT_KV_BLOCKS, add_serve_arguments
+from kvscope.server.cli_args import CPU_DEFAULT_KV_BLOCKS, add_serve_arguments, flag_fields
 from kvscope.server.config import ServerConfig
 
 
@@ -14,17 +14,9 @@ def engine_from_args(args):
     blocks = args.num_kv_blocks
     if blocks is None and args.kv_cache_mib is None and resolve_device(args.device).type == "cpu":
         blocks = CPU_DEFAULT_KV_BLOCKS
-    return LLMEngine(EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, seed=args.seed,
-        block_size=args.block_size, num_kv_blocks=blocks,
-        kv_cache_memory_bytes=None if args.kv_cache_mib is None else args.kv_cache_mib << 20,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, prefill_chunk_size=args.prefill_chunk_size,
-        kv_cache_dtype=args.kv_cache_dtype,
-        attention_backend=args.attention_backend, num_threads=args.threads,
-        enforce_eager=args.enforce_eager, cpu_compile=args.cpu_compile,
-        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
-        structured_outputs_config=args.structured_outputs_config))
+    memory = None if args.kv_cache_mib is None else args.kv_cache_mib << 20
+    return LLMEngine(EngineConfig(**{**flag_fields(EngineConfig, args), "num_kv_blocks": blocks,
+                                     "kv_cache_memory_bytes": memory}))
 
 
 def build_app(args):

@@ -1,5 +1,4 @@
-"""The instructor token travels in URLs (`/ws?token=…`, `/console?token=…`); it must never
-reach a log file, where anyone who reads the logs could take over the class."""
+"""The instructor token travels in URLs; it must never reach a log file."""
 from __future__ import annotations
 
 import logging

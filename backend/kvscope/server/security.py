@@ -1,6 +1,4 @@
-"""What a browser may do with this server: a page on another site must not reach it through
-DNS rebinding (its name resolving to this machine), so the Host header is checked; every
-HTTP reply carries a Content-Security-Policy (no eval, no foreign scripts, no framing)."""
+"""What a browser may do: the Host header checked against DNS rebinding, a CSP on every reply."""
 from __future__ import annotations
 
 import ipaddress
@@ -34,8 +32,7 @@ def allowed_hosts(bind_host: str, extra: tuple[str, ...] = ()) -> frozenset[str]
 
 
 def host_allowed(host_header: str | None, allowed: frozenset[str]) -> bool:
-    """A name that rebinding cannot forge: an IP literal, or a name this server was told about.
-    A client that sends no Host (HTTP/1.0 scripts) is not a browser and is let through."""
+    """An IP literal or a name this server was told of; no Host at all (HTTP/1.0 scripts) passes."""
     if host_header is None:
         return True
     name = host_name(host_header)
@@ -50,8 +47,7 @@ def content_security_policy(host_header: str | None) -> str:
 
 
 def origin_allowed(origin: str | None, host_header: str | None, extra: tuple[str, ...] = ()) -> bool:
-    """Same host:port as the page's server (its Host already checked against the allow-list),
-    any localhost port, or an --allow-origin. Non-browser clients send no Origin and are allowed."""
+    """The page's own host:port, any localhost, or an --allow-origin; no Origin (not a browser) passes."""
     if origin is None or origin in extra:
         return True
     try:

@@ -1,6 +1,4 @@
-"""What each WebSocket command does. A handler gets the session (the service and this
-viewer) and the validated message, replies through the hub, and raises CommandError to
-refuse; the caller turns that into an `error` event carrying the message's ref."""
+"""What each WebSocket command does: a handler replies through the hub or raises CommandError."""
 from __future__ import annotations
 
 import math
@@ -33,8 +31,11 @@ class Session:
             event["ref"] = message_ref(msg)
         self.hub.send(self.viewer, event)
 
-    def ack(self, msg: dict, **fields) -> None:
+    def ack(self, msg: dict, announce: str | None = None, **fields) -> None:
+        """The reply to `msg`; an instructor's control also `announce`s the engine's new state to every page."""
         self.reply(msg, {"type": "ack", "ts": self.service.clock(), "cmd": msg["type"], **fields})
+        if announce is not None:
+            self.hub.broadcast(self.service.engine_state(announce))
 
     def session_event(self) -> dict:
         v = self.viewer
@@ -51,7 +52,6 @@ class Session:
             raise CommandError("unknown_request", f"no request {rid!r} is in flight")
 
 
-# -- subscriptions -------------------------------------------------------------------------
 async def subscribe(s: Session, msg: dict) -> None:
     families = list(dict.fromkeys(msg["families"]))
     s.viewer.subscribe(families, Filter.parse(msg.get("filters")))
@@ -76,7 +76,6 @@ async def tokenize(s: Session, msg: dict) -> None:
     s.reply(msg, await s.service.off_loop(s.service.tokenize, msg["text"], msg.get("chat", False)))
 
 
-# -- requests ------------------------------------------------------------------------------
 def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     """A watch's output grows with the prompt's square and costs everyone engine time."""
     limits = s.service.config.limits
@@ -88,8 +87,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
     if not s.viewer.is_instructor and mine >= limits.max_watches:
         raise CommandError("too_many_requests", f"you watch {mine} requests already; the limit is {limits.max_watches}")
     facts = s.service.instr.facts
-    layers = raw.get("layers")
-    heads = raw.get("heads")
+    layers, heads = raw.get("layers"), raw.get("heads")
     for name, values, n in (("layers", layers, facts.num_layers), ("heads", heads, facts.num_heads)):
         bad = [x for x in values or [] if x >= n]
         if bad:
@@ -106,8 +104,7 @@ def watch_spec(s: Session, raw: dict, num_prompt_tokens: int) -> WatchSpec:
 
 
 def check_submit_allowance(s: Session, in_flight: int = 1) -> None:
-    """May this learner add `in_flight` requests to the learners' share and one to their own (a
-    sweep is one; `in_flight` 0 for kv_quant)? It costs one submit's allowance either way."""
+    """May this learner add `in_flight` requests (a sweep counts once, kv_quant 0)? Costs one submit."""
     if s.viewer.is_instructor:
         return
     limits = s.service.config.limits
@@ -151,8 +148,6 @@ async def submit(s: Session, msg: dict) -> None:
                                 msg.get("pace_s", 0.0), chunk, msg.get("cache_salt"))
     if done.error:
         raise CommandError("engine", done.error, request_id=rid)
-    if label.held:
-        service.touch_hold(rid, True)
     s.ack(msg, request_id=rid, num_prompt_tokens=done.num_prompt_tokens)
 
 
@@ -183,8 +178,7 @@ async def unwatch(s: Session, msg: dict) -> None:
 
 
 def steer(operation: str):
-    """The handler of `hold`, `next` or `release`: the service's `operation` on one of the
-    viewer's own requests."""
+    """The handler of `hold`, `next` or `release`: the service's `operation` on the viewer's own request."""
     async def handler(s: Session, msg: dict) -> None:
         rid = msg["request_id"]
         s.own(rid)
@@ -206,9 +200,7 @@ async def pace(s: Session, msg: dict) -> None:
 
 
 async def sweep(s: Session, msg: dict) -> None:
-    """Throughput against latency at rising concurrency, one job the server drives. For a
-    learner: one submit, one request of their limit, its top level within the sweep cap and
-    reserved in the learners' share; one learner sweep at a time (two would measure each other)."""
+    """Throughput against latency at rising levels: a learner's is one submit, its top level reserved, one at a time."""
     levels, max_tokens = msg["levels"], msg["max_tokens"]
     if any(b <= a for a, b in zip(levels, levels[1:])):
         raise CommandError("invalid_field", f"levels: {levels} must rise")
@@ -240,8 +232,7 @@ DEFAULT_KV_QUANT_TOKENS = 16
 
 
 async def kv_quant(s: Session, msg: dict) -> None:
-    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, on the
-    engine's weights and a cache of its own (the pool is untouched); a learner's costs one submit."""
+    """What an 8-bit KV cache buys (blocks) and costs (logit error) for one prompt, the pool untouched."""
     if ("prompt" in msg) == ("prompt_token_ids" in msg):
         raise CommandError("invalid_field", "give exactly one of prompt or prompt_token_ids")
     service = s.service
@@ -258,11 +249,8 @@ async def kv_quant(s: Session, msg: dict) -> None:
     s.reply(msg, {"type": "kv_quant", "ts": service.clock(), "prompt": text, **result})
 
 
-# -- sandbox, auth, ping -----------------------------------------------------------------------
 async def sandbox(s: Session, msg: dict) -> None:
-    if s.viewer.sandbox is None:
-        s.viewer.sandbox = Sandbox()
-    box = s.viewer.sandbox
+    box = s.viewer.sandbox = s.viewer.sandbox or Sandbox()   # made on first use
     try:
         box.apply(msg)
     except (AssertionError, RuntimeError, ValueError) as exc:
@@ -286,49 +274,36 @@ async def replay_control(s: Session, msg: dict) -> None:
     raise CommandError("replay", "replay commands work on a replay socket, /ws/replay/<name>")
 
 
-# -- instructor ----------------------------------------------------------------------------
-def announce(s: Session, reason: str) -> None:
-    s.hub.broadcast(s.service.engine_state(reason))
-
-
 async def pause(s: Session, msg: dict) -> None:
     s.service.aengine.pause()
-    s.ack(msg)
-    announce(s, "pause")
+    s.ack(msg, announce="pause")
 
 
 async def resume(s: Session, msg: dict) -> None:
     s.service.aengine.resume()
-    s.ack(msg)
-    announce(s, "resume")
+    s.ack(msg, announce="resume")
 
 
 async def step(s: Session, msg: dict) -> None:
-    s.ack(msg, step=await s.service.aengine.step_now())
-    announce(s, "step")
+    s.ack(msg, announce="step", step=await s.service.aengine.step_now())
 
 
 async def reset(s: Session, msg: dict) -> None:
-    aborted = await s.service.aengine.reset()
-    s.ack(msg, aborted=aborted)
-    announce(s, "reset")
+    s.ack(msg, announce="reset", aborted=await s.service.aengine.reset())
 
 
 async def slow_motion(s: Session, msg: dict) -> None:
-    s.ack(msg, interval_s=await s.service.slow_motion(msg["interval_s"]))
-    announce(s, "slow_motion")
+    s.ack(msg, announce="slow_motion", interval_s=await s.service.slow_motion(msg["interval_s"]))
 
 
 async def set_knobs(s: Session, msg: dict) -> None:
     knobs = {k: v for k, v in msg.items() if k not in ("type", "ref")}
-    s.ack(msg, knobs=await s.service.set_knobs(knobs))
-    announce(s, "knobs")
+    s.ack(msg, announce="knobs", knobs=await s.service.set_knobs(knobs))
 
 
 async def inject(s: Session, msg: dict) -> None:
     rids = await s.service.inject(msg["n"], msg.get("max_tokens", 32), msg.get("prompt_tokens"))
-    s.ack(msg, request_ids=rids)
-    announce(s, "inject")
+    s.ack(msg, announce="inject", request_ids=rids)
 
 
 async def record_start(s: Session, msg: dict) -> None:
@@ -338,16 +313,14 @@ async def record_start(s: Session, msg: dict) -> None:
     name = msg.get("name") or f"session-{int(service.started_at + service.clock())}"
     path = service.config.recordings_dir / f"{name}.jsonl"
     service.hub.start_recording(path, name, service.model_name, service.recording_preamble())
-    s.ack(msg, name=name, path=str(path))
-    announce(s, "recording")
+    s.ack(msg, announce="recording", name=name, path=str(path))
 
 
 async def record_stop(s: Session, msg: dict) -> None:
     rec = s.service.hub.stop_recording()
     if rec is None:
         raise CommandError("invalid_field", "not recording")
-    s.ack(msg, name=rec.name, path=str(rec.path), events=rec.events)
-    announce(s, "recording")
+    s.ack(msg, announce="recording", name=rec.name, path=str(rec.path), events=rec.events)
 
 
 async def viewers(s: Session, msg: dict) -> None:

@@ -1,6 +1,4 @@
-"""OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions,
-streaming (SSE `data:` chunks ending in `[DONE]`) or not, with usage counts and errors in
-OpenAI's shape. The requests go into the same engine as everyone else's."""
+"""The OpenAI-compatible /v1 routes, streaming or not, with OpenAI's usage and error shapes."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +15,7 @@ from kvscope.instrumentation.schema import CACHE_SALT
 from kvscope.instrumentation.observer import RequestLabel
 from kvscope.llm import CompletionOutput, RequestOutput
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
-from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers
+from kvscope.server.classroom.policy import MAX_N, check_sampling_numbers, message_texts
 from kvscope.server.api.rest import STATUS, admitted_call, until_disconnect
 from kvscope.server.service.engine_service import EngineService
 from kvscope.server.api.validation import printable
@@ -90,9 +88,7 @@ class Completion:
 
     def chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         body = {"id": self.id, "object": self.object + (".chunk" if self.chat else ""), "created": self.created,
-                "model": self.model, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage
+                "model": self.model, "choices": choices, **({"usage": usage} if usage is not None else {})}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     def choice_delta(self, index: int, text: str, finish: str | None, logprobs=None, first: bool = False) -> dict:
@@ -147,8 +143,7 @@ def sampling_for(body: dict, chat: bool, max_cap: int) -> SamplingParams:
 
 
 def structured_for(body: dict) -> StructuredOutputsParams | None:
-    """vLLM's `structured_outputs` field, or OpenAI's `response_format` (json_object, or
-    json_schema with its `schema`); 'text' asks for nothing."""
+    """vLLM's `structured_outputs`, or OpenAI's `response_format` (json_object, json_schema; text: none)."""
     fields, fmt = body.get("structured_outputs"), body.get("response_format")
     if fields and fmt and fmt.get("type") != "text":
         raise OpenAIError(400, "give either response_format or structured_outputs, not both", "response_format")
@@ -163,10 +158,6 @@ def structured_for(body: dict) -> StructuredOutputsParams | None:
         raise OpenAIError(400, "response_format must be {'type': 'text' | 'json_object'} or "
                           "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
     return StructuredOutputsParams(json=schema)
-
-
-def message_text(content) -> str:
-    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def logprobs_for(service: EngineService, chat: bool, token_id: int, lp: dict | None, offset: int):
@@ -220,19 +211,15 @@ def openai_router(service: EngineService) -> APIRouter:
         return body, params, prompts
 
     async def handle(request: Request, chat: bool):
-        try:
+        try:   # an OpenAIError raised here is answered by its response() (app.py registers it)
             body, params, prompts = await checked_call(request, chat)
         except CommandError as exc:
-            return from_command_error(exc).response()
-        except OpenAIError as exc:
-            return exc.response()
+            raise from_command_error(exc) from None
         call = Completion(service, body, chat, prompts)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(stream_chunks(call, params, include_usage), media_type="text/event-stream")
         result = await until_disconnect(request, complete(call, params))
-        if isinstance(result, OpenAIError):
-            return result.response()
         return JSONResponse(result) if result is not None else JSONResponse({}, status_code=499)
 
     @router.post("/v1/completions")
@@ -252,7 +239,7 @@ async def prompt_list(service: EngineService, body: dict, chat: bool,
     try:
         if chat:
             messages = [{"role": "system" if m["role"] == "developer" else m["role"],
-                         "content": message_text(m["content"])} for m in body["messages"]]
+                         "content": "".join(message_texts([m]))} for m in body["messages"]]
             return [await service.checked_prompt({"messages": messages}, instructor)]
         p = body["prompt"]
         if isinstance(p, str) or all(isinstance(x, int) for x in p):
@@ -264,8 +251,7 @@ async def prompt_list(service: EngineService, body: dict, chat: bool,
 
 
 async def run_one(call: Completion, index: int, ids: list[int], text: str | None, params: SamplingParams, sink):
-    """Stream one prompt's n choices through the engine, handing (choice index, delta) to sink
-    (prompt i's choices are indices i*n .. i*n+n-1); returns their outputs in choice order."""
+    """Stream one prompt's n choices to sink as (choice index, delta); their outputs, in choice order."""
     rid = call.service.new_request_id()
     source_label = RequestLabel(prompt=text)
     outputs = [None] * params.n
@@ -297,8 +283,8 @@ async def complete(call: Completion, params: SamplingParams):
         choice = out.outputs[0]   # a stream's final output holds its one choice
         if choice.finish_reason == "error":
             if "prompt" in (out.error or ""):
-                return OpenAIError(400, out.error, code="context_length_exceeded")
-            return OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
+                raise OpenAIError(400, out.error, code="context_length_exceeded")
+            raise OpenAIError(500, out.error or "the engine failed", code="engine_error", kind="server_error")
         call.count(i, params.n, out)
         parts = [logprobs_for(call.service, call.chat, t, lp, 0) for t, lp in texts.get(i, [])]
         logprobs = {k: [x for p in parts for x in p[k]] for k in parts[0]} if parts else None

@@ -1,6 +1,4 @@
-"""`/ws/replay/<name>`: a recording played through the live protocol, so a page can be
-pointed at a replay instead of the engine. Commands: `{"type": "replay", "action":
-"play" | "pause" | "step", "speed"?: n}`; anything else gets an `error`."""
+"""`/ws/replay/<name>`: a recording played through the live protocol, steered by `replay` commands."""
 from __future__ import annotations
 
 import asyncio
@@ -20,13 +18,8 @@ NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def find_recording(folders: list[Path], name: str) -> Path | None:
-    if not NAME.match(name):
-        return None
-    for folder in folders:
-        path = folder / f"{name}.jsonl"
-        if path.is_file():
-            return path
-    return None
+    paths = [folder / f"{name}.jsonl" for folder in folders] if NAME.match(name) else []
+    return next((path for path in paths if path.is_file()), None)
 
 
 def speed_from_query(raw: str | None) -> float | None:

@@ -1,5 +1,4 @@
-"""REST beside the WebSocket: tokenize, generate as Server-Sent Events (the same
-`request.*` events a viewer sees), and the list of recordings."""
+"""REST beside the WebSocket: tokenize, generate as SSE (a viewer's `request.*` events), recordings."""
 from __future__ import annotations
 
 import asyncio
@@ -26,16 +25,14 @@ STATUS = {"rate_limited": 429, "forbidden": 403, "too_many_requests": 429, "prom
           "unsupported_media_type": 415, "body_too_large": 413}
 
 
-def error_response(exc: CommandError) -> JSONResponse:
+async def error_response(_request, exc: CommandError) -> JSONResponse:
     return JSONResponse(error_event(exc.code, exc.message), status_code=STATUS.get(exc.code, 400),
                         headers=getattr(exc, "headers", dict)())
 
 
 async def admitted_call(service: EngineService, request: Request,
                         validator: Draft202012Validator | None = None) -> tuple[bool, str | None, dict]:
-    """(instructor?, rate bucket key, JSON body) of a caller within its rate; the key is a learner
-    id (?learner= or X-Kvscope-Learner) or the address. The body must be declared as JSON (a
-    browser sends text/plain cross-site without asking) and is parsed without recursion errors."""
+    """(instructor?, rate key, body) of a caller within its rate; the body declared JSON (no cross-site text/plain)."""
     learner = request.query_params.get("learner") or request.headers.get("x-kvscope-learner")
     host = request.client.host if request.client else None
     instructor, caller = service.policy.rest_caller(request.headers, host, learner)
@@ -50,14 +47,13 @@ async def admitted_call(service: EngineService, request: Request,
                                                f"(kvscope serve --max-body-bytes)")
     if declared.isdigit() and int(declared) > max_bytes:
         raise too_large
-    chunks, size = [], 0
+    raw = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
+        raw += chunk
+        if len(raw) > max_bytes:
             raise too_large
-        chunks.append(chunk)
     try:
-        body = strict_json(b"".join(chunks))
+        body = strict_json(raw)
     except (ValueError, RecursionError):
         raise CommandError("invalid_json", "the request body must be JSON (UTF-8, not nested too deeply)") from None
     if validator is not None:
@@ -80,30 +76,25 @@ def rest_router(service: EngineService) -> APIRouter:
     router = APIRouter()
     hub, policy = service.hub, service.policy
 
+    # A CommandError raised here is answered by error_response (app.py registers it).
     @router.post("/api/tokenize")
     async def tokenize(request: Request):
-        try:
-            instructor, _, body = await admitted_call(service, request, TOKENIZE)
-            policy.check_prompt_text(body["text"], instructor, "text")
-            return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
-        except CommandError as exc:
-            return error_response(exc)
+        instructor, _, body = await admitted_call(service, request, TOKENIZE)
+        policy.check_prompt_text(body["text"], instructor, "text")
+        return JSONResponse(await service.off_loop(service.tokenize, body["text"], body.get("chat", False)))
 
     @router.post("/api/generate")
     async def generate(request: Request):
-        try:
-            instructor, _, body = await admitted_call(service, request, GENERATE)
-            one_prompt_form(body)
-            ids, text = await service.checked_prompt(body, instructor)
-            params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
-        except CommandError as exc:
-            return error_response(exc)
+        instructor, _, body = await admitted_call(service, request, GENERATE)
+        one_prompt_form(body)
+        ids, text = await service.checked_prompt(body, instructor)
+        params = sampling_params(body.get("params"), policy.max_tokens(instructor, service.engine.max_model_len))
         rid = service.new_request_id()
         queue = hub.follow(rid)
         done = await service.submit(rid, ids, params, "generate", RequestLabel(prompt=text))
         if done.error:
             hub.unfollow(rid, queue)
-            return error_response(CommandError("engine", done.error, rid))
+            raise CommandError("engine", done.error, rid)
         if body.get("stream", True):
             return StreamingResponse(sse_events(service, rid, queue), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
@@ -112,16 +103,13 @@ def rest_router(service: EngineService) -> APIRouter:
 
     @router.get("/api/recordings")
     async def recordings():
-        folder = service.config.recordings_dir
-        names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
-        return {"recordings": names}
+        return {"recordings": sorted(p.stem for p in service.config.recordings_dir.glob("*.jsonl"))}
 
     return router
 
 
 async def request_events(service: EngineService, rid: str, queue: asyncio.Queue):
-    """A followed request's events until it finishes; if the consumer leaves first, the
-    request is cancelled and its blocks freed."""
+    """A followed request's events until it finishes; a consumer that leaves first cancels it."""
     finished = False
     try:
         while not finished:

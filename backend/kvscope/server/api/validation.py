@@ -1,6 +1,4 @@
-"""Every client message is checked before anything acts on it: size, JSON, type, fields
-and ranges. A failure becomes a CommandError whose code and message go back to the client
-in an `error` event; the connection stays open."""
+"""Every client message is checked before anything acts on it; a failure is a CommandError reply."""
 from __future__ import annotations
 
 import json
@@ -72,7 +70,10 @@ def validate_command(msg: dict) -> str:
 
 
 def check_schema(validator: Draft202012Validator, value) -> None:
-    error = best_match(validator.iter_errors(value))
+    try:
+        error = best_match(validator.iter_errors(value))
+    except RecursionError:
+        raise CommandError("invalid_json", "the message is nested too deeply") from None
     if error is not None:
         path = ".".join(str(p) for p in error.absolute_path)
         message = error.message if len(error.message) <= 200 else error.message[:200] + "…"

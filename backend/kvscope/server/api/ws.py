@@ -1,6 +1,4 @@
-"""The `/ws` endpoint: one WebSocket per page. Two loops per connection — one reads and
-handles commands, one (the pump) writes whatever the hub queued for this viewer — so a
-viewer that stops reading only ever blocks its own pump."""
+"""`/ws`: one WebSocket per page, a reader and a pump, so a page that stops reading blocks only its pump."""
 from __future__ import annotations
 
 import asyncio
@@ -36,10 +34,8 @@ async def serve_websocket(ws: WebSocket, service: EngineService) -> None:
     hub.add(viewer)
     families = [f for f in ws.query_params.get("subscribe", "").split(",") if f in SUBSCRIBABLE]
     viewer.subscribe(families, Filter())
-    hub.send(viewer, {**service.hello, "ts": service.clock()})
-    hub.send(viewer, session.session_event())
-    hub.send(viewer, service.engine_state("connect"))
-    for event in hub.snapshots(families):
+    greeting = [{**service.hello, "ts": service.clock()}, session.session_event(), service.engine_state("connect")]
+    for event in greeting + hub.snapshots(families):
         hub.send(viewer, dict(event))
     pump = asyncio.create_task(pump_frames(ws, viewer, service))
     viewer.on_overflow = lambda: asyncio.get_running_loop().create_task(evict(ws, pump))
@@ -60,10 +56,7 @@ async def handle(session: Session, data: str | bytes) -> None:
             raise CommandError("rate_limited", f"at most {limits.messages_per_second:g} messages a second; "
                                                f"this one was not processed")
         msg = parse_frame(data, limits.max_frame_bytes)
-        try:
-            kind = validate_command(msg)
-        except RecursionError:
-            raise CommandError("invalid_json", "the message is nested too deeply") from None
+        kind = validate_command(msg)
         if kind in INSTRUCTOR_COMMANDS and not viewer.is_instructor:
             raise CommandError("forbidden", f"{kind!r} is an instructor command: connect with the instructor "
                                             f"token (?token=… or an auth message)")
@@ -81,8 +74,7 @@ CLOSE_TIMEOUT_S = 5.0
 
 
 async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
-    """Close a viewer whose queue outgrew its byte budget (code 1013). A peer that does not
-    read may never take the close frame either: then the connection is cut."""
+    """Close a page too far behind (1013); one that does not even read the close frame is cut."""
     pump.cancel()
     try:
         await asyncio.wait_for(ws.close(code=1013, reason="too far behind: it did not read its events"),
@@ -95,8 +87,7 @@ async def evict(ws: WebSocket, pump: asyncio.Task) -> None:
 
 
 async def pump_frames(ws: WebSocket, viewer: Viewer, service: EngineService) -> None:
-    """Write queued frames. Display-only frames are paced, so a busy engine costs each
-    viewer a bounded number of sends per second."""
+    """Write queued frames; display-only ones at most one per min_frame_interval."""
     interval = service.config.min_frame_interval
     try:
         while True:

@@ -1,7 +1,5 @@
-"""vLLM's KV-event wire format, decoded: each ZeroMQ message is three frames — the topic,
-an 8-byte big-endian sequence number, and a MessagePack `KVEventBatch`, an array
-`[ts, events, data_parallel_rank]` whose events are maps tagged by `type`
-(`BlockStored`, `BlockRemoved`, `AllBlocksCleared`; see vllm/distributed/kv_events.py)."""
+"""vLLM's KV-event wire format (vllm/distributed/kv_events.py): three frames a message (topic,
+8-byte big-endian seq, MessagePack `[ts, events, data_parallel_rank]`), events tagged by `type`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,8 +11,7 @@ END_OF_REPLAY = -1   # the replay socket's last message carries this sequence nu
 
 @dataclass(frozen=True)
 class Stored:
-    """Full blocks that entered the prefix cache: their hashes, the parent of the first,
-    and their tokens (block_size per block, concatenated)."""
+    """Full blocks that entered the prefix cache: their hashes, the first's parent, their tokens concatenated."""
     block_hashes: tuple
     parent_block_hash: object
     token_ids: tuple[int, ...]

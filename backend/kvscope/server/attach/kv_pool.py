@@ -1,14 +1,8 @@
-"""vLLM's prefix cache drawn as kvscope's block pool.
-
-vLLM's KV events name blocks by content hash only: no physical block index, no request,
-no reference count. So each hash is given a place in a pool of the server's size (its
-`num_gpu_blocks`), in the order vLLM stored them, and the blocks of requests sent through
-kvscope are found by their token ids: a block's key is (its parent's hash, its tokens),
-so walking a request's ids block by block from the root finds the blocks it holds.
-`ref` and `owners` therefore count only the requests kvscope sent (other clients' are
-invisible here). `hits` counts how often a request reused the block: kvscope's from the
-`cached_tokens` vLLM answered; another client's when vLLM publishes a block it already
-holds again, which it does only for requests sent with kv_cache_report_mode "full"."""
+"""vLLM's prefix cache drawn as kvscope's block pool. Its KV events name blocks by content hash
+only, so each hash gets a place in a pool of the server's size, in the order stored; kvscope's
+requests find their blocks by walking their token ids (a block's key: its parent's hash and its
+tokens), so `ref` and `owners` count only those. `hits`: a kvscope request's from vLLM's
+`cached_tokens`, another client's when vLLM republishes a block it holds (report mode "full")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,7 +22,12 @@ class Tracked:
 class AttachedPool:
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.clear()
+        self.blocks = [self._empty(i) for i in range(num_blocks)]
+        self.place: dict[object, int] = {}          # vLLM hash -> place in the pool
+        self.child: dict[tuple, object] = {}        # (parent hash, block tokens) -> hash
+        self.key_of: dict[object, tuple] = {}       # hash -> (parent hash, block tokens)
+        self.order: list[int] = []                  # places holding a hash, oldest first
+        self.free = list(range(num_blocks - 1, -1, -1))
         self.requests: dict[str, Tracked] = {}
         self.step = 0
         self.prefix_hits = self.evictions = 0
@@ -36,19 +35,10 @@ class AttachedPool:
         self._changed: set[int] = set()
         self._removed_tables: list[str] = []
 
-    def clear(self) -> None:
-        self.blocks = [self._empty(i) for i in range(self.num_blocks)]
-        self.place: dict[object, int] = {}          # vLLM hash -> place in the pool
-        self.child: dict[tuple, object] = {}        # (parent hash, block tokens) -> hash
-        self.key_of: dict[object, tuple] = {}       # hash -> (parent hash, block tokens)
-        self.order: list[int] = []                  # places holding a hash, oldest first
-        self.free = list(range(self.num_blocks - 1, -1, -1))
-
     @staticmethod
     def _empty(i: int) -> dict:
         return {"id": i, "ref": 0, "filled": 0, "hash": None, "owners": [], "text": None, "hits": 0}
 
-    # -- vLLM's events ------------------------------------------------------------------------
     def apply(self, batch: Batch) -> list[tuple[object, tuple[int, ...]]]:
         """Apply one batch; returns (hash, tokens) of the new blocks, to be labelled."""
         self.step = max(self.step, batch.seq)
@@ -84,9 +74,7 @@ class AttachedPool:
         return new
 
     def _reused(self, slot: int) -> None:
-        """vLLM published a block it already held: a request reused it (kv_cache_report_mode
-        "full"). A kvscope request's hits are counted when it finishes (hit()); another
-        client's only here."""
+        """vLLM republished a block it held (report mode "full"): another client's hit (kvscope's count in hit())."""
         if any(slot in r.table for r in self.requests.values()):
             return
         self.blocks[slot]["hits"] += 1
@@ -121,7 +109,6 @@ class AttachedPool:
             self.blocks[slot]["text"] = text
             self._changed.add(slot)
 
-    # -- kvscope's requests -------------------------------------------------------------------
     def track(self, rid: str, prompt_ids: list[int]) -> None:
         self.requests[rid] = Tracked(list(prompt_ids), len(prompt_ids))
         self._retable()
@@ -134,8 +121,7 @@ class AttachedPool:
             self._retable()
 
     def hit(self, rid: str, cached_tokens: int | None) -> int:
-        """vLLM reported `cached_tokens` for the request (None: it was not asked to, so the
-        blocks already cached when the request was sent stand in). Returns the blocks hit."""
+        """The request's blocks hit, from vLLM's `cached_tokens` (None: the blocks cached when it was sent)."""
         r = self.requests.get(rid)
         if r is None:
             return 0
@@ -180,7 +166,6 @@ class AttachedPool:
         self._changed.add(slot)
         self._events.append(event)
 
-    # -- kvscope's `kv` events ------------------------------------------------------------------
     def totals(self) -> dict:
         cached = sum(1 for b in self.blocks if b["hash"] is not None and b["ref"] == 0)
         used = sum(1 for b in self.blocks if b["ref"] > 0)

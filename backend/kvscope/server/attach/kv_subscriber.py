@@ -1,7 +1,4 @@
-"""A thread that reads vLLM's KV events from ZeroMQ: first what the publisher still buffers
-(its replay socket, so a late attach sees the blocks already cached), then the live stream,
-replaying again when a sequence number is skipped. `on_state` hears "live" once the publisher
-said anything, "silent" while its replay socket does not answer (a closed port, a firewall)."""
+"""A thread reading vLLM's KV events from ZeroMQ: the publisher's replay first, then the live stream."""
 from __future__ import annotations
 
 import logging
@@ -46,7 +43,7 @@ class KVSubscriber:
             self._replay(0)
             while not self._stop.is_set():
                 if sub.poll(POLL_MS):
-                    self._heard()
+                    self._set_state("live")
                     self._take(sub.recv_multipart())
                 elif self.state == "silent" and time.monotonic() - self._asked >= SILENT_RETRY_S:
                     self._replay(self.last_seq + 1)
@@ -65,21 +62,17 @@ class KVSubscriber:
                 return
         self._deliver(batch)
 
-    def _heard(self) -> None:
-        if self.state != "live":
-            self._set_state("live")
-
     def _set_state(self, state: str) -> None:
-        self.state = state
-        self.on_state(state)
+        if self.state != state:
+            self.state = state
+            self.on_state(state)
 
     def _deliver(self, batch: Batch) -> None:
         self.last_seq = batch.seq
         self.on_batch(batch)
 
     def _replay(self, start: int) -> None:
-        """Every buffered batch from `start` on (vLLM's ROUTER answers a DEALER with
-        [empty, topic, seq, payload] messages, then an end marker)."""
+        """Every buffered batch from `start` on: vLLM's ROUTER answers our DEALER, then sends an end marker."""
         if not self.source.replay_endpoint:
             return
         self._asked = time.monotonic()
@@ -91,7 +84,7 @@ class KVSubscriber:
             sock.send_multipart([b"", start.to_bytes(8, "big")])
             while not self._stop.is_set() and sock.poll(REPLAY_TIMEOUT_MS):
                 answered = True
-                self._heard()
+                self._set_state("live")
                 _empty, *frames = sock.recv_multipart()
                 batch = decode_frames(frames)
                 if batch is None:

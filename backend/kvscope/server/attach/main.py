@@ -1,5 +1,4 @@
-"""`kvscope serve --attach URL [URL ...] [--kv-events ENDPOINT]`: check every vLLM server,
-then serve the explainer drawing them. Bad input is one line on stderr and exit code 2."""
+"""`kvscope serve --attach URL ...`: check every vLLM server, then serve; bad input is one line, exit 2."""
 from __future__ import annotations
 
 import sys
@@ -8,9 +7,7 @@ from kvscope.server.attach.probe import AttachError, VllmServer, normalized_url,
 
 
 def probe_all(urls: list[str], kv_events: str | None) -> list[VllmServer]:
-    """Every server, or the one line saying why they cannot be drawn together: one model
-    and one block size (a block is the unit the pools, the hits and the router's prefix
-    scores count in, so pools of different block sizes are not drawn side by side)."""
+    """Every server, or why they cannot be drawn together: one model, one block size (pools count in blocks)."""
     seen = [normalized_url(u) for u in urls]
     if len(set(seen)) != len(seen):
         raise AttachError(f"--attach names the same server twice ({', '.join(seen)})")

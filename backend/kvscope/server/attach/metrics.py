@@ -1,5 +1,4 @@
-"""vLLM's Prometheus /metrics, read into the figures the pages show. Counters become rates
-between two polls; histograms give their mean over the last interval (sum/count deltas)."""
+"""vLLM's /metrics read into the pages' figures: counters as rates, histograms as interval means."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,13 +29,11 @@ class Sample:
 
 
 def parse(text: str, engine: str | None = None) -> Sample:
-    """Sum over label sets (one per engine/model), so a data-parallel server reads as one;
-    `engine` keeps one data-parallel rank's samples only (vLLM labels them engine="RANK")."""
+    """Summed over label sets; `engine` keeps one data-parallel rank's samples (vLLM's engine="RANK")."""
     values: dict[str, float] = {}
     hist: dict[str, tuple[float, float]] = {}
     cache_config: dict[str, str] = {}
-    names = {**GAUGES, **COUNTERS}
-    wanted = {v: k for k, v in names.items()}
+    wanted = {v: k for k, v in {**GAUGES, **COUNTERS}.items()}
     wanted_hist = {v: k for k, v in HISTOGRAMS.items()}
     wanted_life = {v: k for k, v in LIFETIMES.items()}
     lifetimes: dict[str, dict] = {}
@@ -58,8 +55,7 @@ def parse(text: str, engine: str | None = None) -> Sample:
 
 
 def histogram(samples, engine: str | None) -> dict:
-    """A histogram's buckets as counts per bucket (not cumulative): {"le": upper bounds,
-    "counts": per bucket, "count", "sum"}, summed over label sets."""
+    """Counts per bucket (not cumulative), with count and sum, summed over label sets."""
     cumulative: dict[float, float] = {}
     count = total = 0.0
     for s in samples:
@@ -83,8 +79,7 @@ def _ours(sample, engine: str | None) -> bool:
 
 
 def figures(now: Sample, before: Sample | None, interval_s: float) -> dict:
-    """What `engine.vllm` carries: the gauges, the counters' totals, the rates and the
-    latency means over the last interval (null when nothing finished in it)."""
+    """`engine.vllm`'s figures: gauges, totals, rates and latency means over the interval (null if none)."""
     v = now.values
     out = {"running": int(v.get("running", 0)), "waiting": int(v.get("waiting", 0)),
            "kv_usage": round(v.get("kv_usage", 0.0), 4)}

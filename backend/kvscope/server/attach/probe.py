@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import json
-import re
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
+from packaging.version import InvalidVersion, Version
 
 from kvscope.server.attach.metrics import parse
 
@@ -48,8 +49,7 @@ class VllmServer:
 
     @property
     def supports_full_kv_report(self) -> bool:
-        """SamplingParams.extra_args["kv_cache_report_mode"] = "full" (vLLM 0.32's v1/request.py):
-        the BlockStored events then name the prefix blocks a request reused, not only new ones."""
+        """vLLM 0.32's kv_cache_report_mode "full": BlockStored also names the prefix blocks a request reused."""
         return version_tuple(self.version) >= (0, 32)
 
 
@@ -78,17 +78,17 @@ def probe(url: str, kv_events: str | None = None, timeout: float = PROBE_TIMEOUT
             sources = {}
         scheduler, device = server_info(http)
     source = event_sources(sources, kv_events, urlsplit(url).hostname)
+    kv_bytes = config.get("kv_cache_memory_bytes", "")   # "None" unless vLLM was given a byte budget
     return VllmServer(url=url, version=version, model=models[0]["id"],
                       max_model_len=int(models[0].get("max_model_len") or 0),
                       block_size=int(config.get("block_size", 0)), num_blocks=int(config.get("num_gpu_blocks", 0)),
                       enable_prefix_caching=config.get("enable_prefix_caching") == "True",
-                      kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")), kv_events=source,
+                      kv_cache_bytes=int(kv_bytes) if kv_bytes.isdigit() else 0, kv_events=source,
                       scheduler=scheduler, device=device)
 
 
 def server_info(http: httpx.Client) -> tuple[dict[str, int], str | None]:
-    """The scheduler's caps and the device, from /server_info: vLLM serves it only in its
-    development mode (VLLM_SERVER_DEV_MODE=1); elsewhere they are not reported ({}, None)."""
+    """The scheduler's caps and the device from /server_info (vLLM's dev mode only; else {}, None)."""
     try:
         r = http.get("/server_info", params={"config_format": "json"})
         config = r.json().get("vllm_config") if r.status_code == 200 else None
@@ -104,13 +104,10 @@ def server_info(http: httpx.Client) -> tuple[dict[str, int], str | None]:
 
 def version_tuple(version: str) -> tuple[int, ...]:
     """"0.32.0rc1+cpu" -> (0, 32, 0); what cannot be read counts as (0,)."""
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = re.match(r"\d+", piece)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts) or (0,)
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return (0,)
 
 
 def _get(http: httpx.Client, path: str, url: str) -> httpx.Response:
@@ -133,13 +130,6 @@ def _json(http: httpx.Client, path: str, url: str) -> dict:
     return value
 
 
-def _int(text: str | None) -> int:
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return 0
-
-
 def is_bind_endpoint(endpoint: str) -> bool:
     """vLLM's rule (ZmqEventPublisher): it binds wildcard and ipc/inproc endpoints, connects to the rest."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
@@ -154,8 +144,7 @@ def reachable(endpoint: str | None, host: str) -> str | None:
 
 
 def event_sources(sources: dict, override: str | None, host: str) -> list[KVEventSource]:
-    """Every data-parallel rank's publisher from /kv_event_sources (keyed by rank; vLLM has
-    already offset each rank's ports), rank 0 first; --kv-events replaces rank 0's address."""
+    """Each data-parallel rank's publisher, rank 0 first; --kv-events replaces rank 0's address."""
     ranks = sorted(sources.items(), key=lambda kv: int(kv[0])) if sources else []
     configs = [config for _rank, config in ranks if isinstance(config, dict)]
     if not configs and override is None:
@@ -172,8 +161,7 @@ def event_sources(sources: dict, override: str | None, host: str) -> list[KVEven
 
 
 def local_model_facts(model: str, block_size: int) -> dict | None:
-    """hello.model from the checkpoint's config.json and safetensors headers, when vLLM's
-    model is a folder this machine can read (None otherwise: only the name is known)."""
+    """hello.model from the checkpoint's config and safetensors headers, when this machine can read them."""
     from kvscope.models.loader import ModelConfig, ModelConfigError
     path = Path(model)
     try:
@@ -201,11 +189,7 @@ def safetensors_size(path: Path) -> tuple[int, int]:
         with f.open("rb") as fh:
             header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
         for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in t["shape"]:
-                n *= d
-            params += n
-            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
+            if name != "__metadata__":
+                params += math.prod(t["shape"])
+                nbytes += t["data_offsets"][1] - t["data_offsets"][0]
     return params, nbytes

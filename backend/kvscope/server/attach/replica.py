@@ -1,6 +1,4 @@
-"""One attached vLLM server (a replica) and its pools, one per data-parallel rank (each its own
-scheduler, blocks and KV-event publisher), numbered across servers in order: the `pool` of
-every `kv` event and of hello.deployment.pools."""
+"""One attached vLLM server and its pools, one per data-parallel rank, numbered across servers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,10 +27,6 @@ class RankPool:
     subscriber: KVSubscriber | None = None
     events: str = "off"               # off (no KV events configured), waiting, live, silent
     figures: dict = field(default_factory=dict)   # this rank's share of the server's /metrics
-
-    def __post_init__(self):
-        if self.source is not None:
-            self.events = "waiting"
 
     @property
     def name(self) -> str:
@@ -73,11 +67,8 @@ class Replica:
         self.connected = True
         self.sample = None        # the last /metrics scrape, per rank ({rank: Sample})
         self.sample_t = 0.0
-        self.pools = self.make_pools(first_pool)
-
-    def make_pools(self, first: int) -> list[RankPool]:
-        sources = self.server.kv_events or [None]
-        return [RankPool(first + rank, self, rank, source) for rank, source in enumerate(sources)]
+        self.pools = [RankPool(first_pool + rank, self, rank, source, events="waiting" if source else "off")
+                      for rank, source in enumerate(server.kv_events or [None])]
 
     def describe(self) -> dict:
         """This server in hello.deployment.servers."""

@@ -1,5 +1,4 @@
-"""One learner's prompt sent to vLLM and told back as the `request.*` events our own engine's
-requests have, measured at the client side of vLLM's API."""
+"""A learner's prompt sent to vLLM, told back as our `request.*` events, timed at the client side."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +10,7 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 async def run_request(service, target, rid: str, ids: list[int], params, source: str, label, extra: dict) -> None:
-    """Stream one completion to `target` (a RankPool); every outcome ends in exactly one
-    `request.finished`, a server that dies mid-request included."""
+    """Stream one completion to `target`; every outcome, a dead server's too, ends in one request.finished."""
     clock, pool, replica, p = service.clock, target.mirror, target.replica, params
     service.publish([{"type": "request.added", "ts": clock(), "request_id": rid, "source": source,
                       "owner": label.owner, "prompt": label.prompt[:300] if label.prompt is not None else None,

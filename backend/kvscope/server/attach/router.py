@@ -1,21 +1,7 @@
-"""Where a learner's prompt goes when kvscope is attached to several pools (servers, or the
-data-parallel ranks of one): the explainer's demonstration of what a cache-aware router
-decides. Three policies, the instructor's pick:
-
-- round_robin: the next pool in turn;
-- least_loaded: the pool with the fewest requests running and waiting (vLLM's /metrics,
-  or those kvscope sent and has not heard back about, whichever is more);
-- prefix: the pool holding the longest cached prefix of the prompt, scored as llm-d's
-  KV-cache-aware scorer does (llm-d-kv-cache-manager, pkg/kvcache/kvblock_scorer.go,
-  `LongestPrefixScorer`): a pool scores the number of the prompt's blocks it holds
-  consecutively from the first block on; the first block it lacks ends its count. Ties go
-  to the least loaded pool (llm-d adds a load scorer's weight to the same end).
-
-Pools still tied are taken in turn, so prompts nobody has cached spread over the pools
-instead of all landing on the first.
-
-The scores come from the KV events alone (each pool's mirror), so they are exactly what a
-router subscribed to the same events would know."""
+"""Where a learner's prompt goes among several attached pools, by the instructor's policy:
+round_robin, least_loaded (running and waiting) or prefix (llm-d's `LongestPrefixScorer`: the
+prompt's blocks a pool holds from the first on, ties to the least loaded); pools still tied take
+turns. The scores come from the KV events alone, as a router subscribed to them would know."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,4 @@
-"""The attached server as ws.py and commands.py see it: EngineService's surface backed by vLLM
-servers; what needs kvscope's own engine is refused with a sentence saying so."""
+"""EngineService's surface backed by vLLM servers; what needs our engine is refused with a sentence."""
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +56,6 @@ class AttachService(ClassService):
         self.handlers = {**HANDLERS, **{kind: self._refuse for kind in NEEDS_ENGINE},
                          "route_policy": self._route_policy}
 
-    # -- the deployment ------------------------------------------------------------------
     @property
     def pools(self) -> list[RankPool]:
         return [p for r in self.replicas for p in r.pools]
@@ -80,7 +78,6 @@ class AttachService(ClassService):
         """The whole deployment's figures: every server's /metrics summed."""
         return sum_figures([p.figures for p in self.pools])
 
-    # -- facts ---------------------------------------------------------------------------
     def _hello(self) -> dict:
         s = self.server
         local = local_model_facts(s.model, s.block_size)
@@ -143,7 +140,6 @@ class AttachService(ClassService):
         return "; ".join(f"{p.name}: {p.events_note(KV_EVENTS_HINT)}" if len(self.pools) > 1 else p.events_note(KV_EVENTS_HINT)
                          for p in self.pools)
 
-    # -- life cycle ----------------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.hub.loop = self._loop
@@ -213,9 +209,7 @@ class AttachService(ClassService):
         return {p.rank: parse(r.text, engine=str(p.rank) if dp else None) for p in replica.pools}
 
     async def _poll(self, replica: Replica) -> None:
-        """Scrape one server's /metrics once a second; notice it going away (DOWN_AFTER
-        failed scrapes in a row, so one slow answer on a busy server is not a disconnect)
-        and coming back. Each server is polled on its own, so one gone leaves the rest drawn."""
+        """Scrape one server's /metrics every POLL_S; DOWN_AFTER misses in a row mean it went away."""
         failures = 0
         while True:
             await asyncio.sleep(POLL_S)
@@ -234,8 +228,7 @@ class AttachService(ClassService):
                 self.hub.broadcast(self.engine_state("step"))
 
     def _take_samples(self, replica: Replica, samples: dict) -> bool:
-        """The ranks' figures from a scrape, and the deltas credited to the router's policy;
-        True when anything a page shows changed."""
+        """The ranks' figures and the policy's deltas from a scrape; True when a page would change."""
         now = time.perf_counter()
         before = replica.sample or {}
         changed = False
@@ -253,9 +246,7 @@ class AttachService(ClassService):
         return changed
 
     async def _reconnect(self, replica: Replica, samples: dict) -> bool:
-        """The server answers again: the same process after a blip keeps its pools (the
-        subscribers fetch what they missed); a restarted one (its counters went back, or
-        its KV events moved) starts from empty pools."""
+        """The server is back: after a blip its pools stay; restarted (counters went back, events moved), empty."""
         try:
             override = self.kv_events_override if replica.index == 0 else None
             server = await self.off_loop(probe, replica.server.url, override)
@@ -274,10 +265,8 @@ class AttachService(ClassService):
         self.hub.broadcast(self.engine_state("reset" if restarted else "step"))
         return True
 
-    # -- the router ----------------------------------------------------------------------
     def route(self, ids: list[int]) -> tuple[RankPool | None, dict]:
-        """The pool a prompt goes to under the current policy, and the `route` event telling
-        why: each pool's matched prefix (llm-d's longest-prefix score), its load, the choice."""
+        """The pool for a prompt under the policy, and the `route` event (each pool's prefix and load)."""
         candidates = []
         for pool in self.pools:
             matched = len(pool.mirror.walk(ids)) if pool.mirror is not None else 0
@@ -293,8 +282,7 @@ class AttachService(ClassService):
         return (self.pools[choice] if choice is not None else None), event
 
     async def _route_policy(self, session, msg: dict) -> None:
-        """The instructor picks the router's policy; what the servers report from now on
-        counts for it (the last scrape under the old one is taken first)."""
+        """The instructor's router policy; the last scrape under the old one counts for the old one."""
         policy = msg.get("policy")
         if policy not in POLICIES:
             raise CommandError("invalid_field", f"policy: one of {', '.join(POLICIES)}")
@@ -303,20 +291,16 @@ class AttachService(ClassService):
             if samples is not None:
                 self._take_samples(replica, samples)
         self.router.policy = policy
-        self.hub.broadcast(self.engine_state("knobs"))
-        session.ack(msg, policy=policy)
+        session.ack(msg, announce="knobs", policy=policy)
 
     def policy_figures(self) -> dict:
         """Per policy: what the servers reported while it routed (hit rate, mean TTFT)."""
-        out = {}
-        for policy, t in self.policy_totals.items():
-            out[policy] = {"requests": int(t["requests"]), "prefix_cache_hits": int(t["hits"]),
-                           "prefix_cache_queries": int(t["queries"]),
-                           "hit_rate": round(t["hits"] / t["queries"], 4) if t["queries"] else None,
-                           "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
-        return out
+        return {policy: {"requests": int(t["requests"]), "prefix_cache_hits": int(t["hits"]),
+                         "prefix_cache_queries": int(t["queries"]),
+                         "hit_rate": round(t["hits"] / t["queries"], 4) if t["queries"] else None,
+                         "ttft_s": round(t["ttft_sum"] / t["requests"], 5) if t["requests"] else None}
+                for policy, t in self.policy_totals.items()}
 
-    # -- what commands.py calls ----------------------------------------------------------
     async def _refuse(self, session, msg: dict) -> None:
         raise self._needs_engine(repr(msg["type"]))
 
@@ -337,12 +321,8 @@ class AttachService(ClassService):
     async def compile_grammar(self, constraint) -> None:
         raise self._needs_engine("structured outputs from these pages")
 
-    def touch_hold(self, rid: str, held: bool) -> None:
-        raise self._needs_engine("holding a request")
-
     def completion_params(self, params) -> dict:
-        """vLLM's fields for kvscope's SamplingParams; where the server can, it is asked to
-        publish the prefix blocks each request reused (so the pool draws their hits)."""
+        """vLLM's fields for our SamplingParams, asking (where it can) for reused blocks to be published."""
         extra = {"vllm_xargs": {"kv_cache_report_mode": "full"}} if self.server.supports_full_kv_report else {}
         return {**completion_params(params), **extra}
 
@@ -363,8 +343,7 @@ class AttachService(ClassService):
 
     async def submit(self, rid, ids, params, source, label, watch=None, pace_s=0.0,
                      prefill_chunk_tokens=None, cache_salt=None, *engine_only) -> Submitted:
-        """EngineService.submit's arguments; vLLM takes the cache salt too, the rest of what
-        steers kvscope's scheduler (`engine_only`: options added there later) is refused."""
+        """EngineService.submit's arguments: the cache salt goes to vLLM, what steers our scheduler is refused."""
         if label.held or pace_s or watch or prefill_chunk_tokens or any(x is not None for x in engine_only):
             return Submitted(rid, len(ids), "holding, pacing, watching or chunking a request needs kvscope's own "
                                             "engine; attached to vLLM a prompt runs as vLLM schedules it")
@@ -399,8 +378,7 @@ class AttachService(ClassService):
         return self._synthetic_ids
 
     async def run_sweep_request(self, rid: str, ids: list[int], params: SamplingParams, label: RequestLabel) -> None:
-        """One request of a sweep, routed as a learner's would be; every request ends in one
-        request.finished, an error included, so the page's sweep always completes."""
+        """One sweep request, routed as a learner's; it always ends in request.finished, so the sweep completes."""
         target, _decision = self.route(ids)
         if target is None:
             target = self.pools[0]   # the request then ends with the server's own error line
@@ -411,8 +389,7 @@ POLICY_ZERO = {"hits": 0.0, "queries": 0.0, "ttft_sum": 0.0, "requests": 0.0}
 
 
 def policy_deltas(now: Sample, before: Sample) -> dict[str, float]:
-    """What one rank reported between two scrapes: prefix-cache hits and queries (tokens),
-    TTFT sum and count (requests that got a first token)."""
+    """One rank's prefix-cache hits and queries, TTFT sum and count between two scrapes."""
     ttft, p_ttft = now.hist.get("ttft_s", (0.0, 0.0)), before.hist.get("ttft_s", (0.0, 0.0))
     return {"hits": max(0.0, now.values.get("prefix_cache_hits", 0) - before.values.get("prefix_cache_hits", 0)),
             "queries": max(0.0, now.values.get("prefix_cache_queries", 0) - before.values.get("prefix_cache_queries", 0)),
@@ -420,8 +397,7 @@ def policy_deltas(now: Sample, before: Sample) -> dict[str, float]:
 
 
 def sum_figures(per_pool: list[dict]) -> dict:
-    """The deployment's figures from its pools': counts and rates add; the hit rate is
-    recomputed from the summed counters; a latency is the mean of the pools that have one."""
+    """The deployment's figures: counts add, the hit rate from the summed counters, latencies the mean."""
     per_pool = [f for f in per_pool if f]
     if not per_pool:
         return {}
@@ -449,8 +425,7 @@ MODEL_FIELDS = ("architecture", "num_layers", "hidden_size", "num_heads", "num_k
 
 
 def unreported(server: VllmServer, model_known: bool) -> list[str]:
-    """hello keys the attached server does not report (filled with 0 or a stand-in to keep
-    the event's shape): a page shows them as not reported instead of stating the stand-in."""
+    """hello keys vLLM does not report (a stand-in keeps the shape; the page says 'not reported')."""
     keys = ["device.total_memory_bytes", "device.peak_bandwidth_bytes_per_s", "device.peak_flops",
             "engine.tensor_parallel_size"]
     if server.device not in ("cpu", "cuda"):

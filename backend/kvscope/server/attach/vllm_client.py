@@ -1,5 +1,4 @@
-"""The few HTTP calls kvscope makes to an attached vLLM server: tokenize, detokenize and a
-streamed completion."""
+"""The HTTP calls kvscope makes to an attached vLLM server."""
 from __future__ import annotations
 
 import json
@@ -32,9 +31,7 @@ class VllmClient:
 
     async def stream(self, prompt_ids: list[int], params: dict, request_id: str,
                      headers: dict | None = None) -> AsyncIterator[dict]:
-        """The server-sent chunks of /v1/completions for a token-id prompt, each as a dict;
-        the last one carries `usage` (with `prompt_tokens_details.cached_tokens` when vLLM
-        runs with --enable-prompt-tokens-details)."""
+        """/v1/completions' chunks for a token-id prompt; the last carries `usage` (with cached tokens)."""
         body = {"model": self.model, "prompt": prompt_ids, "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True}, **params}
         async with self.http.stream("POST", "/v1/completions", json=body,

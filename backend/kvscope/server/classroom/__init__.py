@@ -1,3 +1,1 @@
-"""Serving a class: one engine's events fanned out to every page, its SSE followers and the
-recording (hub, viewer, stream_state), who may do what and how often (policy, ratelimit), a
-private block manager per page (sandbox)."""
+"""Serving a class: fan-out, viewers, policy and limits, sandboxes, sweeps (docs/server.md)."""

@@ -1,7 +1,4 @@
-"""The server's one policy, shared by the WebSocket, the REST routes and the OpenAI API:
-who is an instructor, what a prompt may be (characters, tokens, one form), how large the
-numbers in a request may be, and how often a caller may ask. Every refusal names the
-limit and the `kvscope serve` flag that sets it."""
+"""The one policy for every way in: who instructs, what prompts and numbers may be, how often; refusals name flags."""
 from __future__ import annotations
 
 import ipaddress
@@ -34,18 +31,6 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def check_text(text: str, what: str, max_chars: int | None) -> None:
-    """Characters before tokens: a length the tokenizer never sees, and no lone surrogate."""
-    if max_chars is not None and len(text) > max_chars:
-        raise CommandError("prompt_too_long", f"{what} has {len(text)} characters; without the instructor token "
-                                              f"it may have at most {max_chars} (kvscope serve --learner-max-prompt-chars)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CommandError("invalid_field", f"{what}: character {exc.start} is a lone surrogate "
-                                            f"({text[exc.start]!a}), not valid Unicode text") from None
-
-
 def message_texts(messages: list[dict]) -> list[str]:
     texts = []
     for m in messages:
@@ -61,22 +46,19 @@ def one_prompt_form(body: dict) -> str:
     return forms[0]
 
 
-def check_number(name: str, value, low: float, high: float) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
-        raise CommandError("invalid_field", f"{name}: {value!r} is out of range; it must be between {low:g} and {high:g}")
-
-
 def check_sampling_numbers(raw: dict, prefix: str = "") -> None:
     """Bounds on the numbers that reach tensors and generators, whatever the route's schema says."""
     for name, low, high in (("top_k", -1, MAX_TOP_K), ("seed", 0, MAX_SEED), ("n", 1, MAX_N),
                             ("temperature", 0, MAX_TEMPERATURE), ("top_p", 0, 1), ("min_p", 0, 1),
                             ("max_tokens", 1, 1 << 31), ("max_completion_tokens", 1, 1 << 31),
                             ("logprobs", 0, 20), ("top_logprobs", 0, 20)):
-        if name in raw and not (name == "logprobs" and isinstance(raw[name], bool)):
-            check_number(prefix + name, raw[name], low, high)
+        value = raw.get(name)
+        if value is None or (name == "logprobs" and isinstance(value, bool)):   # chat's logprobs is a switch
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+            raise CommandError("invalid_field", f"{prefix}{name}: {value!r} is out of range; "
+                                                f"it must be between {low:g} and {high:g}")
 
 
 def learner_id(raw: str | None) -> str | None:
@@ -110,7 +92,16 @@ class Policy:
         return self.config.limits
 
     def check_prompt_text(self, text: str, instructor: bool, what: str = "the prompt") -> None:
-        check_text(text, what, None if instructor else self.limits.max_prompt_chars)
+        """Characters before tokens: a length the tokenizer never sees, and no lone surrogate."""
+        if not instructor and len(text) > self.limits.max_prompt_chars:
+            raise CommandError("prompt_too_long", f"{what} has {len(text)} characters; without the instructor token it "
+                                                  f"may have at most {self.limits.max_prompt_chars} "
+                                                  f"(kvscope serve --learner-max-prompt-chars)")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise CommandError("invalid_field", f"{what}: character {exc.start} is a lone surrogate "
+                                                f"({text[exc.start]!a}), not valid Unicode text") from None
 
     def check_prompt_tokens(self, ids: list[int], instructor: bool) -> None:
         if not instructor and len(ids) > self.limits.max_prompt_tokens:
@@ -121,7 +112,6 @@ class Policy:
     def max_tokens(self, instructor: bool, engine_max: int) -> int:
         return engine_max if instructor else self.limits.max_tokens
 
-    # -- REST and OpenAI callers ---------------------------------------------------------
     def rest_caller(self, headers, client_host: str | None, learner: str | None = None) -> tuple[bool, str | None]:
         """(instructor?, the key of the caller's rate bucket, None when not limited)."""
         if is_token(headers.get("authorization", "").removeprefix("Bearer ").strip(), self.config):
@@ -132,8 +122,7 @@ class Policy:
         return False, f"learner:{learner}" if learner else f"addr:{client_host}"
 
     def admit_rest(self, key: str | None, cost: int = 1) -> None:
-        """One bucket per caller for /api and /v1 together, and one for the class (learner ids
-        are the browser's choice, the class's bucket is not); a call with k prompts costs k."""
+        """One bucket per caller for /api and /v1, and one for the class; a call with k prompts costs k."""
         if key is None:
             return
         rate, class_rate = self.config.rest_requests_per_minute, self.config.rest_class_requests_per_minute

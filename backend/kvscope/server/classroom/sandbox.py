@@ -1,8 +1,4 @@
-"""A private, tiny block manager per viewer: the real `BlockManager`, poked by hand.
-
-Every token a sandbox sequence gets is "computed" at once, so its full blocks are hashed
-and a later allocation that starts with the same tokens hits the prefix cache, exactly as
-in the engine. Token ids are made up: fresh ones are unique, copied ones are shared."""
+"""A page's own tiny `BlockManager`, poked by hand with made-up token ids, every token computed at once."""
 from __future__ import annotations
 
 import itertools
@@ -29,7 +25,6 @@ class Sandbox:
         self._tokens = itertools.count(1)
         self.last: dict | None = None
 
-    # -- operations --------------------------------------------------------------------
     def apply(self, cmd: dict) -> None:
         op = cmd["op"]
         if op == "reset":
@@ -77,8 +72,7 @@ class Sandbox:
                      "copied_blocks": copied}
 
     def fork(self, name: str, new_name: str) -> None:
-        """Share every block of `name`, the partly filled last one too: it is copied only
-        when one of them first appends to it (copy-on-write)."""
+        """Share every block, the partly filled last one too: copied when one of them first appends (copy-on-write)."""
         parent = self._get(name)
         child = Sequence(list(parent.token_ids), PARAMS, request_id=new_name)
         self.bm.fork(parent, child)
@@ -92,7 +86,6 @@ class Sandbox:
         del self.seqs[name]
         self.last = {"op": "free", "seq": name, "freed_blocks": freed}
 
-    # -- helpers -----------------------------------------------------------------------
     def _prefill(self, seq: Sequence, hits: list[int]) -> None:
         if not self.bm.can_allocate(hits, seq.num_tokens):
             needed = self.bm.blocks_for(seq.num_tokens) - len(hits)
@@ -129,7 +122,6 @@ class Sandbox:
             raise CommandError("invalid_field", f"{key}: required for sandbox op {cmd['op']!r}")
         return cmd[key]
 
-    # -- the reply ---------------------------------------------------------------------
     def state(self) -> dict:
         bm, bs = self.bm, self.bm.block_size
         owners: dict[int, dict[str, int]] = {}

@@ -1,6 +1,4 @@
-"""The state a late joiner needs, mirrored from the event stream on the event loop (the KV
-pool, the latest memory figures, the requests in flight and their owners), so snapshots
-never touch the engine thread."""
+"""What a late joiner needs, mirrored from the event stream, so snapshots never touch the engine thread."""
 from __future__ import annotations
 
 from kvscope.instrumentation.encode import dumps
@@ -93,11 +91,6 @@ class StreamState:
             r["held"] = held
             if held or r["status"] == "held":
                 r["status"] = "held" if held else "running"
-
-    @property
-    def kv(self) -> KVMirror:
-        """The first pool (kvscope's own engine has only this one)."""
-        return self.kvs.get(0) or KVMirror()
 
     def snapshot_texts(self, kind: str) -> list[str]:
         if kind == "kv":

@@ -1,6 +1,4 @@
-"""A learner's throughput sweep (chapter 20): rising levels of requests in flight, one job.
-How it counts against the class's limits and how a level runs are decided here once, for
-both services; each says how it tokenizes and runs one request."""
+"""A throughput sweep (chapter 20): how it counts against the limits and runs, once for both services."""
 from __future__ import annotations
 
 import asyncio
@@ -30,18 +28,15 @@ def sweep_requests(level: int) -> int:
 
 @dataclass
 class Sweep:
-    """A measured sweep in progress. A learner's counts once against their in-flight limit,
-    and its top level stays reserved in the learners' share from its start to its end."""
+    """A sweep in progress: one request of its learner's limit, its top level reserved in the learners' share."""
     owner: str
     top: int
     request_ids: set[str] = field(default_factory=set)
 
 
 class SweepAccounts:
-    """The sweeps in progress and the in-flight counts the learner limits read."""
-
-    def __init__(self):
-        self.sweeps: dict[str, Sweep] = {}       # by owner: one sweep per viewer at a time
+    """The sweeps in progress (`sweeps`, by owner) and the in-flight counts the learner limits read."""
+    sweeps: dict[str, Sweep]
 
     @property
     def sweep_cap(self) -> int:
@@ -63,8 +58,7 @@ class SweepAccounts:
         return len(viewer.active) if sweep is None else len(viewer.active - sweep.request_ids) + 1
 
     async def sweep(self, sweep: Sweep, levels: list[int], max_tokens: int) -> None:
-        """Throughput runs at rising concurrency, one level after the other (`sweep_requests`
-        each), a short pause between levels. Registered in `sweeps` by the caller, until done."""
+        """The levels one after the other, a short pause between; the caller registered it in `sweeps`."""
         try:
             for i, level in enumerate(levels):
                 if sweep.owner not in self.hub.viewers:
@@ -76,8 +70,7 @@ class SweepAccounts:
             self.sweeps.pop(sweep.owner, None)
 
     async def measure(self, sweep: Sweep, concurrency: int, total: int, max_tokens: int) -> None:
-        """One level: `concurrency` requests in flight, the next added the moment one finishes,
-        owned by the sweep's owner, so its page gets their events (none added once it left)."""
+        """One level: `concurrency` requests in flight, the next added as one finishes, none once the owner left."""
         prompt_ids = await self.sweep_prompt_ids()
         numbers = iter(range(total))
 

@@ -1,10 +1,5 @@
-"""One connected page: what it subscribed to, what it watches, and its outgoing queue.
-
-The queue is bounded for display events: when a viewer falls behind, pending `kv` deltas
-collapse into one fresh snapshot, pending `memory` into the latest, and the rest is
-dropped (and counted). Essential events (replies, errors, its own requests' tokens) are
-never dropped; a viewer whose queue of those outgrows `max_pending_bytes` (a peer that
-does not read) is disconnected with code 1013."""
+"""One connected page: its subscriptions and its outgoing queue, where display events coalesce when it falls
+behind and essential ones never drop; a page that does not read is closed (1013)."""
 from __future__ import annotations
 
 import asyncio
@@ -41,17 +36,13 @@ class Filter:
         return not (self.layers is not None and event["type"] == "attention" and event["layer"] not in self.layers)
 
     def as_dict(self) -> dict:
-        out = {}
-        for key, value in (("request_id", self.request_ids), ("layer", self.layers), ("head", self.heads)):
-            if value is not None:
-                out[key] = sorted(value)
-        return out
+        named = {"request_id": self.request_ids, "layer": self.layers, "head": self.heads}
+        return {key: sorted(value) for key, value in named.items() if value is not None}
 
 
 @dataclass
 class Chunk:
-    """Serialised events: JSON texts comma-joined, or one binary frame (bytes, sent as a
-    frame of its own); `kv`/`memory` count the coalescible ones inside."""
+    """Serialised events: comma-joined JSON texts or one binary frame; `kv`/`memory` count coalescible ones."""
     text: str | bytes
     count: int
     essential: bool
@@ -95,7 +86,6 @@ class Viewer:
     def is_instructor(self) -> bool:
         return self.role == "instructor"
 
-    # -- subscriptions -----------------------------------------------------------------
     def subscribe(self, families: list[str], flt: Filter) -> None:
         for f in families:
             self.families[f] = flt
@@ -110,7 +100,6 @@ class Viewer:
         self.signature = tuple(sorted(f for f, flt in self.families.items() if flt.is_open))
         self.filtered = any(not flt.is_open for flt in self.families.values())
 
-    # -- outgoing queue ----------------------------------------------------------------
     def offer(self, chunk: Chunk) -> int:
         """Queue a chunk; returns display events dropped to make room."""
         if self.overflowed:   # closing: nothing more is queued for it
@@ -149,8 +138,7 @@ class Viewer:
         return dropped
 
     def take_frame(self, snapshots) -> tuple[str | bytes | None, bool]:
-        """One frame of about max_frame_out_bytes at most (or one binary frame), and whether it
-        held essential events; `snapshots(kind)` gives fresh `kv`/`memory` texts."""
+        """One frame up to about max_frame_out_bytes (a binary one alone) and whether it held essential events."""
         texts, count, essential, size = [], 0, False, 0
         for kind, needed in (("kv", self.need_kv), ("memory", self.need_memory)):
             if needed:

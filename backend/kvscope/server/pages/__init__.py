@@ -1,6 +1,4 @@
-"""The explainer's pages (home, chapters, glossary), rendered from `content/` with no engine or
-web-framework import (only routes.py, not imported here, needs FastAPI), so `kvscope
-export-site` and the tests need no server."""
+"""The explainer's pages from `content/`, with no engine or FastAPI (only routes.py needs it)."""
 from kvscope.server.pages.content import (PARTS, Chapter, ContentError, Glossary, Term, content_dir,
                                        frontend_dir, load_chapters, load_glossary)
 from kvscope.server.pages.markdown import RenderError, make_markdown, render_markdown

@@ -1,6 +1,4 @@
-"""The chapters and the glossary as data: read from `content/` (see docs/authoring.md).
-
-Plain files in, plain dataclasses out; no web framework and no engine imports here."""
+"""The chapters and the glossary read from `content/` as plain dataclasses (docs/authoring.md)."""
 from __future__ import annotations
 
 import os
@@ -133,11 +131,5 @@ def load_chapters(directory: Path) -> list[Chapter]:
 
 def signature(directory: Path) -> tuple:
     """Changes whenever a content file changes; rendered pages are cached against it."""
-    stamps = []
-    for sub in (directory, directory / "glossary"):
-        if sub.is_dir():
-            for entry in os.scandir(sub):
-                if entry.is_file():
-                    stat = entry.stat()
-                    stamps.append((entry.name, stat.st_mtime_ns, stat.st_size))
-    return tuple(sorted(stamps))
+    stats = [(p.name, p.stat()) for sub in (directory, directory / "glossary") for p in sub.glob("*") if p.is_file()]
+    return tuple(sorted((name, stat.st_mtime_ns, stat.st_size) for name, stat in stats))

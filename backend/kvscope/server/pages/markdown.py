@@ -1,7 +1,4 @@
-"""Chapter Markdown → HTML: CommonMark (markdown-it-py, inline HTML allowed) plus the kvscope
-marks of docs/authoring.md (`[[term]]`, ```quiz, a widget or a figure alone on its line,
-`<kv-value>`); a mark that breaks the contract raises RenderError. Figures are inlined SVG,
-so the theme's CSS variables and dark mode reach them."""
+"""Chapter Markdown to HTML: CommonMark plus docs/authoring.md's marks; a broken mark raises RenderError."""
 from __future__ import annotations
 
 import hashlib
@@ -16,24 +13,16 @@ from markdown_it.rules_block import StateBlock
 from markdown_it.rules_inline import StateInline
 from mdit_py_plugins.anchors import anchors_plugin
 
+from kvscope.instrumentation.schema import DEVICE, ENGINE, MODEL
 from kvscope.server.pages.content import Glossary, frontend_dir
 
 # A widget exists when its file does: frontend/js/widgets/kv-<name>.js defines <kv-<name>>.
 WIDGET_TAGS = frozenset(path.stem for path in (frontend_dir() / "js" / "widgets").glob("kv-*.js"))
 VALUE_FORMATS = frozenset({"int", "bytes", "float", "text", "seconds", "si"})
-VALUE_KEYS = frozenset(
-    [f"model.{k}" for k in (
-        "name", "architecture", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-        "intermediate_size", "vocab_size", "max_position_embeddings", "rope_theta", "num_params",
-        "dtype", "dtype_bytes", "weight_bytes", "kv_bytes_per_token", "tie_word_embeddings")]
-    + [f"device.{k}" for k in ("type", "name", "total_memory_bytes", "peak_bandwidth_bytes_per_s", "peak_flops")]
-    + [f"engine.{k}" for k in (
-        "block_size", "num_blocks", "kv_cache_bytes", "max_num_batched_tokens", "max_num_seqs",
-        "max_model_len", "enable_prefix_caching", "attention_backend", "decode")]
-    # Computed by <kv-value> from the keys above (frontend/js/kv-value.js).
-    + ["derived.min_decode_step_s", "derived.ridge_flops_per_byte", "derived.weight_bytes_int8",
-       "derived.weight_bytes_int4"]
-)
+# hello's keys a chapter may show (<kv-value key=...>), and what frontend/js/kv-value.js derives from them
+VALUE_KEYS = frozenset([f"{name}.{key}" for name, part in (("model", MODEL), ("device", DEVICE), ("engine", ENGINE))
+                        for key in part["required"]] + ["engine.decode", "derived.min_decode_step_s",
+                       "derived.ridge_flops_per_byte", "derived.weight_bytes_int8", "derived.weight_bytes_int4"])
 FIGURE_LINE = re.compile(r"^!\[([^\]]+)\]\(figures/([a-z0-9-]+)\.svg\)\s*$")
 WIDGET_LINE = re.compile(r"^<(kv-[a-z][a-z0-9-]*)((?:\s[^<>]*)?)>\s*</\1>\s*$")
 KV_VALUE = re.compile(r"<kv-value\b([^>]*)>")
@@ -57,8 +46,6 @@ class RenderContext:
         self.next_id += 1
         return f"{prefix}-{self.next_id}"
 
-
-# -- [[term]] --------------------------------------------------------------------------
 
 def _glossary_rule(state: StateInline, silent: bool) -> bool:
     src, pos = state.src, state.pos
@@ -94,11 +81,8 @@ def _render_term(self, tokens, idx, options, env) -> str:
             f'<strong>{escape(term.term)}</strong> {escape(term.short)}</span></kv-term>')
 
 
-# -- widgets and figures on a line of their own -------------------------------------------
-
 def line_rule(pattern: re.Pattern, token_type: str, meta):
-    """A block rule for a line matching `pattern` alone: one `token_type` token with
-    meta(match), or no match when meta gives None."""
+    """A block rule: a line matching `pattern` alone is one `token_type` token with meta(match), unless None."""
     def rule(state: StateBlock, start_line: int, end_line: int, silent: bool) -> bool:
         if state.sCount[start_line] - state.blkIndent >= 4:
             return False
@@ -139,8 +123,6 @@ def _render_figure(self, tokens, idx, options, env) -> str:
             f'<figcaption>{escape(caption)}</figcaption></figure>\n')
 
 
-# -- ```quiz ---------------------------------------------------------------------------
-
 def _quiz_questions(text: str, source: str) -> list[dict]:
     try:
         questions = yaml.safe_load(text)
@@ -161,8 +143,7 @@ def _quiz_questions(text: str, source: str) -> list[dict]:
 
 
 def shuffled_choices(source: str, question: str, choices: list) -> list:
-    """The choices in an order that does not give the answer away (authors list the correct
-    one first), fixed by the chapter and the question so pages and screenshots are stable."""
+    """The choices in an order fixed by chapter and question (authors list the correct one first)."""
     seed = int.from_bytes(hashlib.sha256(f"{source}\n{question}".encode()).digest()[:8], "big")
     order = list(choices)
     random.Random(seed).shuffle(order)
@@ -246,11 +227,9 @@ def render_markdown(md: MarkdownIt, text: str, glossary: Glossary, source: str) 
     tokens = md.parse(text, env)
     html = md.renderer.render(tokens, md.options, env)
     widgets = [t.meta["tag"] for t in tokens if t.type == "kv_widget"]
-    headings = []
-    for i, token in enumerate(tokens):
-        if token.type == "heading_open" and token.tag == "h2":
-            content = "".join(c.content for c in tokens[i + 1].children or [] if c.type in ("text", "code_inline"))
-            headings.append((token.attrs.get("id", ""), content))
+    headings = [(token.attrs.get("id", ""), "".join(c.content for c in tokens[i + 1].children or []
+                                                    if c.type in ("text", "code_inline")))
+                for i, token in enumerate(tokens) if token.type == "heading_open" and token.tag == "h2"]
     return Rendered(html=html, terms_used=ctx.terms_used, widgets=widgets,
                     has_quiz=any(t.type == "fence" and t.info.strip() == "quiz" for t in tokens),
                     headings=headings)

@@ -1,5 +1,4 @@
-"""The explainer's HTML pages on the server's FastAPI app (the one file of pages/ that imports
-FastAPI); /chapters/12 redirects to the chapter's full slug."""
+"""The pages on the FastAPI app (pages/' one FastAPI file); /chapters/12 redirects to the full slug."""
 from __future__ import annotations
 
 from fastapi import FastAPI

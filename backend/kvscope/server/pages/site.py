@@ -1,6 +1,4 @@
-"""The whole site rendered with Jinja2, cached until a content file changes. Pages link with
-`link(url)` and `static(path)`: site-absolute when served, relative to the page when exported,
-so the files work from any folder of any static host and when opened as file://."""
+"""The site rendered with Jinja2, cached until content changes; links are relative when exported."""
 from __future__ import annotations
 
 import shutil
@@ -57,8 +55,8 @@ class Site:
         self._pages: dict[str, str] = {}
         self.markdown = make_markdown()
 
-    # -- content, reloaded when a file changes ------------------------------------------
     def _fresh(self) -> None:
+        """The content read again, and the cached pages dropped, when a file changed."""
         current = signature(self.content) + signature(self.frontend / "templates")
         if current != self._signature:
             self.glossary = load_glossary(self.content)
@@ -91,22 +89,16 @@ class Site:
                 return next((c for c in self.chapters if c.number == int(head)), None)
             return None
 
-    # -- pages ---------------------------------------------------------------------------
     def recording_for(self, chapter: Chapter | None) -> str:
-        """The recording a page replays with no backend: the chapter's own (front matter or its
-        slug), else `default`, else the first; "" when there is none (the page then says so)."""
-        folder = self.recordings
-        names = sorted(p.stem for p in folder.glob("*.jsonl")) if folder.is_dir() else []
+        """A page's recording: the chapter's own (front matter or slug), else `default`, else the first, else ""."""
+        names = sorted(p.stem for p in self.recordings.glob("*.jsonl"))   # none when the folder is missing
         wanted = []
         if chapter is not None:
             if chapter.meta.get("recording"):
                 wanted.append(str(chapter.meta["recording"]))
             wanted += [chapter.slug, chapter.slug.split("-", 1)[1]]
         wanted.append("default")
-        for name in wanted:
-            if name in names:
-                return name
-        return names[0] if names else ""
+        return next((name for name in wanted if name in names), names[0] if names else "")
 
     def _render(self, template: str, url: str = "/", **context) -> str:
         context.setdefault("recording", self.recording_for(context.get("chapter")))
@@ -151,8 +143,7 @@ class Site:
 
 
 def export_static_site(out: Path, site: Site | None = None) -> Path:
-    """The whole book as plain files (pages, `static/`, the import map, the recordings as
-    classic scripts) that replay recordings with no backend, from any host or file://."""
+    """The whole book as plain files that replay recordings with no backend, from any host or file://."""
     source = site or Site()
     site = Site(source.content, source.frontend, source.recordings, static_export=True)
     out = Path(out)

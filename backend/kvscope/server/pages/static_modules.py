@@ -1,10 +1,5 @@
-"""What lets an exported page run from a static host and from file:// alike. Chromium will not
-fetch module scripts or recordings from file:// URLs, but it loads classic scripts from files
-and modules from data: URLs. So an exported page gets an import map (inserted by a classic
-script) naming every module of frontend/js `kvscope/<path>`, each a data: URL of its own
-source with its relative imports spelled as those names (nothing bundled), and each recording
-as a classic script registering a data: URL in `window.kvscopeRecordings[<name>]`, which
-`fetch()` may read (frontend/js/widgets/lib/recording.js loads them)."""
+"""Exported pages run from file:// too: an import map of data: URLs (each module of frontend/js as
+`kvscope/<path>`), and each recording a data: URL in `window.kvscopeRecordings[<name>]`."""
 from __future__ import annotations
 
 import base64

@@ -1,7 +1,4 @@
-"""Asynchronous, streaming front end: the engine steps in its own thread and each request
-is an async iterator of token deltas. Commands from the event loop (add, abort, pause,
-step, knob changes) run on the engine thread between steps, so engine state is only ever
-touched by one thread."""
+"""The engine in its own thread, each request an async iterator of deltas; commands run there between steps."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine import LLMEngine
 from kvscope.server.service.pacing import Pacing
 from kvscope.engine.sequence import Sequence
 from kvscope.llm import RequestOutput
@@ -64,13 +61,11 @@ class AsyncEngine:
 
         def add() -> list[Sequence]:
             seq = self.engine.add_request(prompt, params, request_id, cache_salt=cache_salt)
-            choices = seq.choices
-            for index, choice in enumerate(choices):
+            for index, choice in enumerate(seq.choices):
                 self._streams[choice.seq_id] = (loop, deltas, index, [])
-            for choice in choices:
                 if choice.is_finished:   # refused at admission: the reason is the last delta
                     self._close(choice)
-            return choices
+            return seq.choices
 
         choices = await self.call(add)
         if on_added is not None:
@@ -99,8 +94,7 @@ class AsyncEngine:
         self._wake.set()
 
     async def step_now(self) -> int | None:
-        """Run exactly one engine step now (on the engine thread) and return its number;
-        None when no request can advance."""
+        """Run one engine step now and return its number; None when no request can advance."""
         def one():
             if not self.engine.has_unfinished():
                 return None
@@ -118,20 +112,15 @@ class AsyncEngine:
         return await self.call(do)
 
     def shutdown(self) -> None:
-        """Stop the engine thread, then the engine. Every open stream gets its final delta
-        (reason 'abort') and every pending call an error, so nothing awaiting them hangs.
-        Safe to call more than once."""
+        """Stop the thread, then the engine; open streams and pending calls are answered. Safe twice."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
         if not self._thread.is_alive():   # else the thread, stuck in a step, still owns the engine
-            self._end_everything()
+            for seq in self.engine.live_sequences():
+                self._finish(seq, "abort")
+            self._drain_commands(refuse=RuntimeError("the engine shut down"))
             self.engine.shutdown()
-
-    def _end_everything(self) -> None:
-        for seq in self.engine.live_sequences():
-            self._abort_now(seq.request_id)
-        self._drain_commands(refuse=RuntimeError("the engine shut down"))
 
     # -- the engine thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -156,32 +145,22 @@ class AsyncEngine:
 
     def _step_and_push(self) -> bool:
         """One engine step and its deltas out; False when no request advanced."""
-        paced = self._paced_progress()
-        before = self._computed_tokens()
+        before = [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()]
         try:
             deltas, finished = self.engine.step()
         except Exception as exc:   # never leave a stream waiting forever
             self.error = exc
-            self._fail_all(f"engine error: {exc}")
+            for seq in self.engine.live_sequences():
+                self._finish(seq, "error", f"engine error: {exc}")
             return True
-        stepped = [seq for seq, computed in paced if seq.num_computed_tokens != computed or seq.is_finished]
+        advanced = [seq for seq, computed in before if seq.num_computed_tokens != computed or seq.is_finished]
         now = time.perf_counter()
-        self.pacing.stepped(stepped, deltas, finished, now)
+        self.pacing.stepped(advanced, deltas, finished, now)
         for d in deltas:
             self._push(d.seq, StreamDelta(d.seq.request_id, d.token_id, d.text, d.logprob), now)
         for seq in finished:
             self._close(seq)
-        return bool(deltas or finished) or self._computed_tokens() != before
-
-    def _computed_tokens(self) -> int:
-        return sum(seq.num_computed_tokens for seq in self.engine.live_sequences())
-
-    def _paced_progress(self) -> list[tuple[Sequence, int]]:
-        """Paced requests and their computed tokens, to tell afterwards which ones ran."""
-        if not self.pacing.paced:
-            return []
-        return [(seq, seq.num_computed_tokens) for seq in self.engine.live_sequences()
-                if seq.seq_id in self.pacing.paced]
+        return bool(deltas or finished or advanced)
 
     def _drain_commands(self, refuse: Exception | None = None) -> None:
         """Run the waiting commands, or answer each with `refuse` (the engine is gone)."""
@@ -200,13 +179,15 @@ class AsyncEngine:
 
     def _abort_now(self, request_id: str) -> bool:
         seq = self.engine.find(request_id)
-        if seq is None:
-            return False
+        if seq is not None:
+            self._finish(seq, "abort")
+        return seq is not None
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         group = seq.choices   # choices not forked yet end with their prompt
-        self.engine.abort(request_id)
+        self.engine.finish(seq, reason, error)   # observers hear of it too
         for choice in group:
             self._close(choice)
-        return True
 
     def _push(self, seq: Sequence, delta: StreamDelta, now: float) -> None:
         stream = self._streams.get(seq.seq_id)
@@ -224,13 +205,6 @@ class AsyncEngine:
                                                   token_times=token_times)
             final = StreamDelta(seq.request_id, None, "", finished=True, output=output, index=index)
             loop.call_soon_threadsafe(q.put_nowait, final)
-
-    def _fail_all(self, reason: str) -> None:
-        for seq in self.engine.live_sequences():
-            group = seq.choices
-            self.engine.finish(seq, "error", reason)   # observers hear of it too
-            for choice in group:
-                self._close(choice)
 
 
 def _settle(future: asyncio.Future, result, error) -> None:

@@ -1,7 +1,4 @@
-"""The engine as the server sees it: one LLMEngine stepping in its own thread (AsyncEngine),
-its instrumentation feeding the hub, and the operations every entry point shares —
-submit, stream, cancel, watch, hold/next, and the instructor's controls. Engine state is
-only touched on the engine thread (through `AsyncEngine.call`)."""
+"""The engine as the server sees it and the operations every way in shares, run on its thread."""
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +10,9 @@ from dataclasses import dataclass, replace
 
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
-from kvscope.engine.llm_engine import LLMEngine
+from kvscope.engine import LLMEngine
 from kvscope.engine.sampler import grammar_key
+from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
 from kvscope.instrumentation.tokens import tokens_event
@@ -29,7 +27,6 @@ from kvscope.server.classroom.sweeps import SYNTHETIC_PROMPTS, SweepAccounts
 from kvscope.server.errors import CommandError
 
 
-
 @dataclass
 class Submitted:
     request_id: str
@@ -38,12 +35,11 @@ class Submitted:
 
 
 class ClassService(SweepAccounts):
-    """What both services (our engine's, an attached vLLM's) keep for the class: the hub,
-    the policy, the metrics, request ids, and the runs the server drives (sweeps)."""
+    """What both services keep for the class: hub, policy, metrics, request ids, sweeps."""
     default_learner_share = 16
 
     def __init__(self, config: ServerConfig, watches: WatchRegistry | None = None):
-        super().__init__()
+        self.sweeps = {}   # by owner: one sweep per viewer at a time (SweepAccounts)
         self.config, self.clock, self.started_at = config, Clock(), time.time()
         self.metrics = Metrics()
         self.policy = Policy(config)
@@ -96,19 +92,22 @@ class EngineService(ClassService):
         self.held_since: dict[str, float] = {}   # a learner's held request -> when it was last stepped
         self.default_learner_share = max(1, engine.config.max_num_seqs // 2)
 
-    # -- life cycle ---------------------------------------------------------------------
     def start(self) -> None:
         self.hub.loop = asyncio.get_running_loop()
         self.aengine = AsyncEngine(self.engine)
         self.spawn(self._cancel_stale_holds())
+        freeze_start_up()   # the engine is built and compiled: what it made stays out of the GC's walks
 
     def stop(self) -> None:
         super().stop()
         self.hub.stop_recording()
         if self.aengine is not None:
             self.aengine.shutdown()
+        thaw()
 
-    def touch_hold(self, rid: str, held: bool) -> None:
+    def mark_held(self, rid: str, held: bool) -> None:
+        """Held or not on the pages; a learner's held request starts its hold timeout."""
+        self.hub.set_held(rid, held)
         owner = self.hub.viewers.get(self.hub.owners.get(rid, ""))
         if held and (owner is None or not owner.is_instructor):
             self.held_since[rid] = time.monotonic()
@@ -127,7 +126,6 @@ class EngineService(ClassService):
                     if rid in self.hub.requests:
                         await self.cancel(rid)
 
-    # -- prompts ------------------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> dict:
         tok = self._tokenizer()
         if chat:
@@ -152,8 +150,7 @@ class EngineService(ClassService):
         return self._tokenizer().encode(prompt, add_special_tokens=False), prompt
 
     async def checked_prompt(self, body: dict, instructor: bool) -> tuple[list[int], str | None]:
-        """(token ids, text) of the one prompt form in `body`, within the policy's limits:
-        characters are checked before the tokenizer runs, and it runs off the event loop."""
+        """(token ids, text) of the prompt in `body`: characters checked first, tokenized off the event loop."""
         if "prompt" in body:
             self.policy.check_prompt_text(body["prompt"], instructor)
         for text in message_texts(body.get("messages") or []):
@@ -170,23 +167,21 @@ class EngineService(ClassService):
             raise CommandError("engine", "this model has no tokenizer: submit prompt_token_ids")
         return self.engine.tokenizer
 
-    # -- requests -----------------------------------------------------------------------
     async def compile_grammar(self, constraint: StructuredOutputsParams) -> None:
-        """Compile a request's grammar on the tokenizer thread, so a bad schema, regex or
-        grammar is the caller's ValueError before the request exists and no engine step
-        waits for a compile (add_request then finds it in the compile cache)."""
+        """Off the engine thread: a bad grammar is the caller's ValueError, and no step waits on a compile."""
         await self.off_loop(self.engine.structured_outputs.compile, grammar_key(constraint))
 
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
                      pace_s: float = 0.0, prefill_chunk_tokens: int | None = None,
                      cache_salt: str | None = None) -> Submitted:
-        """Add a request whose events reach its owner (and followers) through the hub.
-        `prefill_chunk_tokens` cuts this request's prompt into chunks of at most that many
-        tokens a step, whatever the engine's own chunking; no other request changes.
-        `cache_salt` (vLLM's field): only requests with equal salts share prefix-cache blocks."""
-        return await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
+        """A request whose events reach its owner through the hub; `prefill_chunk_tokens` caps its prompt's chunks,
+        `cache_salt` (vLLM's field): only equal salts share prefix-cache blocks."""
+        done = await self.aengine.call(lambda: self._admit(rid, ids, params, source, label, watch, pace_s,
                                                             prefill_chunk_tokens, cache_salt))
+        if label.held and not done.error:
+            self.mark_held(rid, True)
+        return done
 
     def _admit(self, rid: str, ids: list[int], params: SamplingParams, source: str, label: RequestLabel,
                watch: tuple[str, WatchSpec] | None = None, pace_s: float = 0.0,
@@ -209,30 +204,28 @@ class EngineService(ClassService):
             self.instr.watch(rid, watch[0], watch[1], seq)
         return Submitted(rid, seq.num_prompt_tokens)
 
-    async def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
-                     label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
-        """A request's token deltas as an async iterator (OpenAI endpoints). Leaving the
-        iteration early aborts the request and frees its blocks."""
+    def stream(self, rid: str, ids: list[int], params: SamplingParams, source: str,
+               label: RequestLabel, cache_salt: str | None = None) -> AsyncIterator[StreamDelta]:
+        """A request's token deltas (OpenAI routes); leaving early aborts it."""
         self.instr.labels[rid] = replace(label, source=source)
-        async for delta in self.aengine.generate(ids, params, rid, cache_salt=cache_salt):
-            yield delta
+        return self.aengine.generate(ids, params, rid, cache_salt=cache_salt)
 
     async def cancel(self, rid: str) -> bool:
         return await self.aengine.abort(rid)
 
+    def _live(self, rid: str):
+        """A live request (on the engine thread), or the caller's unknown_request."""
+        seq = self.engine.find(rid)
+        if seq is None:
+            raise CommandError("unknown_request", f"no request {rid!r} is in flight")
+        return seq
+
     async def on_request(self, rid: str, fn) -> None:
-        """Run fn(seq) on the engine thread for a live request."""
-        def do():
-            seq = self.engine.find(rid)
-            if seq is None:
-                raise CommandError("unknown_request", f"no request {rid!r} is in flight")
-            return fn(seq)
-        await self.aengine.call(do)
+        await self.aengine.call(lambda: fn(self._live(rid)))
 
     async def hold(self, rid: str) -> None:
         await self.on_request(rid, self.aengine.pacing.hold)   # stepped by its owner now, not by time
-        self.hub.set_held(rid, True)
-        self.touch_hold(rid, True)
+        self.mark_held(rid, True)
 
     async def next_token(self, rid: str) -> None:
         def release_one(seq):
@@ -245,31 +238,19 @@ class EngineService(ClassService):
 
     async def release(self, rid: str) -> None:
         await self.on_request(rid, self.aengine.pacing.release)
-        self.hub.set_held(rid, False)
-        self.touch_hold(rid, False)
+        self.mark_held(rid, False)
 
     async def pace(self, rids: list[str], seconds: float) -> None:
-        """Step these requests at most once per `seconds`, whatever the others do. They are
-        paced in one go between two steps, so held ones released here start together."""
+        """Step these requests at most once per `seconds`; paced together, so held ones start together."""
         def pace():
-            seqs = [self.engine.find(rid) for rid in rids]
-            missing = [rid for rid, seq in zip(rids, seqs) if seq is None]
-            if missing:
-                raise CommandError("unknown_request", f"no request {missing[0]!r} is in flight")
-            for seq in seqs:
+            for seq in [self._live(rid) for rid in rids]:   # all found before any is paced
                 self.aengine.pacing.pace(seq, seconds)
         await self.aengine.call(pace)
         for rid in rids:
-            self.hub.set_held(rid, False)
-            self.touch_hold(rid, False)
+            self.mark_held(rid, False)
 
     async def watch(self, rid: str, viewer_id: str, spec: WatchSpec) -> None:
-        def do():
-            try:
-                self.instr.watch(rid, viewer_id, spec)
-            except KeyError:
-                raise CommandError("unknown_request", f"no request {rid!r} is in flight") from None
-        await self.aengine.call(do)
+        await self.on_request(rid, lambda seq: self.instr.watch(rid, viewer_id, spec, seq))
 
     async def unwatch(self, rid: str, viewer_id: str) -> None:
         await self.aengine.call(lambda: self.instr.unwatch(rid, viewer_id))
@@ -278,13 +259,10 @@ class EngineService(ClassService):
         await super().drop_viewer(viewer_id, request_ids)
         await self.aengine.call(lambda: self.instr.drop_viewer(viewer_id))
 
-    # -- instructor controls (pause, resume, step and reset are AsyncEngine's own) ---------
+    # the instructor's controls (pause, resume, step and reset are AsyncEngine's own)
     async def slow_motion(self, seconds: float) -> float:
         """The minimum interval between two engine steps (0: full speed)."""
-        def apply():
-            self.aengine.pacing.set_slow_motion(seconds)
-            return self.aengine.pacing.min_step_interval_s
-        return await self.aengine.call(apply)
+        return await self.aengine.call(lambda: self.aengine.pacing.set_slow_motion(seconds))
 
     async def set_knobs(self, knobs: dict) -> dict:
         def apply():
@@ -303,8 +281,7 @@ class EngineService(ClassService):
             pass
 
     async def measure_kv_cache_dtype(self, ids: list[int], kv_cache_dtype: str, max_tokens: int) -> dict:
-        """Blocks gained and logit error of `kv_cache_dtype` on this engine's weights, at this
-        engine's KV budget (instrumentation/kv_quant_probe.py), run between two steps on the engine thread."""
+        """Blocks gained and logit error of `kv_cache_dtype` at this engine's KV budget, between two steps."""
         engine = self.engine
         if engine.plan.tensor_parallel_size > 1:
             raise CommandError("engine", "kv_quant runs the model on one rank; this engine is tensor-parallel")

@@ -1,6 +1,8 @@
 """Prometheus metrics, fed from the same events the viewers see."""
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 disable_created_metrics()   # the *_created series only add noise to a scrape
@@ -11,19 +13,16 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 
 class Metrics:
     def __init__(self):
         r = self.registry = CollectorRegistry()
+        latency = partial(Histogram, buckets=LATENCY_BUCKETS, registry=r)   # seconds, from 5 ms to 30 s
         self._num_blocks = 0
         self.requests = Counter("kvscope_requests", "Finished requests", ["source", "reason"], registry=r)
         self.prompt_tokens = Counter("kvscope_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("kvscope_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram("kvscope_time_to_first_token_seconds", "Time to first token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("kvscope_inter_token_latency_seconds", "Time between output tokens",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("kvscope_request_latency_seconds", "Arrival to last token",
-                             buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = latency("kvscope_time_to_first_token_seconds", "Time to first token")
+        self.itl = latency("kvscope_inter_token_latency_seconds", "Time between output tokens")
+        self.e2e = latency("kvscope_request_latency_seconds", "Arrival to last token")
         self.steps = Counter("kvscope_engine_steps", "Engine steps", registry=r)
-        self.step_seconds = Histogram("kvscope_step_seconds", "Duration of one engine step",
-                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.step_seconds = latency("kvscope_step_seconds", "Duration of one engine step")
         self.batched_tokens = Counter("kvscope_batched_tokens", "Tokens computed by the engine", registry=r)
         self.running = Gauge("kvscope_requests_running", "Requests in the running queue", registry=r)
         self.waiting = Gauge("kvscope_requests_waiting", "Requests in the waiting queue", registry=r)

@@ -1,20 +1,11 @@
-"""How fast the engine may go, so a person can watch it.
-
-Three rules, all applied by the loop that drives the engine, between steps:
-- slow motion: a minimum interval between any two engine steps (the instructor's, for the room);
-- a per-request pace: a minimum interval between two steps *of one request* (a learner's demo
-  request), so a page can slow its own request down without slowing anyone else's. A paced
-  request sits out until its interval has passed; the others keep running;
-- a hold: a request draws only the tokens its owner grants (`next`: one more), then waits.
-
-A request that sits out or waits is paused in the engine (`LLMEngine.pause`), which only skips
-it; what it may draw is kept here, so the engine knows nothing of paces or allowances."""
+"""How fast the engine may go, so a person can watch: slow motion (between any two steps), a
+request's pace (between two of its own steps) and a hold (only the tokens its owner grants).
+A waiting request is paused in the engine (`LLMEngine.pause`); the rules are kept here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvscope.engine.llm_engine import LLMEngine
-from kvscope.engine.scheduler import TokenDelta
+from kvscope.engine import LLMEngine, TokenDelta
 from kvscope.engine.sequence import Sequence
 
 MAX_INTERVAL_S = 10.0
@@ -40,13 +31,12 @@ class Pacing:
     allowance: dict[int, int] = field(default_factory=dict)       # seq_id -> tokens a held request may still draw
     last_step_at: float | None = None
 
-    def set_slow_motion(self, seconds: float) -> None:
+    def set_slow_motion(self, seconds: float) -> float:
         self.min_step_interval_s = check_interval(seconds)
+        return self.min_step_interval_s
 
     def pace(self, seq: Sequence, seconds: float) -> None:
-        """Step `seq` at most once per `seconds` (0: at full speed again). It joins the beat
-        of the requests already paced at that interval, so a page's paced requests step
-        together (one batch a beat) instead of taking turns."""
+        """Step `seq` at most once per `seconds` (0: full speed), on the beat of others at that interval."""
         check_interval(seconds)
         if seconds == 0:
             self.release(seq)
@@ -79,28 +69,24 @@ class Pacing:
         return max(0.0, self.last_step_at + self.min_step_interval_s - now)
 
     def gate(self, now: float) -> float | None:
-        """Pause each paced request that is not due yet, resume the due ones. Returns the
-        earliest time a paused one becomes due (None if none waits)."""
-        earliest = None
+        """Pause the paced requests not due yet, resume the due ones; the earliest due time, or None."""
         if not self.paced:
             return None
+        waiting = []
         for seq in self.engine.live_sequences():
             pace = self.paced.get(seq.seq_id)
-            if pace is None:
-                continue
-            if now < pace.due:
+            if pace is not None and now < pace.due:
                 self.engine.pause(seq.request_id)
-                earliest = pace.due if earliest is None else min(earliest, pace.due)
-            else:
+                waiting.append(pace.due)
+            elif pace is not None:
                 self.engine.resume(seq.request_id)
-        return earliest
+        return min(waiting, default=None)
 
-    def stepped(self, scheduled: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
+    def stepped(self, advanced: list[Sequence], deltas: list[TokenDelta], finished: list[Sequence],
                 now: float) -> None:
-        """After a step: paced requests that ran wait a full interval from now; held ones that
-        drew their allowance wait for the next grant (paused before the next step)."""
+        """After a step: paced requests that ran wait an interval; held ones out of allowance wait for a grant."""
         self.last_step_at = now
-        for seq in scheduled:
+        for seq in advanced:
             pace = self.paced.get(seq.seq_id)
             if pace is not None:
                 pace.due = now + pace.interval_s
