@@ -1,19 +1,6 @@
-"""The page allocator: a pool of fixed-size KV blocks with ref counts and a prefix cache.
-
-Only full blocks are cached, each found by a hash chained to the block before it, as vLLM
-computes it: a cryptographic hash (`prefix_caching_hash_algo`, SHA-256 by default) of the
-parent's hash, the block's token ids and its extra keys (the request's `cache_salt` on the
-first block: different salts never share a block). The hash only finds a candidate; a hit
-also checks its tokens, extra keys and the exact physical block it was computed after (id
-and generation), so even a forced collision cannot reuse a wrong block. Freed blocks keep
-their hash (lazy eviction) in an LRU free list, for a later request with the same prefix
-to take back; only allocating a fresh block evicts the oldest one's hash.
-
-Parallel sampling forks a sequence after its prompt: the copies share every block (ref
-counts). Full blocks are never written again; the partial last block is copied when a
-sequence first writes into it while others still hold it (copy-on-write), on the device by
-the model runner.
-"""
+"""The page allocator: fixed-size KV blocks with ref counts, an LRU free list and a prefix
+cache of full blocks found by vLLM's chained hash (parent, tokens, `cache_salt`) and checked
+for identity on every hit; forks share blocks and copy a shared partial block on write."""
 from __future__ import annotations
 
 import hashlib
@@ -28,13 +15,11 @@ BlockHash = bytes
 
 
 def cdiv(a: int, b: int) -> int:
-    """a / b rounded up: the blocks (or ranks' rows) needed to hold a items."""
     return -(-a // b)
 
 
 def slots(blocks, positions, block_size: int):
-    """The cache slots (block id * block_size + offset) holding `positions`' K/V, given the
-    block of each (block table entry position // block_size); numpy arrays or ints alike."""
+    """The cache slots of `positions`, given each one's block; numpy arrays or ints alike."""
     return blocks * block_size + positions % block_size
 
 
@@ -54,15 +39,13 @@ HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {"sha256": lambda data: ha
 
 def hash_block_tokens(hash_fn: Callable[[bytes], bytes], parent: BlockHash | None, token_ids,
                       extra_keys: tuple = ()) -> BlockHash:
-    """The hash of one full block: (parent's hash, its token ids, extra keys). The parent
-    digest and a full block's ids have fixed sizes, so the concatenation is unambiguous."""
+    """(parent's hash, token ids, extra keys): fixed sizes, so the concatenation is unambiguous."""
     root = hash_fn(b"kvscope prefix cache root")   # the first block's parent
     return hash_fn(b"".join([parent or root, array("I", token_ids).tobytes(), repr(extra_keys).encode()]))
 
 
 def block_extra_keys(seq: Sequence, index: int) -> tuple:
-    """What besides tokens decides a block's K/V reuse: the salt goes into the first block
-    only, and the chain carries it into every later hash."""
+    """The salt goes into the first block only; the chain carries it into every later hash."""
     return (seq.cache_salt,) if index == 0 and seq.cache_salt is not None else ()
 
 
@@ -101,7 +84,6 @@ class BlockManager:
         self.preempted_queries = self.preempted_hits = 0
         self.pending_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
 
-    # -- sizes -------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
@@ -117,7 +99,6 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
-    # -- prefix cache ------------------------------------------------------------------
     def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
         bs = self.block_size
         for i in range(len(seq.block_hashes), num_full_blocks):
@@ -126,9 +107,8 @@ class BlockManager:
                                                       block_extra_keys(seq, i)))
 
     def match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks that hold this sequence's leading tokens. At least one token is left
-        to compute (that step produces the next token's logits), and only whole blocks are
-        reused, so a prompt of exactly k blocks reuses k - 1 and recomputes its last block."""
+        """Cached blocks holding this sequence's leading tokens, leaving at least one token to
+        compute (it yields the next logits): a prompt of exactly k blocks reuses k - 1."""
         if not self.enable_prefix_caching:
             return []
         max_blocks = (seq.num_tokens - 1) // self.block_size
@@ -140,26 +120,21 @@ class BlockManager:
                 break
             hits.append(block_id)
         if len(hits) == max_blocks and seq.num_tokens % self.block_size == 0:
-            # a prompt of whole blocks: its last block is computed again even when cached
             self._extend_hashes(seq, max_blocks + 1)
             seq.last_block_recomputed = seq.block_hashes[max_blocks] in self.hash_to_block
         return hits
 
     def _same_block(self, seq: Sequence, index: int, block_id: int, table: list[int]) -> bool:
-        """Whether cached block `block_id` holds exactly block `index` of `seq`: the same
-        tokens and extra keys, computed after the very block `table` has just before it."""
+        """Same tokens and extra keys, computed after the very block `table` has before it."""
         block, bs = self.blocks[block_id], self.block_size
         return (block.parent == self._parent(table, index) and block.extra_keys == block_extra_keys(seq, index)
                 and block.token_ids == tuple(seq.token_ids[index * bs:(index + 1) * bs]))
 
     def _parent(self, table: list[int], index: int) -> tuple[int, int] | None:
-        """The block before `index` in `table`, as (id, generation): what a block was computed after."""
         return (table[index - 1], self.blocks[table[index - 1]].generation) if index else None
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix held by a free block, so the same prompts are computed
-        again (a benchmark's repeats must not be served from the previous run's cache).
-        Blocks in use keep theirs: their sequences still own those contents."""
+        """Forget the prefixes of free blocks (a benchmark's repeats must compute them again)."""
         for block_id in self.free_ids:
             block = self.blocks[block_id]
             if block.hash is not None:
@@ -168,16 +143,13 @@ class BlockManager:
                 block.generation += 1
                 self._record("uncache", block_id, None)
 
-    # -- allocation --------------------------------------------------------------------
     def can_allocate(self, hits: list[int], num_tokens: int) -> bool:
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         fresh = self.blocks_for(num_tokens) - len(hits)
         return revived + fresh <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> None:
-        """First allocation of a waiting sequence: reuse `hits`, then fresh blocks so that
-        the cached tokens plus `num_new_tokens` have slots."""
-        assert not seq.block_table, "sequence already holds blocks"
+        """A waiting sequence's first blocks: `hits`, then fresh ones for `num_new_tokens`."""
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -205,13 +177,12 @@ class BlockManager:
                                f"{self.num_free_blocks} free")
 
     def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Slots for `num_new_tokens` more tokens: fresh blocks past the table's end, and a
-        copy of a shared block about to be written. False, with nothing changed, when the
-        free blocks do not cover them (the scheduler's one call per running sequence)."""
+        """Slots for `num_new_tokens` more tokens (copying a shared block about to be written),
+        or False with nothing changed when the free blocks do not cover them."""
         fresh, copy = self._append_cost(seq, num_new_tokens)
         if fresh + copy > len(self.free_ids):
             return False
-        if copy:   # copy-on-write: the sequence writes into a copy of the shared block
+        if copy:
             idx = seq.num_computed_tokens // self.block_size
             src = seq.block_table[idx]
             self.blocks[src].ref_count -= 1
@@ -223,9 +194,7 @@ class BlockManager:
         return True
 
     def _append_cost(self, seq: Sequence, num_new_tokens: int) -> tuple[int, bool]:
-        """What appending takes from the free list: new blocks past the table, and whether
-        the next token lands in a block another sequence still holds (a forked prompt's
-        partial last block), which must be copied first."""
+        """(new blocks past the table, whether the next token lands in a block others hold)."""
         table, computed = seq.block_table, seq.num_computed_tokens
         idx = computed // self.block_size
         return (self.blocks_for(computed + num_new_tokens) - len(table),
@@ -236,12 +205,11 @@ class BlockManager:
         return copies
 
     def record_events(self, on: bool) -> None:
-        """Start (or stop) keeping events (kind, block_id, detail) for take_events: alloc, hit, share, cow,
-        free, evict, hash / uncache (cached contents named or forgotten); with the tables, all an observer needs."""
+        """Keep (or stop keeping) events (kind, block_id, detail): alloc, hit, share, cow, free,
+        evict, hash, uncache."""
         self.events = [] if on else None
 
     def take_events(self) -> list[tuple]:
-        """The events since the last call (none when not recording): the one way they are drained."""
         if self.events is None:
             return []
         events, self.events = self.events, []
@@ -249,7 +217,6 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` continues from `parent`'s computed tokens, sharing all of its blocks."""
-        assert not child.block_table, "a fork starts without blocks"
         for block_id in parent.block_table:
             self.blocks[block_id].ref_count += 1
             self._record("share", block_id, child.seq_id)
@@ -270,7 +237,7 @@ class BlockManager:
         return block_id
 
     def commit(self, seq: Sequence) -> None:
-        """After a step: hash the blocks that became full so later requests can reuse them."""
+        """Hash the blocks that became full, for later requests to reuse."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
@@ -289,15 +256,13 @@ class BlockManager:
                 self._record("hash", block.block_id, h)
 
     def trim(self, seq: Sequence) -> None:
-        """Give back blocks past the computed tokens: those allocated for drafts that the
-        target rejected (their slots hold K/V of tokens that never joined the sequence)."""
+        """Give back blocks past the computed tokens (allocated for drafts that were rejected)."""
         keep = self.blocks_for(seq.num_computed_tokens)
         while len(seq.block_table) > keep:
             self._release(seq.block_table.pop(), seq.seq_id)
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references; the tail goes into the free list first, so a
-        shared prefix outlives the unique suffix when blocks are later evicted."""
+        """The tail goes into the free list first: a shared prefix outlives the unique suffix."""
         for block_id in reversed(seq.block_table):
             self._release(block_id, seq.seq_id)
         seq.block_table = []

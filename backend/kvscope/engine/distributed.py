@@ -1,13 +1,6 @@
-"""Tensor parallelism across processes with torch.distributed (gloo on CPU, NCCL on CUDA).
-
-Rank 0 is the engine: it owns the block manager and the scheduler, prepares each step's
-inputs and broadcasts them as a `StepPlan`. Every other rank is a worker holding its slice
-of the weights and of the KV cache (its KV heads, same block ids): it replays the plan
-through its model, joining the all-reduces inside the layers. Only rank 0 samples.
-
-Workers are spawned by the engine (torch.multiprocessing, start method "spawn"), or, under
-`torchrun`, every rank runs the user's script and `LLMEngine(...)` turns ranks > 0 into
-workers that exit when rank 0 shuts down."""
+"""Tensor parallelism (gloo on CPU, NCCL on CUDA): rank 0 schedules and broadcasts each step's
+`StepPlan`; every other rank (spawned, or under torchrun the user's script) replays it through
+its slice of the weights and KV heads, joining the layers' all-reduces. Only rank 0 samples."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,22 +31,14 @@ def torchrun_rank() -> int | None:
     return int(os.environ["RANK"]) if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) else None
 
 
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
-def rank_device(device: torch.device, rank: int) -> torch.device:
-    return torch.device("cuda", rank) if device.type == "cuda" else device
-
-
-def check_tp(size: int, model_config, device: torch.device) -> None:
-    if size < 1:
-        raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    for what, n in (("num_attention_heads", model_config.num_heads),
-                    ("num_key_value_heads", model_config.num_kv_heads)):
-        split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
-    if device.type == "cuda" and size > torch.cuda.device_count():
-        raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
+def init_process_group(device: torch.device, init_method: str, rank: int, size: int) -> torch.device:
+    """Join the group (gloo on CPU, NCCL on CUDA); returns this rank's device."""
+    if device.type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    return device
 
 
 def move(obj, device: torch.device):
@@ -72,31 +57,36 @@ def move(obj, device: torch.device):
 class TPWorkers:
     """Rank 0's handle on the other ranks."""
     def __init__(self, size: int, device: torch.device, processes: list):
-        self.size, self.device, self.processes = size, device, processes
+        self.device, self.processes, self.alive = device, processes, True
         self.group = TPGroup(0, size)
-        self.alive = True
 
     @classmethod
-    def start(cls, size: int, config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
-        processes = []
-        if torchrun_rank() is not None:
-            init_method = "env://"
-        else:
-            init_method = f"tcp://127.0.0.1:{_free_port()}"
+    def start(cls, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
+        """The other ranks; under torchrun, ranks > 0 serve rank 0's steps here, then exit."""
+        size = config.tensor_parallel_size
+        for what, n in (("num_attention_heads", model_config.num_heads),
+                        ("num_key_value_heads", model_config.num_kv_heads)):
+            split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
+        if device.type == "cuda" and size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
+        if rank := torchrun_rank():
+            worker_main(rank, size, "env://", config, dtype, max_model_len)
+            raise SystemExit(0)
+        processes, init_method = [], "env://"
+        if rank is None:
+            with socket.socket() as s:   # a free port
+                s.bind(("127.0.0.1", 0))
+                init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
             ctx = mp.get_context("spawn")
             for rank in range(1, size):
                 p = ctx.Process(target=worker_main, args=(rank, size, init_method, config, dtype, max_model_len),
                                 daemon=True)
                 p.start()
                 processes.append(p)
-        dist.init_process_group(backend_for(device), init_method=init_method, rank=0, world_size=size,
-                                timeout=COLLECTIVE_TIMEOUT)
-        return cls(size, device, processes)
+        return cls(size, init_process_group(device, init_method, 0, size), processes)
 
-    def send_setup(self, num_blocks: int) -> None:
-        dist.broadcast_object_list([num_blocks], src=0)
-
-    def send(self, plan: StepPlan | None) -> None:
+    def send(self, plan: StepPlan | int | None) -> None:
+        """The KV pool's size, then each step's plan, then None."""
         if dead := [p for p in self.processes if p.exitcode is not None]:
             raise WorkerDied(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
         dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
@@ -118,25 +108,15 @@ class TPWorkers:
             dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- ranks > 0 ---------------------------------------------------------------------------
 def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dtype, max_len: int) -> None:
-    device = rank_device(resolve_device(config.device), rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    device = init_process_group(resolve_device(config.device), init_method, rank, size)
     try:
         path = resolve_model_path(config.model)
-        _, runner, _ = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                             lambda model: _receive(), TPGroup(rank, size))   # `send_setup`'s pool size
+        runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
+                                       lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
         while (plan := _receive()) is not None:
             replay(runner, move(plan, device))
     finally:

@@ -1,21 +1,6 @@
-"""Decode graphs: a decode step recorded once and replayed, so its thousand small
-operations are not issued one by one from Python every step. `record_decode` decides, at
-start-up, from the config's `enforce_eager` (vLLM's switch) and `cpu_compile`.
-
-On a GPU, CUDA graphs (DecodeGraphs): one graph per batch-size bucket replays the whole
-forward pass in one launch, its element-wise steps fused by torch.compile first
-(models/decoder.py, Elementwise). Inputs are copied into fixed buffers first; rows beyond
-the real batch write to a scratch block and attend to nothing.
-
-On a CPU, torch.compile (CompiledDecode), public interface only: inductor fuses each
-layer's norms, RoPE and residual adds into a few generated C++ kernels, called with the
-matmuls from a C++ wrapper. The C attention kernel is a custom op opaque to inductor that
-reads every row's own context, so one graph serves every batch size and context length.
-The sizes that vary (batch, block-table width) become symbolic when the warm-up changes
-them; the model's stay fixed. PyTorch specialises a batch of one, so there are three
-graphs, all compiled at start-up on steps that touch only the scratch block. With the
-reference attention, steps of up to MAX_REFERENCE_COMPILED_BATCH rows pad every decode row
-into one attention group."""
+"""Decode graphs, so a decode step's thousand small operations are not issued from Python one by
+one: CUDA graphs per batch bucket on a GPU (padded rows write to the scratch block), a
+torch.compile'd step on a CPU whose batch and table width are symbolic; `record_decode` decides."""
 from __future__ import annotations
 
 import logging
@@ -53,13 +38,12 @@ class DecodeLogits(torch.nn.Module):
 
 
 def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, str]:
-    """Decode steps recorded once, as the config asks: CUDA graphs on a GPU unless
-    enforce_eager, a compiled step on a CPU when cpu_compile asks. Returns the graphs, the
-    compiled step (either may be None) and how decode steps run, with the reason when eagerly."""
+    """CUDA graphs on a GPU unless enforce_eager, a compiled step on a CPU when cpu_compile asks:
+    (graphs, compiled step, how decode steps run and why when eagerly)."""
     config, on_gpu = runner.config, runner.device.type == "cuda"
     if config.enforce_eager or not (on_gpu or config.cpu_compile):
         return None, None, "eager"
-    reason = capture_unavailable(runner) if on_gpu else compile_unavailable(runner)
+    reason = graphs_unavailable(runner, on_gpu)
     if reason is None and on_gpu:
         runner.routes = pick_routes(runner.attention_backend, "cuda graphs", runner.dtype, runner.block_size)
         runner.model.fuse_elementwise()   # compiled before capture: the graphs replay the fused kernels
@@ -77,23 +61,16 @@ def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, s
     return None, None, f"eager: {reason}"
 
 
-def capture_unavailable(runner) -> str | None:
-    """Why this runner cannot capture CUDA graphs (None when it can)."""
-    # only these backends read context lengths on the device, which a captured graph needs
-    if runner.attention_backend not in ("triton", "flash_attn"):
-        return f"CUDA graphs need the triton or flash_attn backend, not {runner.attention_backend}"
+def graphs_unavailable(runner, on_gpu: bool) -> str | None:
+    """Why this runner cannot capture (a GPU) or compile (a CPU) its decode step, or None."""
+    backend = runner.attention_backend
+    if on_gpu and backend not in ("triton", "flash_attn"):   # a captured graph reads lengths on the device
+        return f"CUDA graphs need the triton or flash_attn backend, not {backend}"
+    if not on_gpu and backend not in ("torch", "cpu_paged"):
+        return f"the {backend} attention backend runs eagerly"
     if runner.config.tensor_parallel_size > 1:
         return "tensor-parallel ranks run eagerly"
-    return None
-
-
-def compile_unavailable(runner) -> str | None:
-    """Why this runner cannot compile its decode step (None when it can)."""
-    if runner.attention_backend not in ("torch", "cpu_paged"):
-        return f"the {runner.attention_backend} attention backend runs eagerly"
-    if runner.config.tensor_parallel_size > 1:
-        return "tensor-parallel ranks run eagerly"
-    if runner.kv_format.quantized:
+    if not on_gpu and runner.kv_format.quantized:
         return f"a {runner.kv_format.name} KV cache decodes eagerly"
     return None
 
@@ -101,9 +78,8 @@ def compile_unavailable(runner) -> str | None:
 class CompiledDecode:
     def __init__(self, runner):
         self.runner = runner
-        # Every engine compiles the same forward function; isolate_recompiles gives this one
-        # graphs of its own, so engines made one after another in a process never add up to
-        # dynamo's recompile limit. All guards stay (the model's too).
+        # isolate_recompiles: this engine's graphs are its own, so engines made one after another
+        # never add up to dynamo's recompile limit. All guards stay (the model's too).
         self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
                                      isolate_recompiles=True, options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
@@ -119,11 +95,9 @@ class CompiledDecode:
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
-        """Compile the graphs on decode steps that write and read only the scratch block,
-        prepared exactly as real steps are: a batch of one at two table widths (the width
-        turns symbolic), then a batch of two (the batch size does; PyTorch keeps a batch of
-        one apart); then keeping the queries, as a watched step does, at batches of one, two and
-        three (each query tensor's size turns symbolic at the third)."""
+        """Compile on real-shaped steps that touch only the scratch block: a batch of one at two
+        widths (the width turns symbolic), a batch of two (so does the batch), then keeping the
+        queries at batches of one, two and three (their sizes turn symbolic at the third)."""
         runner = self.runner
         scratch = runner.num_blocks                  # the extra block past the pool
         position = min(2 * runner.block_size, runner.max_model_len - 1)

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvscope.config import EngineConfig, SpeculativeConfig
+from kvscope.config import EngineConfig
 from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
-from kvscope.engine.distributed import TPWorkers, WorkerDied, check_tp, rank_device, torchrun_rank, worker_main
+from kvscope.engine.distributed import TPWorkers, WorkerDied
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
-from kvscope.engine.spec_decode import DraftModelProposer, NgramProposer, Speculator, spec_logprobs
+from kvscope.engine.spec_decode import Speculator
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
@@ -33,26 +33,6 @@ MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are
 PROCESS_ENV = ("TOKENIZERS_PARALLELISM",)
 
 log = logging.getLogger("kvscope.engine")
-
-
-@dataclass
-class ProcessState:
-    """What an engine changes for the whole process (torch's threads, PROCESS_ENV), given back at shutdown."""
-    num_threads: int
-    env: dict[str, str | None]
-
-    @classmethod
-    def save(cls) -> "ProcessState":
-        return cls(torch.get_num_threads(), {k: os.environ.get(k) for k in PROCESS_ENV})
-
-    def restore(self) -> None:
-        if torch.get_num_threads() != self.num_threads:
-            torch.set_num_threads(self.num_threads)
-        for key, value in self.env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # -- the engine's named publication points -----------------------------------------------
@@ -87,30 +67,37 @@ class EngineObserver:
     def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
 
 
-def release(workers: TPWorkers | None, runner, process_state: ProcessState) -> None:
-    """What shutting an engine down gives back; run once, by shutdown() or when the engine is dropped."""
+def release(workers: TPWorkers | None, runner, num_threads: int, env: dict[str, str | None]) -> None:
+    """What shutting an engine down gives back, torch's threads and PROCESS_ENV as they were;
+    run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
     if runner is not None:
         runner.release()
-    process_state.restore()
+    if torch.get_num_threads() != num_threads:
+        torch.set_num_threads(num_threads)
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
-        self.process_state = ProcessState.save()
+        process_state = torch.get_num_threads(), {k: os.environ.get(k) for k in PROCESS_ENV}
         self.closed = False
         self.workers: TPWorkers | None = None
         try:
             self._start(config)
         except BaseException:   # the ranks, their process group and the threads go back too
-            release(self.workers, None, self.process_state)
+            release(self.workers, None, *process_state)
             raise
         # Dropping the last reference releases the engine as shutdown() does (vLLM's examples
         # end with `del llm`). The finalizer holds only what it releases, none of which points
         # back at the engine, so it runs as soon as the engine is unreachable.
-        self._release = weakref.finalize(self, release, self.workers, self.runner, self.process_state)
+        self._release = weakref.finalize(self, release, self.workers, self.runner, *process_state)
         log.info("engine: %s on %s", self.model_path.name, self.plan.describe())
 
     def _start(self, config: EngineConfig) -> None:
@@ -125,7 +112,8 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers, device = self._start_workers(device, dtype_choice.dtype)
+            self.workers = TPWorkers.start(config, self.model_config, dtype_choice.dtype, self.max_model_len, device)
+            device = self.workers.device
         sizing = ""   # how the pool's size was chosen
 
         def size_kv_cache(model) -> int:
@@ -134,17 +122,18 @@ class LLMEngine:
             num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype_choice.dtype,
                                                  self.max_model_len)
             if self.workers is not None:
-                self.workers.send_setup(num_blocks)
+                self.workers.send(num_blocks)
             return num_blocks
-        self.model, self.runner, decode = load_model_and_runner(
-            config, self.model_path, self.model_config, dtype_choice.dtype, device, self.max_model_len,
-            size_kv_cache, self.workers.group if self.workers else TPGroup())
-        self.runner.workers = self.workers
+        self.runner = load_model_and_runner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
+                                            self.max_model_len, size_kv_cache,
+                                            self.workers.group if self.workers else TPGroup())
+        runner, self.model = self.runner, self.runner.model
+        runner.workers = self.workers
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
-            attention_backend=self.runner.attention_backend, attention=self.runner.routes, decode=decode, kv_format=self.runner.kv_format,
-            kv_cache_bytes=self.runner.kv_cache_bytes, num_blocks=self.runner.num_blocks, kv_cache_sizing=sizing,
-            block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
+            attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,
+            kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
+            kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
@@ -154,7 +143,8 @@ class LLMEngine:
         self.generators: dict[int, torch.Generator] = {}
         self.detokenizer = Detokenizer()   # the async front end streams every token's text
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
-        self.speculator = self._build_speculator(config.speculative_config)
+        spec = config.speculative_config
+        self.speculator = Speculator(spec, self) if spec is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -163,24 +153,6 @@ class LLMEngine:
     @property
     def dtype(self) -> torch.dtype:
         return self.plan.dtype
-
-    def _build_speculator(self, config: SpeculativeConfig | None) -> Speculator | None:
-        if config is None:
-            return None
-        proposer = (NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min)
-                    if config.method == "ngram" else DraftModelProposer(config, self))
-        return Speculator(config, proposer, self.max_model_len)
-
-    def _start_workers(self, device: torch.device, dtype: torch.dtype) -> tuple[TPWorkers, torch.device]:
-        """The other ranks, and rank 0's own device."""
-        size = self.config.tensor_parallel_size
-        check_tp(size, self.model_config, device)
-        rank = torchrun_rank()
-        if rank:   # under torchrun, ranks > 0 serve rank 0's steps, then exit
-            worker_main(rank, size, "env://", self.config, dtype, self.max_model_len)
-            raise SystemExit(0)
-        device = rank_device(device, 0)
-        return TPWorkers.start(size, self.config, dtype, self.max_model_len, device), device
 
     def shutdown(self) -> None:
         """Abort what is queued and release(), so another engine can start; safe to call twice."""
@@ -220,8 +192,8 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str = "", cache_salt: str | None = None) -> Sequence:
-        """Queue a request. With params.n > 1 the returned sequence is choice 0; choices
-        1..n-1 (`seq.forks`, request ids `<id>-<i>`) fork from it once its prompt is computed."""
+        """Queue a request; with n > 1 it is choice 0, and choices 1..n-1 (`seq.forks`, ids
+        `<id>-<i>`) fork from it once its prompt is computed."""
         params = params or SamplingParams()
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
@@ -263,8 +235,7 @@ class LLMEngine:
         return seq is not None
 
     def pause(self, request_id: str, paused: bool = True) -> bool:
-        """Leave a request out of the steps, its blocks kept, until resume(): the server holds
-        and paces requests this way (it decides when; the engine only skips them)."""
+        """Leave a request out of the steps, its blocks kept, until resume() (the server's pacing)."""
         if (seq := self.find(request_id)) is not None:
             seq.paused = paused
         return seq is not None
@@ -286,7 +257,6 @@ class LLMEngine:
         return self.block_manager.num_used_blocks
 
     def take_block_events(self) -> list[tuple]:
-        """The block manager's events (kind, block_id, detail) since the last call: the one place they are drained."""
         return self.block_manager.take_events()
 
     # -- what the server and the explainer read between steps, instead of the engine's parts --
@@ -307,17 +277,14 @@ class LLMEngine:
         return self.block_manager.num_free_blocks
 
     def block_hashes(self) -> list[bytes | None]:
-        """Each KV block's prefix-cache hash (None: not hashed), by block id."""
         return [b.hash for b in self.block_manager.blocks]
 
     @property
-    def num_prefix_hits(self) -> int:
-        """Blocks reused from the prefix cache since the start (or the last reset)."""
+    def num_prefix_hits(self) -> int:   # blocks reused from the prefix cache (since the last reset)
         return self.block_manager.num_prefix_hits
 
     @property
-    def num_evictions(self) -> int:
-        """Cached blocks whose contents made room for others, since the start (or the last reset)."""
+    def num_evictions(self) -> int:     # cached blocks that made room for others
         return self.block_manager.num_evictions
 
     def add_observer(self, observer: EngineObserver) -> None:
@@ -364,7 +331,7 @@ class LLMEngine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule()
-        if out.is_empty:
+        if not out.entries:
             return [], []
         t1 = time.perf_counter()
         eager = any([obs.on_scheduled(out) for obs in self.observers])   # every observer hears it
@@ -378,23 +345,30 @@ class LLMEngine:
             except (WorkerDied, RuntimeError) as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
-            self._verify_drafts(out, result)
+            self.speculator.verify(out, result, self.generators, self.runner.sampler.generator)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
         if self.detokenizer.live:
             deltas = self._detokenize(deltas, finished)
-        if result.logprobs:
-            self._attach_logprobs(deltas, result.logprobs)
+        if result.logprobs:   # each appended token's {logprob, top}, in the order its sequence drew them
+            drawn = {seq_id: iter(entries) for seq_id, entries in result.logprobs.items()}
+            for d in deltas:
+                if d.seq.seq_id in drawn:
+                    d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
         for seq in finished:
             self._cleanup(seq)
         comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step
         if self.observers:
-            self._publish_step(out, result, deltas, finished, comm, t0, t1, t2)
+            record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
+                                model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
+                                num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
+                                token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs)
+            for obs in self.observers:
+                obs.on_step(record)
         return deltas, ended + finished
 
     def _detokenize(self, deltas: list[TokenDelta], finished: list[Sequence]) -> list[TokenDelta]:
-        """The tokens' text; a stop string ends its sequence at the token that completed it
-        (tokens accepted past it in the same step are dropped, as if never drawn)."""
+        """The tokens' text; a stop string ends its sequence there (later tokens are dropped)."""
         deltas, stopped = self.detokenizer.process(deltas)
         for seq, num_output in stopped.items():
             del seq.token_ids[seq.num_prompt_tokens + num_output:]
@@ -413,30 +387,6 @@ class LLMEngine:
                 ended += entry.seq.choices
                 self.finish(entry.seq, "error", f"this request's step failed: {failed[entry.seq.seq_id]}")
         return ended
-
-    def _verify_drafts(self, out, result) -> None:
-        """Accept or reject each sequence's drafts against the target's scores."""
-        for entry in out.entries:
-            seq = entry.seq
-            logits = result.spec_logits.get(seq.seq_id)
-            if logits is None:
-                continue
-            verdict = self.speculator.verify(seq, entry.spec_token_ids, logits,
-                                             self.generators.get(seq.seq_id, self.runner.sampler.generator))
-            result.spec[seq.seq_id] = verdict
-            result.tokens[seq.seq_id] = verdict.token_ids
-            if seq.params.logprobs is not None:
-                result.logprobs[seq.seq_id] = spec_logprobs(logits, verdict.token_ids, seq.params.logprobs)
-
-    @staticmethod
-    def _attach_logprobs(deltas: list[TokenDelta], logprobs: dict[int, list[dict]]) -> None:
-        """Each appended token's {logprob, top}, in the order its sequence drew them."""
-        taken: dict[int, int] = {}
-        for d in deltas:
-            drawn = logprobs.get(d.seq.seq_id)
-            if drawn is not None:
-                i = taken[d.seq.seq_id] = taken.get(d.seq.seq_id, -1) + 1
-                d.seq.logprobs.append(drawn[i])
 
     def _fail_everything(self, reason: str) -> list[Sequence]:
         """A rank is gone: every request fails with the reason and the other ranks stop."""
@@ -462,11 +412,3 @@ class LLMEngine:
             self.speculator.release(seq)
         for obs in self.observers:
             obs.on_request_finished(seq)
-
-    def _publish_step(self, out, result, deltas, finished, comm, t0, t1, t2) -> None:
-        record = StepRecord(out, result, deltas, finished, self.take_block_events(), comm, schedule_seconds=t1 - t0,
-                            model_seconds=t2 - t1, total_seconds=time.perf_counter() - t0,
-                            num_waiting=len(self.scheduler.waiting), num_running=len(self.scheduler.running),
-                            token_budget=self.config.max_num_batched_tokens, max_num_seqs=self.config.max_num_seqs)
-        for obs in self.observers:
-            obs.on_step(record)

@@ -1,5 +1,4 @@
-"""Runs one scheduled step: flattens the batch (step_inputs.py), runs the model over it,
-and samples the next tokens."""
+"""Runs one scheduled step: flattens the batch (step_inputs.py), runs the model, samples."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -56,8 +55,7 @@ class ModelRunner:
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
         self.keep_queries: Callable[[SchedulerOutput, bool], KeptQueries | None] | None = None
-        # decode steps recorded once (CUDA graphs or a compiled step) or None; `decode` says how
-        # decode steps run, and why when eagerly (the ExecutionPlan reports it); routes follow
+        # decode steps recorded once (CUDA graphs or a compiled step), and how decode steps run
         self.graphs, self.compiled, self.decode = record_decode(self)
 
     # -- KV cache ----------------------------------------------------------------------
@@ -75,13 +73,11 @@ class ModelRunner:
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:
-        """Every layer's K and V caches, and their scales where the format keeps any."""
         return [t for layer in self.attn_layers for t in (layer.k_cache, layer.v_cache, layer.k_scales, layer.v_scales)
                 if t is not None]
 
     def release(self) -> None:
-        """Give the KV cache, the captured graphs and the weights back (the engine is shut
-        down): on a GPU the next engine sizes its pool from the memory left free."""
+        """Give the memory back: on a GPU the next engine sizes its pool from what is free."""
         for layer in self.attn_layers:
             layer.k_cache = layer.v_cache = torch.empty(0)
             layer.k_scales = layer.v_scales = None
@@ -98,14 +94,8 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
-    @staticmethod
-    def _replayable(out: SchedulerOutput) -> bool:
-        """The one rule for a step a decode graph may run: decode rows only (no prompt, no
-        drafts), each sampled once from its own row (no choices forking from it)."""
-        return all(e.kind == "decode" and not e.forks for e in out.entries)
-
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write: give each (src, dst) pair's dst block the K/V of src, every layer."""
+        """Copy-on-write: each (src, dst) pair's dst block gets src's K/V, every layer."""
         if not copies:
             return
         src, dst = (to_device(torch.tensor(column), self.device) for column in zip(*copies))
@@ -116,10 +106,10 @@ class ModelRunner:
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, generators: dict[int, torch.Generator], eager: bool = False) -> StepResult:
-        """One step. `eager`: an observer's forward hooks must see every layer, so neither a
-        CUDA graph nor the compiled graph may run it."""
+        """One step. `eager`: an observer's forward hooks must see every layer, so no graph runs it."""
         self.copy_blocks(out.block_copies)
-        replay = not eager and self._replayable(out)
+        # the one rule for a step a decode graph may run: decode rows only, none forking
+        replay = not eager and all(e.kind == "decode" and not e.forks for e in out.entries)
         compiled = replay and self.compiled is not None and self.compiled.fits(len(out.entries))
         route = self.routes.graph if compiled else self.routes.eager
         inputs = prepare_inputs(out, self.block_size, self.buffers, route)
@@ -142,85 +132,61 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(sampled_rows(hidden, inputs.sample_rows)).float()
         result.logits = logits
-        drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries if e.spec_token_ids}
-        plain, plain_rows = (seqs, None) if not drafts else self._split_drafts(seqs, drafts, logits, result)
-        if plain:
-            if plain_rows is not None and len(plain_rows) < logits.shape[0]:   # indexing copies every row
-                logits = logits[plain_rows]
-            batch = SamplingBatch([s.params for s in plain], [generators.get(s.seq_id) for s in plain])
-            raw = logits
-            if any(s.grammar is not None for s in plain):
-                # logprobs stay those of the model's own distribution, as in vLLM
-                logits = logits.clone()   # the model's own rows stay: logprobs and observers read them
-                apply_masks(logits, [s.grammar for s in plain])
-            self._collect(result, plain, raw, self.sampler(logits, batch))
-        return result
-
-    @staticmethod
-    def _split_drafts(seqs, drafts: dict[int, int], logits, result) -> tuple[list, list[int]]:
-        """Rows of a sequence with k drafts (k + 1 rows) go to the verifier; returns the
-        sequences sampled plainly and their rows."""
-        plain, plain_rows, row = [], [], 0
-        while row < len(seqs):
-            seq, k = seqs[row], drafts.get(seqs[row].seq_id, 0)
-            if k:
-                result.spec_logits[seq.seq_id] = logits[row:row + k + 1]
-            else:
-                plain.append(seq)
-                plain_rows.append(row)
-            row += k + 1
-        return plain, plain_rows
-
-    def _collect(self, result, seqs, logits, tokens) -> None:
+        if any([e.spec_token_ids for e in out.entries]):   # a sequence's k + 1 rows with k drafts: the verifier's
+            drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries}
+            rows, row = [], 0
+            while row < len(seqs):
+                if k := drafts.get(seqs[row].seq_id, 0):
+                    result.spec_logits[seqs[row].seq_id] = logits[row:row + k + 1]
+                else:
+                    rows.append(row)
+                row += k + 1
+            seqs, logits = [seqs[r] for r in rows], logits[rows]
+            if not seqs:
+                return result
+        masked = logits   # the model's own rows stay: logprobs (as in vLLM) and observers read them
+        if any(s.grammar is not None for s in seqs):
+            masked = logits.clone()
+            apply_masks(masked, [s.grammar for s in seqs])
+        tokens = self.sampler(masked, SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs]))
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
         if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])
-            for i, entry in zip(wants, entries):
-                result.logprobs[seqs[i].seq_id] = [entry]
+            result.logprobs.update((seqs[i].seq_id, [entry]) for i, entry in zip(wants, entries))
+        return result
 
 
-# -- a failed step -------------------------------------------------------------------
 def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[int, torch.Generator],
                   eager: bool = False) -> tuple[StepResult, dict[int, str]]:
-    """The step's result and {seq_id: why its step failed}. When a step fails, each request's
-    part is tried alone and the step runs again without the ones that fail, so one bad
-    request ends alone instead of taking every stream with it (an error no single request
-    explains is raised again). Only the error path pays. Running a step again is safe:
-    writing a position's K/V is idempotent, and the seeded generators are rewound so the
-    rest draw exactly what they would have drawn."""
+    """The step's result and {seq_id: why its step failed}: a failed step tries each request alone
+    and runs again without those that fail (safe: K/V writes are idempotent, seeded generators
+    are rewound); an error no single request explains is raised again."""
     states = {seq_id: gen.get_state() for seq_id, gen in generators.items()}
+
+    def rerun(entries: list) -> StepResult:
+        for seq_id, state in states.items():
+            generators[seq_id].set_state(state)
+        return runner.run(replace(out, entries=entries), generators, eager)
     try:
         return runner.run(out, generators, eager), {}
     except Exception as error:
         failed = {}
         for entry in out.entries:
-            _rewind(generators, states)
             try:
-                runner.run(replace(out, entries=[entry]), generators, eager)
+                rerun([entry])
             except Exception as alone:
                 failed[entry.seq.seq_id] = f"{type(alone).__name__}: {alone}"
         if not failed:
             raise error
     kept = [e for e in out.entries if e.seq.seq_id not in failed]
-    _rewind(generators, states)
-    if not kept:
-        return StepResult(), failed
-    return runner.run(replace(out, entries=kept), generators, eager), failed
-
-
-def _rewind(generators: dict[int, torch.Generator], states: dict[int, torch.Tensor]) -> None:
-    for seq_id, state in states.items():
-        generators[seq_id].set_state(state)
+    return rerun(kept) if kept else StepResult(), failed
 
 
 def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
                           max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
-                          load_format: str | None = None) -> tuple[CausalLM, ModelRunner, str]:
-    """The one way a model and the runner that steps it are made: the engine's (rank 0),
-    a tensor-parallel rank's slice, the draft model's. `num_blocks(model)` sizes the KV
-    pool once the weights are in (on a GPU it measures what they leave free; a rank hears
-    rank 0's size). Also returns how decode steps run (graphs.record_decode)."""
+                          load_format: str | None = None) -> ModelRunner:
+    """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
+    draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
     model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
                         config.seed, tp)
-    runner = ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)
-    return model, runner, runner.decode
+    return ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)

@@ -1,6 +1,4 @@
-"""The start-up plan: the device, the attention backend, the KV pool's size (from the memory
-free), fixed once and kept as `engine.plan` (ExecutionPlan), which the hello event, the
-stats and the benchmarks read."""
+"""The start-up plan (`engine.plan`): the device, the attention backend, the KV pool's size."""
 from __future__ import annotations
 
 import logging
@@ -22,9 +20,7 @@ log = logging.getLogger("kvscope.engine")
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """How this engine runs, fixed at start-up and logged once (`engine.plan`): where, in
-    which dtype, with which attention kernel, how decode steps run, and the KV pool. Stats,
-    the hello event and the benchmarks read it here rather than from the runner."""
+    """How this engine runs, fixed at start-up and logged once; stats, hello and benchmarks read it."""
     device: torch.device
     dtype: torch.dtype
     dtype_reason: str
@@ -52,10 +48,8 @@ class ExecutionPlan:
                 f"prefix caching {'on' if self.enable_prefix_caching else 'off'}")
 
 
-# -- the device and the KV pool's size: what the engine picks for this machine --------------
-# On a CPU the KV cache takes this share of the memory available at start-up (as
-# vLLM's VLLM_CPU_KVCACHE_SPACE sizes it by hand), and never more than the scheduler
-# could fill: max_num_seqs sequences of max_model_len tokens.
+# On a CPU the KV cache takes this share of the memory available (vLLM's VLLM_CPU_KVCACHE_SPACE
+# sizes it by hand), never more than max_num_seqs sequences of max_model_len tokens fill.
 CPU_KV_FRACTION = 0.25
 
 
@@ -71,7 +65,6 @@ def resolve_device(name: str) -> torch.device:
 
 
 def block_bytes(cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
-    """One block's K and V across all layers, as stored (an 8-bit cache: half or a quarter)."""
     fmt = kv_cache_format(kv_cache_dtype, dtype)
     return block_size * fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
 
@@ -88,7 +81,12 @@ def kv_cache_blocks(config: EngineConfig, cfg: ModelConfig, model, device: torch
         budget = _free_gpu_budget(config, cfg, model, device)
         why = f"{config.gpu_memory_utilization:.0%} of the GPU, less weights and activations"
     else:
-        budget, why = _free_cpu_budget(config, cfg, dtype, max_model_len)
+        available = host_memory()[1]
+        share = int(available * CPU_KV_FRACTION)
+        fillable = config.max_num_seqs * max_model_len * per_block // config.block_size
+        budget = min(share, fillable)
+        why = (f"what {config.max_num_seqs} sequences of {max_model_len} tokens fill; " if fillable <= share
+               else f"{CPU_KV_FRACTION:.0%} of the ") + f"{available / 2**30:.1f} GiB of memory available"
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(f"the KV budget ({budget / 2**20:.1f} MiB) is smaller than one block "
@@ -96,33 +94,13 @@ def kv_cache_blocks(config: EngineConfig, cfg: ModelConfig, model, device: torch
     return int(blocks), f"{int(blocks) * per_block / 2**20:,.0f} MiB, {int(blocks)} blocks ({why})"
 
 
-def _free_cpu_budget(config: EngineConfig, cfg: ModelConfig, dtype: torch.dtype,
-                     max_model_len: int) -> tuple[int, str]:
-    available = host_memory()[1]
-    share = int(available * CPU_KV_FRACTION)
-    per_token = block_bytes(cfg, 1, dtype, config.kv_cache_dtype)
-    fillable = config.max_num_seqs * max_model_len * per_token
-    if fillable <= share:
-        return fillable, (f"what {config.max_num_seqs} sequences of {max_model_len} tokens fill; "
-                          f"{available / 2**30:.1f} GiB of memory available")
-    return share, f"{CPU_KV_FRACTION:.0%} of the {available / 2**30:.1f} GiB of memory available"
-
-
+@torch.inference_mode()
 def _free_gpu_budget(config: EngineConfig, cfg: ModelConfig, model, device: torch.device) -> int:
-    """A fraction of the card, less the weights and the peak of one full-budget forward."""
+    """A fraction of the card, less the weights and the peak of the largest prefill the scheduler
+    can issue (run against a one-block cache)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
-    _profile_forward(config, cfg, model, device)
-    free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
-    peak = torch.cuda.max_memory_allocated(device)
-    return max(0, int(total * config.gpu_memory_utilization) - used_by_others - peak)
-
-
-@torch.inference_mode()
-def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torch.device) -> None:
-    """Run the largest prefill the scheduler can issue, against a one-block cache."""
     n = config.max_num_batched_tokens
     dtype = next(model.parameters()).dtype
     for layer in model.modules():
@@ -130,13 +108,16 @@ def _profile_forward(config: EngineConfig, cfg: ModelConfig, model, device: torc
             layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
     ids = torch.zeros(n, dtype=torch.long, device=device)
-    rope_len = model.model.rotary.cos_cache.shape[0]
-    pos = torch.arange(n, device=device) % rope_len
+    pos = torch.arange(n, device=device) % model.model.rotary.cos_cache.shape[0]
     md = span_metadata(torch.zeros(n, dtype=torch.long, device=device), PrefillSpan(0, n, 0))
     with step_metadata(model, md):
         hidden = model(ids, pos)
     model.compute_logits(hidden[-min(n, config.max_num_seqs):])
     torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return max(0, int(total * config.gpu_memory_utilization) - used_by_others - peak)
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype, block_size: int,
@@ -146,7 +127,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             raise ValueError(f"kv_cache_dtype={kv_format.name!r} is read by the 'torch' attention backend only, "
                              f"not {requested!r}")
         return "torch"
-    triton_fits = HAS_TRITON and _power_of_two(head_dim) and _power_of_two(block_size)
+    triton_fits = HAS_TRITON and all(n > 0 and n & (n - 1) == 0 for n in (head_dim, block_size))   # powers of two
     if requested == "auto":
         if device.type != "cuda":
             # the C kernel reads K/V in place; where it cannot run, the reference gathers
@@ -171,6 +152,3 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
                          f"block_size multiple of {FLASH_PAGE_MULTIPLE}")
     return requested
 
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0

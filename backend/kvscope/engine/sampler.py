@@ -1,8 +1,6 @@
-"""Turn each row of logits into a token: a grammar's mask first (structured outputs, at the end of this file),
-then greedy, temperature, top-k, top-p, min-p.
-
-Random draws use the exponential race (argmax of p / E with E ~ Exp(1) is a draw from p), the noise for a seeded
-request coming from its own generator, so the same seed gives the same tokens whatever else shares the batch."""
+"""Each row of logits to a token: a grammar's mask (structured outputs, below), then greedy,
+temperature, top-k, top-p, min-p. A draw is the exponential race (argmax of p / E, E ~ Exp(1)),
+a seeded request's noise from its own generator, so its tokens do not depend on the batch."""
 from __future__ import annotations
 
 import json
@@ -64,8 +62,8 @@ def filtered_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
-    """The index of each row's largest value (the first, on ties). On a CPU through numpy: torch's argmax over
-    a 2,048-wide row takes 233 µs against numpy's 10 (64 rows, 1 thread), paid by every greedy decode step."""
+    """Each row's first largest value. On a CPU through numpy: torch's argmax over 64 rows 2,048 wide
+    takes 233 µs against numpy's 10 (1 thread), paid by every greedy decode step."""
     if x.device.type == "cpu" and x.dtype == torch.float32:
         return torch.from_numpy(x.contiguous().numpy().argmax(axis=1))
     return x.argmax(dim=1)
@@ -93,8 +91,7 @@ class Sampler:
 
 
 def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -> list[dict]:
-    """Per row: the log-probability (of the unmodified distribution) of its chosen token and
-    its ns[row] most likely (token, logprob) pairs."""
+    """Per row: its token's log-probability (unmodified distribution) and its ns[row] most likely."""
     logp = logits.log_softmax(dim=1)
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     top = logp.topk(max(ns), dim=1) if max(ns) else None
@@ -103,12 +100,8 @@ def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -
             for row, n in enumerate(ns)]
 
 
-# -- structured outputs -------------------------------------------------------------------
-# A grammar masks the logits so every sampled token keeps the text inside a language (a JSON schema, a regex, a
-# list of choices, an EBNF grammar). As in vLLM, the grammar is compiled once per distinct request (xgrammar,
-# vLLM's default backend), and each sequence has its own matcher (a parser state) that writes, before each
-# sampling step, a bitmask of the tokens allowed next; the others get a logit of -inf, so neither greedy nor
-# random sampling can pick them. Once the grammar is complete only end-of-sequence tokens remain: the request stops.
+# -- structured outputs: as in vLLM, a grammar compiled once per distinct request (xgrammar), and
+# each sequence's matcher writes a bitmask of the tokens allowed next; the others get -inf.
 
 
 def _xgrammar():
@@ -155,13 +148,11 @@ class StructuredOutputManager:
         return xgr.GrammarCompiler(info)
 
     def _compile(self, key: tuple):
-        """`key`: a `grammar_key`. A JSON grammar is compact when the engine or the request says so."""
         kind, spec = key
         try:
             if kind == "json":
                 schema, disable_any_whitespace = spec
-                # compact JSON, as vLLM asks xgrammar for it: no free whitespace, and separators
-                # without the space xgrammar would otherwise put after ',' and ':'
+                # compact when the engine or the request says so, as vLLM asks xgrammar for it
                 compact = self.disable_any_whitespace or disable_any_whitespace
                 return self.compiler.compile_json_schema(schema, any_whitespace=not compact,
                                                          separators=(",", ":") if compact else None)
@@ -177,8 +168,7 @@ class StructuredOutputManager:
 
 
 def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
-    """In place: each row whose matcher is set keeps only the tokens its grammar allows
-    (the others get -inf); each matcher keeps its mask."""
+    """In place: rows with a matcher keep only what its grammar allows; each matcher keeps its mask."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return

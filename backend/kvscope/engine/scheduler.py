@@ -1,14 +1,6 @@
-"""Continuous batching: which sequences run this step, and how many tokens each computes.
-
-vLLM V1's rule, with no prefill or decode phase: every sequence has a computed count
-catching up with its tokens (plus any drafts to verify), under one token budget a step.
-Running sequences go first, in the order they were admitted, each given what it still
-lacks as far as the budget allows (one token for a decode, a chunk of a prompt, a token and
-its drafts); then waiting ones are admitted the same way, starting from their prefix-cache
-hits. Chunked prefill, prefix hits and draft verification all fall out of that one rule.
-When blocks run out, the most recently admitted sequence is preempted: its blocks are freed
-and it is recomputed later (its prefix-cached blocks often survive, so recomputing is cheap).
-"""
+"""Continuous batching, vLLM V1's rule: under one token budget a step, each sequence's computed
+count catches up with its tokens (and drafts), running ones first, then waiting ones from their
+prefix-cache hits; when blocks run out the last admitted is preempted and recomputed later."""
 from __future__ import annotations
 
 from collections import deque
@@ -25,17 +17,14 @@ class ScheduledSeq:
     num_new_tokens: int
     start: int            # num_computed_tokens when scheduled: first position computed
     samples: bool         # this chunk reaches the last known token, so a new token is drawn
-    # decided here once and read by everything downstream (inputs, explainer): "decode" (the
-    # one newest token), "verify" (the newest token and drafts) or "prefill" (a prompt chunk)
-    kind: str
+    kind: str             # "decode" (the newest token), "verify" (it and drafts), "prefill" (a prompt chunk)
     forks: list[Sequence] = field(default_factory=list)   # choices that draw from the same row, then fork
     spec_token_ids: list[int] = field(default_factory=list)   # drafts verified in this pass
     admitted: bool = False   # taken from the waiting queue this step (new, or back after preemption)
 
     @classmethod
     def row(cls, seq: Sequence, n: int, drafts: list[int] = (), admitted: bool = False) -> "ScheduledSeq":
-        """`seq` computes n tokens from its computed count on: the known tokens, then as
-        many drafts as fit."""
+        """`seq` computes n tokens: the known ones, then as many drafts as fit."""
         known = seq.num_tokens - seq.num_computed_tokens
         samples = n >= known
         drafts = list(drafts[:max(0, n - known)]) if drafts else []
@@ -46,7 +35,7 @@ class ScheduledSeq:
 
 @dataclass(slots=True)
 class TokenDelta:
-    """One token appended by postprocess: the step's per-token result the engine publishes."""
+    """One token appended by postprocess."""
     seq: Sequence
     token_id: int
     index: int     # its position among the sequence's output tokens
@@ -54,7 +43,6 @@ class TokenDelta:
 
     @property
     def logprob(self) -> dict | None:
-        """Its {logprob, top} entry, when the request asked for logprobs."""
         lps = self.seq.logprobs
         return lps[self.index] if self.seq.params.logprobs is not None and self.index < len(lps) else None
 
@@ -69,10 +57,6 @@ class SchedulerOutput:
     @property
     def num_batched_tokens(self) -> int:
         return sum(e.num_new_tokens for e in self.entries)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.entries
 
 
 def check_chunking(enable_chunked_prefill: bool, max_num_batched_tokens: int, max_model_len: int) -> None:
@@ -108,7 +92,6 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
-    # -- one step ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         self.num_steps += 1
         out = SchedulerOutput(step=self.num_steps)
@@ -164,50 +147,39 @@ class Scheduler:
             budget -= n
 
     def _chunk(self, seq: Sequence, remaining: int, budget: int) -> int:
-        """Tokens a sequence computes this step: what is left, within the budget, the engine's
-        prefill chunk and the request's own (a decode's single token is never cut)."""
+        """What is left, within the budget and the engine's and request's prefill chunk."""
         caps = (self.config.prefill_chunk_size, seq.prefill_chunk_size)
         return min(remaining, budget, *(cap for cap in caps if cap))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
-        seq.num_preemptions += 1
-        if seq in self.running:
-            self.running.remove(seq)
+        seq.num_preemptions += 1   # (it leaves `running` with the kept list _schedule_running builds)
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
-    # -- after the model ran -----------------------------------------------------------
     def postprocess(self, out: SchedulerOutput,
                     sampled: dict[int, list[int]]) -> tuple[list[TokenDelta], list[Sequence]]:
-        """Advance computed counts, append sampled tokens, finish what hit a stop condition.
-        `sampled` maps seq_id to the tokens drawn (several when drafts were accepted); they
-        are appended one by one and stop conditions checked after each, so a stop or
-        max_tokens falls where it would without speculation. Returns the tokens appended
-        and the sequences finished now."""
+        """Advance computed counts, append `sampled` (seq_id -> tokens drawn), finish what hit a
+        stop condition; returns the tokens appended and the sequences finished."""
         appended: list[TokenDelta] = []
         finished: list[Sequence] = []
         for entry in out.entries:
             seq = entry.seq
             if seq.is_finished:      # aborted while the step ran
                 continue
-            if not entry.samples:
-                seq.num_computed_tokens += entry.num_new_tokens
-                self.block_manager.commit(seq)
-                continue
-            # the known tokens' K/V are in; the drafts' count only once accepted (below)
+            # the known tokens' K/V are in; the drafts' count only once accepted (_append)
             seq.num_computed_tokens += entry.num_new_tokens - len(entry.spec_token_ids)
             self.block_manager.commit(seq)
-            drafted = bool(entry.spec_token_ids)
+            if not entry.samples:
+                continue
             # the choices fork before the parent's token can finish it
             forked = self._fork(seq, entry.forks) if entry.forks else ()
             for s in (seq, *forked):
-                self._append(s, sampled[s.seq_id], appended, finished, drafted)
+                self._append(s, sampled[s.seq_id], appended, finished, bool(entry.spec_token_ids))
         return appended, finished
 
     def _fork(self, parent: Sequence, forks: list[Sequence]) -> list[Sequence]:
-        """The prompt is computed: the other choices start sharing its blocks."""
         forked = [c for c in forks if not c.is_finished]
         for child in forked:
             self.block_manager.fork(parent, child)
@@ -218,9 +190,8 @@ class Scheduler:
 
     def _append(self, seq: Sequence, tokens: list[int], appended: list[TokenDelta],
                 finished: list[Sequence], drafted: bool) -> None:
-        """Append the drawn tokens one by one, checking the stop conditions after each. After
-        a pass that verified drafts, the K/V of accepted ones count as computed and slots
-        written for rejected ones go back."""
+        """One by one, checking the stop rules after each (so accepted drafts never overshoot
+        them); after a verify pass, rejected drafts' slots go back."""
         reason = None
         for token in tokens:
             seq.append_token(token)
@@ -228,7 +199,7 @@ class Scheduler:
             appended.append(TokenDelta(seq, token, seq.num_output_tokens - 1))
             if reason:
                 break
-        if drafted:   # (a pass without drafts computed exactly the known tokens: nothing to undo)
+        if drafted:
             seq.num_computed_tokens = min(seq.num_computed_tokens + len(tokens) - 1, seq.num_tokens - 1)
             self.block_manager.commit(seq)
             self.block_manager.trim(seq)
@@ -237,8 +208,7 @@ class Scheduler:
             finished.append(seq)
 
     def _check_stop(self, seq: Sequence) -> str | None:
-        """The engine's stop rules, after each appended token: end tokens, lengths, a complete
-        grammar. (Stop strings need text: LLMEngine checks them after the step.)"""
+        """A complete grammar, end tokens, lengths (stop strings: the detokenizer's pass)."""
         token, p = seq.token_ids[-1], seq.params
         if seq.grammar is not None:
             seq.grammar.accept(token)

@@ -1,18 +1,10 @@
-"""Speculative decoding: vLLM's `speculative_config`, and the two halves of a speculative step around the
-ordinary one — drafts proposed before scheduling, verified after the target pass. A sequence with k drafts gets
-k + 1 query rows (its last token and the drafts) in an ordinary step, so speculative and plain requests share
-the batch.
-
-Verification (`verify`, rejection sampling) reads those k + 1 rows of target logits. Draft i is accepted with
-probability min(1, p(d) / q(d)), p being the target's and q the drafter's distribution at that position; at the
-first rejection a token is drawn from the normalised residual max(0, p − q), and if all k are accepted the last
-row gives a bonus token from p. The output then follows the target's distribution exactly. Greedy requests accept
-a draft exactly when it is the target's argmax, so they produce the target's tokens. A drafter without
-probabilities (n-gram lookup) proposes deterministically: q is one-hot."""
+"""Speculative decoding (vLLM's `speculative_config`): drafts proposed before scheduling, a
+sequence with k drafts taking k + 1 rows of an ordinary step, then verified by rejection
+sampling (accept with min(1, p/q), else draw from max(0, p - q)), so the output follows the
+target's distribution exactly; a greedy request accepts exactly the target's argmax."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -25,7 +17,6 @@ from kvscope.engine.sequence import Sequence
 from kvscope.models.loader import read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
 
-# -- verification: rejection sampling ----------------------------------------------------
 @dataclass
 class DraftCheck:
     """How one draft fared, for the explainer: target and draft probability and the draw."""
@@ -38,8 +29,7 @@ class DraftCheck:
 
     @property
     def p(self) -> float:
-        """The target's probability of the draft. A greedy check needs only the argmax, so
-        the softmax is computed when someone (the explainer) asks."""
+        """p(draft): a greedy check needs only the argmax, so the softmax waits for the explainer."""
         if isinstance(self.target, torch.Tensor):
             self.target = float(self.target.softmax(dim=0)[self.token_id])
         return self.target
@@ -56,8 +46,7 @@ class SpecVerdict:
         return len(self.token_ids) - 1
 
     @property
-    def bonus(self) -> bool:
-        """All drafts were accepted, so the last token came free from the final row."""
+    def bonus(self) -> bool:   # every draft accepted: the last token came free from the final row
         return self.num_accepted == len(self.proposed)
 
 
@@ -85,8 +74,7 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
 
 
 def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
-    """The drafts before the first that is not its row's argmax are accepted; the tokens are the argmaxes of
-    the rows up to that one (or of all k + 1 rows)."""
+    """Drafts are accepted up to the first that is not its row's argmax; the tokens are the argmaxes."""
     best = logits.argmax(dim=1).tolist()
     n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
     checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
@@ -95,18 +83,6 @@ def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
 
 def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(weights / weights.sum(), 1, generator=generator))
-
-
-# -- drafts and their bookkeeping ----------------------------------------------------------
-@dataclass
-class Draft:
-    token_ids: list[int]
-    probs: torch.Tensor | None = None        # [k, V] drafter distribution; None: one-hot
-
-
-class Proposer(Protocol):
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]: ...
-    def release(self, seq: Sequence) -> None: ...
 
 
 @dataclass
@@ -132,17 +108,15 @@ class SpecStats:
         return self.emitted / self.target_passes if self.target_passes else 0.0
 
 
-@dataclass
 class Speculator:
-    config: SpeculativeConfig
-    proposer: Proposer
-    max_model_len: int
-    drafts: dict[int, Draft] = field(default_factory=dict)
-    total: SpecStats = field(default_factory=SpecStats)
+    def __init__(self, config: SpeculativeConfig, engine):
+        self.config, self.max_model_len = config, engine.max_model_len
+        # both drafters propose deterministically (lookup, a greedy draft model): q is one-hot
+        self.proposer = NgramProposer(config) if config.method == "ngram" else DraftModelProposer(config, engine)
+        self.total = SpecStats()   # the engine's running totals
 
     def propose(self, running: list[Sequence]) -> None:
-        """Draft for every running sequence whose next step is a decode. Never more drafts
-        than the tokens it may still produce, so max_tokens cannot be overshot."""
+        """Draft for every running sequence about to decode, never past what it may still produce."""
         ready, ks = [], []
         for seq in running:
             # a grammar's mask holds for the next token only, so constrained requests are not drafted
@@ -153,44 +127,40 @@ class Speculator:
                 ready.append(seq)
                 ks.append(k)
         for seq, draft in zip(ready, self.proposer.propose(ready, ks)):
-            self.drafts.pop(seq.seq_id, None)
-            if draft.token_ids:
-                seq.spec_token_ids = draft.token_ids
-                self.drafts[seq.seq_id] = draft
+            if draft:
+                seq.spec_token_ids = draft
 
-    def verify(self, seq: Sequence, proposed: list[int], logits: torch.Tensor,
-               generator: torch.Generator) -> SpecVerdict:
-        draft = self.drafts.pop(seq.seq_id, None)
-        probs = draft.probs[:len(proposed)] if draft is not None and draft.probs is not None else None
-        verdict = verify(logits, proposed, seq.params, generator, probs)
-        self.total.add(verdict)
-        return verdict
+    def verify(self, out: SchedulerOutput, result, generators: dict[int, torch.Generator],
+               default: torch.Generator) -> None:
+        """Accept or reject each sequence's drafts against the target's rows (`result.spec_logits`)."""
+        for entry in out.entries:
+            seq = entry.seq
+            if (logits := result.spec_logits.get(seq.seq_id)) is None:
+                continue
+            verdict = result.spec[seq.seq_id] = verify(logits, entry.spec_token_ids, seq.params,
+                                                       generators.get(seq.seq_id, default))
+            self.total.add(verdict)
+            result.tokens[seq.seq_id] = ids = verdict.token_ids
+            if (n := seq.params.logprobs) is not None:   # each emitted token's, under the target
+                drawn = torch.tensor(ids, device=logits.device)
+                result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], drawn, [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
-        self.drafts.pop(seq.seq_id, None)
         self.proposer.release(seq)
 
 
-def spec_logprobs(logits: torch.Tensor, token_ids: list[int], n: int) -> list[dict]:
-    """Per emitted token: its log-probability under the target and the top n."""
-    rows = logits[:len(token_ids)]
-    return logprob_entries(rows, torch.tensor(token_ids, device=rows.device), [n] * len(token_ids))
-
-
 class NgramProposer:
-    """Prompt lookup (n-gram) drafting, no extra model: the last n tokens of a sequence are looked up earlier in
-    it, and the tokens that followed their most recent earlier occurrence are the draft. Longest n first, from
-    prompt_lookup_max down to prompt_lookup_min. (Drafting with a small model: DraftModelProposer, below.)"""
+    """Prompt lookup: the tokens that followed the most recent earlier occurrence of the last n
+    tokens, longest n first (prompt_lookup_max down to prompt_lookup_min)."""
 
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_max: int, prompt_lookup_min: int):
-        self.k = num_speculative_tokens
-        self.max_n, self.min_n = prompt_lookup_max, prompt_lookup_min
+    def __init__(self, config: SpeculativeConfig):
+        self.max_n, self.min_n = config.prompt_lookup_max, config.prompt_lookup_min
 
-    def propose(self, seqs: list, ks: list[int]) -> list[Draft]:
-        return [Draft(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, ks)]
+    def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:
+        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, ks)]
 
-    def release(self, seq) -> None:
-        """Nothing is kept per sequence."""
+    def release(self, seq) -> None:   # nothing is kept per sequence
+        pass
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
@@ -201,18 +171,12 @@ class NgramProposer:
         return []
 
 
-# -- drafting with a small model ----------------------------------------------------------
 GREEDY = SamplingParams(temperature=0.0)
 
 
 class DraftModelProposer:
-    """Drafting with a small model that shares the target's vocabulary.
-
-    It has its own paged KV cache, block manager and model runner (the target's classes), and a mirror of each
-    target sequence. Before drafting, the mirror forgets the K/V of earlier drafts the target rejected (its
-    computed count falls back to the prefix it shares with the target, the surplus blocks are given back),
-    catches up on the tokens it has not seen, then decodes k tokens. The draft proposes its most likely token
-    at each position, so q is one-hot and the rejection sampler accepts a draft with probability p(draft)."""
+    """A small model sharing the target's vocabulary, with its own runner, KV pool and a mirror of
+    each sequence (its rejected drafts' K/V forgotten before it catches up); greedy, so q is one-hot."""
     def __init__(self, config: SpeculativeConfig, engine):
         path = resolve_model_path(config.model)
         self.model_config = read_model_config(path)
@@ -220,14 +184,13 @@ class DraftModelProposer:
             raise ValueError(f"the draft model's vocabulary ({self.model_config.vocab_size}) differs "
                              f"from the target's ({engine.model_config.vocab_size})")
         num_blocks = engine.block_manager.num_blocks   # as many as the target's: a draft per sequence
-        self.model, self.runner, _ = load_model_and_runner(engine.config, path, self.model_config, engine.dtype,
-                                                           engine.device, engine.max_model_len,
-                                                           lambda model: num_blocks, load_format="auto")
+        self.runner = load_model_and_runner(engine.config, path, self.model_config, engine.dtype, engine.device,
+                                            engine.max_model_len, lambda model: num_blocks, load_format="auto")
         self.block_manager = BlockManager(num_blocks, engine.config.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}
         self.num_steps = 0
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Draft]:
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         mirrors = [self._sync(seq) for seq in seqs]
         active = [(m, m.num_tokens + k) for m, k in zip(mirrors, ks)]   # a mirror and its length when done
         while active:
@@ -237,7 +200,7 @@ class DraftModelProposer:
                 n = mirror.num_tokens - mirror.num_computed_tokens
                 if self.block_manager.try_append(mirror, n):   # a full draft cache ends its drafting here
                     out.entries.append(ScheduledSeq.row(mirror, n))
-            if out.is_empty:
+            if not out.entries:
                 break
             result = self.runner.run(out, {})
             for entry in out.entries:
@@ -245,7 +208,7 @@ class DraftModelProposer:
                 entry.seq.token_ids.append(result.tokens[entry.seq.seq_id][0])
             scheduled = {e.seq.seq_id for e in out.entries}
             active = [(m, end) for m, end in active if m.seq_id in scheduled and m.num_tokens < end]
-        return [Draft(m.token_ids[seq.num_tokens:]) for m, seq in zip(mirrors, seqs)]
+        return [m.token_ids[seq.num_tokens:] for m, seq in zip(mirrors, seqs)]
 
     def _sync(self, seq: Sequence) -> Sequence:
         """The mirror with the target's tokens, keeping K/V only for the shared prefix."""

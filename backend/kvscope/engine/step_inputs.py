@@ -1,8 +1,5 @@
-"""One step's model inputs: the scheduled sequences flattened into one batch (tokens,
-positions, slot mapping, and for decodes block tables and context lengths), plus which
-rows of logits are sampled and for whom. The host arrays are allocated once (StepBuffers)
-and refilled in place every step in as few numpy operations as it takes; the model gets
-views of them on a CPU, one copy of each on a GPU, valid until the next step."""
+"""One step's model inputs: the scheduled sequences flattened into one batch, with the attention
+metadata its route reads and the rows sampled, from host arrays refilled in place every step."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,46 +34,32 @@ class StepBuffers:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.on_cpu = device.type == "cpu"
-        self.tokens = np.zeros((3, 0), dtype=np.int64)        # ids, positions, slots
-        self.tables = np.zeros(0, dtype=np.int32)             # decode block tables, flattened
-        self.lens = np.zeros(0, dtype=np.int32)               # decode context lengths
-        self.offsets = np.zeros(0, dtype=np.int64)            # 0, 1, 2, ... for masks
+        # token ids, positions and slots (3 rows); decode block tables (flattened) and context lengths
+        self.arrays = {"tokens": np.arange(0), "tables": np.arange(0, dtype=np.int32),
+                       "lens": np.arange(0, dtype=np.int32), "offsets": np.arange(0)}
 
-    def token_arrays(self, n: int) -> np.ndarray:
-        if self.tokens.shape[1] < n:
-            self.tokens = np.zeros((3, max(n, 2 * self.tokens.shape[1])), dtype=np.int64)
-        return self.tokens[:, :n]
+    def room(self, name: str, n: int) -> np.ndarray:
+        """The first n of a named array, regrown (at least doubled) when short, as 0, 1, 2, ..."""
+        if len(array := self.arrays[name]) < n:
+            array = self.arrays[name] = np.arange(max(n, 2 * len(array)), dtype=array.dtype)
+        return array[:n]
 
-    def decode_arrays(self, rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """A [rows, width] block table (contiguous) and [rows] context lengths."""
-        if len(self.tables) < rows * width:
-            self.tables = np.zeros(max(rows * width, 2 * len(self.tables)), dtype=np.int32)
-        if len(self.lens) < rows:
-            self.lens = np.zeros(max(rows, 2 * len(self.lens)), dtype=np.int32)
-        return self.tables[:rows * width].reshape(rows, width), self.lens[:rows]
-
-    def arange(self, n: int) -> np.ndarray:
-        if len(self.offsets) < n:
-            self.offsets = np.arange(max(n, 2 * len(self.offsets)), dtype=np.int64)
-        return self.offsets[:n]
+    def arange(self, n: int) -> np.ndarray:   # 0, 1, 2, ..., n - 1, never written
+        return self.room("offsets", n)
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(torch.from_numpy(array), self.device)
 
 
 def sampled_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """The hidden states scored this step: every row as it is (a plain decode step), else the
-    rows picked by an index sent without a wait."""
+    """The hidden states scored: every row as it is (a plain decode step), else an index of them."""
     if len(rows) == hidden.shape[0] and rows == list(range(len(rows))):
         return hidden
     return hidden[to_device(torch.tensor(rows), hidden.device)]
 
 
 def batch_order(entries: list[ScheduledSeq]) -> list[ScheduledSeq]:
-    """The order of a step's sequences in the flattened batch: prefills, then decodes with
-    the shortest context first (so decode rows of similar length sit together). Observers
-    use it to find a sequence's rows and its row of logits."""
+    """Prefills, then decodes shortest context first (observers find a sequence's rows by it)."""
     prefills = [e for e in entries if e.kind != "decode"]
     decodes = sorted((e for e in entries if e.kind == "decode"), key=attrgetter("start"))
     return prefills + decodes
@@ -86,16 +69,14 @@ COMPILED = (Route.REFERENCE_COMPILED, Route.CPU_COMPILED)
 
 
 def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, route: Route) -> StepInputs:
-    """Flatten a scheduled step, with the attention metadata `route` reads (the route is the
-    engine's, attention.pick_routes): its spans as SDPA spans, varlen offsets or CPU tiles, its
-    decode rows as block tables or (the reference) padded groups. A compiled step's block
-    table is at least two blocks wide: dynamo specialises sizes 0 and 1, so a width of 1 would
-    fail the guards of the graph (traced with a varying width) and recompile it mid-serving."""
+    """Flatten a scheduled step with the attention metadata `route` reads. A compiled step's block
+    table is at least two wide: dynamo specialises a width of 1 and would recompile mid-serving."""
     ordered = batch_order(out.entries)
     decodes = [e for e in ordered if e.kind == "decode"]
     prefills = ordered[:len(ordered) - len(decodes)]
     num_prefill_tokens = sum(e.num_new_tokens for e in prefills)
-    tokens = buffers.token_arrays(num_prefill_tokens + len(decodes))
+    num_tokens = num_prefill_tokens + len(decodes)
+    tokens = buffers.room("tokens", 3 * num_tokens).reshape(3, num_tokens)
     md = AttentionMetadata(route, slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
     inputs = StepInputs(None, None, md)
     spans, span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
@@ -120,7 +101,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
 
 def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: StepBuffers,
                      tokens: np.ndarray, inputs: StepInputs) -> tuple[list[PrefillSpan], list[np.ndarray]]:
-    """Fills the spans' rows; returns the spans and each one's blocks (those holding its context)."""
+    """Fills the spans' rows; returns the spans and the blocks holding each one's context."""
     ids, positions, slot_mapping = tokens
     row, spans, span_tables = 0, [], []
     for e in prefills:
@@ -164,9 +145,8 @@ def _padded_tables(tables: list[np.ndarray]) -> np.ndarray:
 
 def _plan_cpu_kernels(md: AttentionMetadata, spans: list[PrefillSpan], span_tables: list[np.ndarray],
                       tables: np.ndarray | None, lens: np.ndarray | None, buffers: StepBuffers) -> None:
-    """Split the spans between the CPU kernels (their rule, kernels.tiles_span): the longer
-    ones to the tile kernel, the rest with the decode rows to the row kernel, where a span's
-    query i is a row whose context ends at its own position."""
+    """Long spans to the tile kernel (kernels.tiles_span); the short ones' queries join the decode
+    rows in the row kernel, each a row whose context ends at its own position."""
     tiled = [tiles_span(s.q_len) for s in spans]
     if any(tiled):
         md.spans = _tiled_spans([(s, t) for s, t, ok in zip(spans, span_tables, tiled) if ok])
@@ -202,16 +182,13 @@ def _tiled_spans(spans: list[tuple[PrefillSpan, np.ndarray]]) -> TiledSpans:
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
                     inputs: StepInputs, first_row: int, min_width: int) -> tuple[np.ndarray, np.ndarray]:
-    """One token per sequence: a row of the padded block table (returned, with the context
-    lengths, as host arrays valid until the next step), and its position's slot.
-    Built as Python lists and handed to numpy in one assignment per array: right after a
-    graph has run, each numpy call costs several µs (its code is out of the caches), more
-    than a row's worth of list work (a 33-row step: 107 → 72 µs)."""
+    """One row per sequence; returns the padded block tables and context lengths. Python lists,
+    one numpy assignment per array: right after a graph each numpy call costs several µs."""
     ids, positions, slot_mapping = tokens
     block_tables = [e.seq.block_table for e in decodes]
     starts = [e.start for e in decodes]
     width = max(max(map(len, block_tables)), min_width)
-    tables, lens = buffers.decode_arrays(len(decodes), width)
+    tables, lens = buffers.room("tables", len(decodes) * width).reshape(-1, width), buffers.room("lens", len(decodes))
     padding = [0] * width
     tables[:] = [table + padding[len(table):] for table in block_tables]
     ids[:] = [e.seq.token_ids[start] for e, start in zip(decodes, starts)]
@@ -230,8 +207,7 @@ def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepB
 
 def _decode_groups(tables: np.ndarray, lens: np.ndarray, block_size: int, buffers: StepBuffers,
                    max_groups: int) -> list[DecodeGroup]:
-    """Groups of equal size over rows sorted by context length: padding each group to its
-    own longest context wastes far less than padding the whole batch."""
+    """Equal groups of rows sorted by context: each padded to its own longest, not the batch's."""
     n = len(lens)
     if max_groups == 1:   # every row, the table's full width: shapes a compiled graph keeps across steps
         return [_group(slice(None), tables.shape[1], tables, lens, block_size, buffers)]
@@ -248,8 +224,7 @@ def _group(rows: slice, width: int, tables: np.ndarray, lens: np.ndarray, block_
 
 
 def _add_samplers(inputs: StepInputs, entry: ScheduledSeq, row: int) -> None:
-    """The sequence draws from this row, and so do the choices that fork from it now. With k
-    drafts, the k rows before it are scored too: one per draft, this one for the bonus."""
+    """The sequence and its forking choices draw from this row; k drafts add the k rows before it."""
     k = len(entry.spec_token_ids)
     inputs.sample_rows += [*range(row - k, row + 1)] + [row] * len(entry.forks)
     inputs.sample_seqs += [entry.seq] * (k + 1) + entry.forks

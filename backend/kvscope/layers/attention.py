@@ -1,16 +1,6 @@
-"""Paged attention: the layer writes this step's K/V into the cache, then attends through the
-block tables by the step's route. What a step's attention needs to know (the route, slot mapping,
-spans, block tables) is set once per forward pass on the model's own AttentionContext
-(`with step_metadata(model, md):`); its layers read it there instead of taking extra arguments,
-and two engines, each with its own model, never see each other's steps.
-
-Which route a step takes is decided once, from the engine's start-up plan (`pick_routes`): the
-backend and how decode steps run (eagerly, compiled, in CUDA graphs). step_inputs.py builds only
-the metadata that route reads; `PagedAttention.forward` dispatches on it.
-
-Below the layer, the readable reference backend in plain PyTorch (CPU or GPU) reads K and V back
-through each sequence's block table, the layout the kernels use, gathering whole blocks with
-index_select (an order of magnitude faster on CPU than gathering single slots)."""
+"""Paged attention: write this step's K/V at `slot_mapping`, then attend through the block tables
+by the step's route (chosen once, `pick_routes`), reading the metadata set on the model's own
+AttentionContext (`with step_metadata(model, md):`); below the layer, the PyTorch reference."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +22,8 @@ except ImportError:
 FLASH_PAGE_MULTIPLE = 256
 
 
-# -- a step's route: which kernel takes the spans (prompts, chunks), which the decode rows ----------
 class Route(Enum):
+    """Which kernel takes a step's spans (prompts, chunks), and which its decode rows."""
     REFERENCE = ("sdpa", "torch, gathered in up to 4 padded groups")
     REFERENCE_COMPILED = ("none: decode only", "torch, gathered in one padded group, compiled")
     CPU_KERNELS = ("cpu_paged tile kernel, short spans with the rows", "cpu_paged row kernel")
@@ -42,17 +32,8 @@ class Route(Enum):
     FLASH_PREFILL_TRITON = ("flash_attn varlen", "triton")
     FLASH_ATTN = ("flash_attn varlen", "flash_attn with_kvcache")
 
-    @property
-    def prefill(self) -> str:
-        return self.value[0]
-
-    @property
-    def decode(self) -> str:
-        return self.value[1]
-
-    @property
-    def flash_prefill(self) -> bool:
-        return self.prefill == "flash_attn varlen"
+    def __init__(self, prefill: str, decode: str):
+        self.prefill, self.decode, self.flash_prefill = prefill, decode, prefill == "flash_attn varlen"
 
 
 @dataclass(frozen=True)
@@ -69,8 +50,7 @@ class Routes:
 
 
 def pick_routes(backend: str, graph: str | None, dtype: torch.dtype, block_size: int) -> Routes:
-    """The one place a step's route is decided. backend: the plan's attention backend; graph:
-    "compiled" (CPU), "cuda graphs" or None (decode runs eagerly)."""
+    """The one place a step's route is decided; graph: "compiled", "cuda graphs" or None (eager)."""
     if backend == "cpu_paged":
         return Routes(Route.CPU_KERNELS, Route.CPU_COMPILED if graph == "compiled" else None)
     if backend == "torch":
@@ -83,14 +63,12 @@ def pick_routes(backend: str, graph: str | None, dtype: torch.dtype, block_size:
 
 
 def flash_fits(dtype: torch.dtype, block_size: int) -> bool:
-    """FlashAttention-2 can run here: installed, half-precision caches, pages it can read."""
     return HAS_FLASH_ATTN and dtype in (torch.float16, torch.bfloat16) and block_size % FLASH_PAGE_MULTIPLE == 0
 
 
-# -- the step's attention metadata: each route reads its own part ----------------------------
 @dataclass
 class PrefillSpan:
-    """A sequence computing several tokens this step (a whole prompt or a chunk of one), for SDPA."""
+    """A sequence computing several tokens this step (a prompt or a chunk of one)."""
     q_start: int            # first row of this span in the step's flattened tokens
     q_len: int
     start: int              # position of the first computed token (= tokens already cached)
@@ -99,7 +77,7 @@ class PrefillSpan:
 
 @dataclass
 class VarlenSpans:
-    """Every span for FlashAttention's varlen kernel in one call, read through the block tables."""
+    """Every span for FlashAttention's varlen kernel, read through the block tables."""
     cu_seqlens_q: torch.Tensor                  # [spans + 1] int32: where each span's rows begin
     cu_seqlens_k: torch.Tensor                  # [spans + 1] int32: running total of context lengths
     max_seqlen_q: int
@@ -118,9 +96,8 @@ class TiledSpans:
 
 @dataclass
 class PagedRows:
-    """Rows a paged kernel reads in place, one query each, each with its own block table and
-    context length: the decode rows (triton, flash_attn, a compiled cpu_paged step), or for
-    cpu_paged's eager steps the decode rows and every query of the short spans."""
+    """Rows a paged kernel reads in place, one query each with its own table and context length
+    (the decode rows, and in an eager cpu_paged step each query of the short spans)."""
     rows: slice | torch.Tensor                  # into the step's flattened tokens
     block_tables: torch.Tensor                  # [rows, width] int32
     context_lens: torch.Tensor                  # [rows] int32
@@ -146,35 +123,32 @@ class AttentionMetadata:
 
 @dataclass
 class KeptQueries:
-    """Some rows' queries as attention got them (after RoPE), every layer's, copied into
-    tensors made before the step: a copy_ a compiled graph and a CUDA graph make as well. A
-    watched request's attention weights are computed from them after the step (capture.py)."""
+    """Some rows' queries after RoPE, every layer's, copied into tensors made before the step (a
+    copy_ compiled and CUDA graphs make too), for a watched request's weights (capture.py)."""
     rows: slice | torch.Tensor                  # into the step's flattened tokens
     out: list[torch.Tensor]                     # one per layer: [rows, H, D]
 
 
 def query_room(layers: list[PagedAttention], rows: int, dtype: torch.dtype, device) -> list[torch.Tensor]:
-    """Room for `rows` rows of each layer's queries, a tensor per layer (a compiled step writes
-    each whole; into part of a shared one it would copy all of it)."""
+    """Room for `rows` rows of each layer's queries, a tensor per layer (a compiled step writes each
+    whole; into part of a shared one it would copy all of it)."""
     return [torch.empty(rows, layer.num_heads, layer.head_dim, dtype=dtype, device=device) for layer in layers]
 
 
 def span_metadata(slot_mapping: torch.Tensor, span: PrefillSpan) -> AttentionMetadata:
-    """One span through SDPA, outside the engine's steps (the KV quantization probe, the memory profile)."""
+    """One span through SDPA outside the engine's steps (the KV quantization probe, memory profile)."""
     return AttentionMetadata(Route.REFERENCE, slot_mapping, span.q_len, [span])
 
 
 class AttentionContext:
-    """One model's attention metadata for the forward pass being run. Every attention layer of
-    the model holds the same context (attention_context binds it); each model has its own."""
+    """One model's attention metadata for the forward pass being run, shared by its layers."""
 
     def __init__(self):
         self.metadata: AttentionMetadata | None = None
 
 
 def attention_context(model: nn.Module) -> AttentionContext:
-    """The model's AttentionContext, bound to each of its attention layers the first time
-    (a lone layer answers its own)."""
+    """The model's context, bound to its attention layers the first time (a lone layer: its own)."""
     if isinstance(model, PagedAttention):
         return model.context
     context = getattr(model, "attention_context", None)
@@ -188,8 +162,7 @@ def attention_context(model: nn.Module) -> AttentionContext:
 
 
 class step_metadata:
-    """`with step_metadata(model, md):` the model's attention layers read `md`, and read what
-    they read before once the block ends (a class: dynamo traces it inside a compiled step)."""
+    """The model's layers read `md` inside the block (a class: dynamo traces it in a compiled step)."""
 
     def __init__(self, model: nn.Module, metadata: AttentionMetadata):
         self.context, self.metadata = attention_context(model), metadata
@@ -202,16 +175,9 @@ class step_metadata:
         self.context.metadata = self.previous
 
 
-# -- how the cache stores K and V: vLLM's kv_cache_dtype ----------------------------------
-# - `auto`: the model's own dtype, nothing quantized.
-# - `fp8` (= `fp8_e4m3`) and `fp8_e5m2`: each element cast to an 8-bit float after dividing
-#   by one scale per layer for K and one for V (per-tensor; 1.0 unless a checkpoint or a
-#   calibration says otherwise, as in vLLM). e4m3 keeps more precision, e5m2 more range.
-# - `int8_per_token_head`: each token's vector in each KV head gets its own float32 scale
-#   (its largest magnitude / 127), so one outlier token costs precision only to itself.
-# The cache keeps its paged shape [num_blocks, block_size, KVH, D], per-token-head scales beside
-# it as [num_blocks, block_size, KVH]. Attention reads 8-bit caches through QuantizedCache, which
-# gathers whole blocks like a plain tensor and dequantizes them, so the reference runs unchanged.
+# -- how the cache stores K and V: vLLM's kv_cache_dtype. `auto`: the model's dtype; `fp8`
+# (e4m3) and `fp8_e5m2`: per-tensor scales (1.0, as vLLM without calibration); int8 with a
+# float32 scale per token and KV head, so an outlier token costs precision only to itself.
 _STORAGE = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
             "int8_per_token_head": torch.int8}
 KV_CACHE_DTYPES = ("auto", *_STORAGE)
@@ -249,35 +215,25 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
-def quantize(x: torch.Tensor, fmt: KVCacheFormat, tensor_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """x: [N, KVH, D] → (stored values, per-token-head scales [N, KVH] or None)."""
-    if fmt.per_token_head:
-        scale = x.abs().amax(dim=-1).float().clamp_min(1e-8) / 127.0
-        return (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8), scale
-    limit = torch.finfo(fmt.dtype).max     # saturate instead of overflowing to NaN
-    return (x.float() / tensor_scale).clamp(-limit, limit).to(fmt.dtype), None
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor | None, fmt: KVCacheFormat, tensor_scale: float) -> torch.Tensor:
-    return (q.float() * (scale.unsqueeze(-1) if fmt.per_token_head else tensor_scale)).to(fmt.compute_dtype)
-
-
 def store(cache: torch.Tensor, scales: torch.Tensor | None, slots: torch.Tensor, x: torch.Tensor,
           fmt: KVCacheFormat, tensor_scale: float = 1.0) -> None:
-    """Write this step's K or V rows [N, KVH, D] into their slots, quantizing if asked."""
+    """Write K or V rows [N, KVH, D] into their slots, quantized as the format says."""
     kvh, d = x.shape[1], x.shape[2]
     if not fmt.quantized:
         cache.view(-1, kvh, d).index_copy_(0, slots, x)
         return
-    q, scale = quantize(x, fmt, tensor_scale)
-    as_bytes(cache).view(-1, kvh, d).index_copy_(0, slots, as_bytes(q))
-    if scale is not None:
+    if fmt.per_token_head:   # each row's largest magnitude / 127
+        scale = x.abs().amax(dim=-1).float().clamp_min(1e-8) / 127.0
         scales.view(-1, kvh).index_copy_(0, slots, scale)
+        x = (x.float() / scale.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
+    else:   # saturated instead of overflowing to NaN
+        limit = torch.finfo(fmt.dtype).max
+        x = (x.float() / tensor_scale).clamp(-limit, limit).to(fmt.dtype)
+    as_bytes(cache).view(-1, kvh, d).index_copy_(0, slots, as_bytes(x))
 
 
 class QuantizedCache:
-    """A quantized cache read as if it held compute_dtype values: index_select over blocks
-    dequantizes only the blocks it gathers (what the reference attention calls)."""
+    """A quantized cache whose index_select (the reference's gather) dequantizes what it gathers."""
 
     def __init__(self, data: torch.Tensor, scales: torch.Tensor | None, fmt: KVCacheFormat, tensor_scale: float):
         self.data, self.scales, self.fmt, self.tensor_scale = data, scales, fmt, tensor_scale
@@ -287,9 +243,9 @@ class QuantizedCache:
         return self.data.shape
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
-        q = as_bytes(self.data).index_select(dim, index).view(self.fmt.dtype)
-        scale = self.scales.index_select(dim, index) if self.scales is not None else None
-        return dequantize(q, scale, self.fmt, self.tensor_scale)
+        q = as_bytes(self.data).index_select(dim, index).view(self.fmt.dtype).float()
+        scale = self.scales.index_select(dim, index).unsqueeze(-1) if self.fmt.per_token_head else self.tensor_scale
+        return (q * scale).to(self.fmt.compute_dtype)
 
 
 class PagedAttention(nn.Module):
@@ -299,8 +255,7 @@ class PagedAttention(nn.Module):
         self.scale = head_dim ** -0.5
         self.layer_idx = layer_idx
         self.context = AttentionContext()   # the model's, once attention_context(model) binds it
-        # [num_blocks + 1, block_size, KVH, D]; bound by the model runner (the extra block
-        # is a scratch target for the padded rows of a CUDA-graph batch)
+        # [num_blocks + 1, block_size, KVH, D], bound by the model runner (+1: a scratch block)
         self.k_cache = self.v_cache = torch.empty(0)
         # a quantized cache (kv_cache_dtype): its format, per-token-head scales, per-tensor scales
         self.kv_format = kv_cache_format("auto", torch.float32)
@@ -308,7 +263,6 @@ class PagedAttention(nn.Module):
         self.k_scale = self.v_scale = 1.0
 
     def readable_caches(self):
-        """K and V caches as attention reads them: quantized ones dequantize the blocks gathered."""
         if not self.kv_format.quantized:
             return self.k_cache, self.v_cache
         return (QuantizedCache(self.k_cache, self.k_scales, self.kv_format, self.k_scale),
@@ -336,7 +290,6 @@ class PagedAttention(nn.Module):
         return out.view(q.shape[0], -1)
 
     def _spans(self, q, k, v, md: AttentionMetadata) -> torch.Tensor:
-        """The step's prompts and chunks: its first md.num_prefill_tokens rows."""
         if md.route.flash_prefill:
             s = md.spans   # the new K/V are already in the cache, where the block tables find them
             return flash_attn_varlen_func(q, self.k_cache, self.v_cache, s.cu_seqlens_q, s.cu_seqlens_k,
@@ -349,7 +302,6 @@ class PagedAttention(nn.Module):
                                             k_cache, v_cache, span, self.scale) for span in md.spans])
 
     def _decode(self, q, md: AttentionMetadata) -> torch.Tensor:
-        """The decode rows, one query each."""
         r = md.decode
         match md.route:
             case Route.TRITON | Route.FLASH_PREFILL_TRITON:
@@ -365,8 +317,7 @@ class PagedAttention(nn.Module):
         return decode_attention(q, *self.readable_caches(), md.decode, self.scale)
 
     def _cpu_kernels(self, q, md: AttentionMetadata) -> torch.Tensor:
-        """An eager cpu_paged step: one row-kernel call for the decode rows and the short spans,
-        one tile-kernel call for the other spans, each written into its own rows."""
+        """Eager cpu_paged: one row-kernel call (decode rows, short spans), one tile-kernel call."""
         q = q.contiguous()
         out = torch.empty_like(q)
         if (r := md.decode) is not None:
@@ -379,15 +330,12 @@ class PagedAttention(nn.Module):
 
 # -- the reference backend ------------------------------------------------------------
 def gather_context(cache: torch.Tensor, blocks: torch.Tensor, length: int | None = None) -> torch.Tensor:
-    """cache: [num_blocks, block_size, KVH, D]; blocks: [..., n] block ids →
-    [..., n * block_size, KVH, D] (cut to `length` tokens when given)."""
+    """blocks: [..., n] ids → [..., n * block_size, KVH, D], cut to `length` tokens when given."""
     out = cache.index_select(0, blocks.reshape(-1)).view(*blocks.shape[:-1], -1, *cache.shape[2:])
     return out if length is None else out[..., :length, :, :]
 
 
 def prefill_attention(q, k, v, k_cache, v_cache, span: PrefillSpan, scale: float):
-    """q: [q_len, H, D]; k, v: this span's new keys/values [q_len, KVH, D];
-    caches: [num_blocks, block_size, KVH, D]."""
     mask = None           # nothing cached: the new keys are the whole context, plainly causal
     if span.start:        # else the context, this span's keys included, is read from the cache
         ctx = span.start + span.q_len

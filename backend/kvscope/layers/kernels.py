@@ -1,21 +1,6 @@
-"""The two hand-written paged-attention kernels. Each reads a sequence's keys and values in place
-through its block table, with an online softmax, instead of first copying its context out of the
-pool as the readable reference (layers/attention.py) does.
-
-On a CPU, small C kernels (cpu_paged_attention.c): one takes query rows one at a time (decode
-rows, spans of a few tokens); the other takes longer spans (prompts, chunks) a tile of positions
-at a time, loading each key once per tile. They are built with this machine's C compiler the
-first time they are needed (native_build.py) and called through ctypes, which lets go of the GIL.
-Under torch.compile the row kernel is a custom op (kvscope::paged_decode_attention), opaque to
-inductor: a compiled decode step fuses everything around attention and calls the kernel for it.
-
-On a GPU, a Triton decode kernel: one program per (sequence, KV head, slice of the context)
-walks its slice TILE_TOKENS at a time (each token finding its block in the block table, the
-next tiles' loads in flight while one is reduced) and keeps a running softmax for the query
-heads that share this KV head, so K and V are read from memory once. A small batch cuts each
-context into several slices (flash-decoding) so that a single sequence still fills the card;
-a second small kernel then combines the slices' partial maxima, sums and outputs. It reads
-context lengths from device memory, so a CUDA graph can capture it."""
+"""The hand-written paged-attention kernels, reading K/V in place through the block tables with an
+online softmax: on a CPU the C kernels (a row kernel, a tile kernel; built once, called through
+ctypes, which releases the GIL), on a GPU a Triton decode kernel (flash-decoding for small batches)."""
 from __future__ import annotations
 
 import ctypes
@@ -46,8 +31,7 @@ POINTERS = {"paged_decode": 6, "paged_prefill": 8}
 
 @functools.cache
 def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
-    """The built library's kernels by (name, dtype), or why it could not be built (no
-    compiler). A source missing from the install raises: that is a broken install."""
+    """The kernels by (name, dtype), or why they could not be built; a missing source raises."""
     if not SOURCE.is_file():
         raise NativeBuildError(f"{SOURCE} is missing: this kvscope install is incomplete (reinstall it)")
     try:
@@ -75,7 +59,6 @@ def _kernel(name: str, dtype: torch.dtype):
 
 
 def cpu_unavailable(dtype: torch.dtype) -> str | None:
-    """Why the kernel cannot run for this dtype here (None when it can); builds it once."""
     if dtype not in CPU_DTYPES:
         return f"the CPU paged-attention kernel takes float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
     kernels = _entry_points()
@@ -84,8 +67,6 @@ def cpu_unavailable(dtype: torch.dtype) -> str | None:
 
 def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [B, H, D]; caches: [num_blocks, block_size, KVH, D]; block_tables: [B, width] int32;
-    context_lens: [B] int32 (each >= 1) → [B, H, D]."""
     q = q.contiguous()
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
@@ -122,10 +103,8 @@ def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tens
 
 
 def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
-    """The C kernels trust raw pointers: refuse, on every call, any tensor whose layout, dtype
-    or device they would misread. Real checks, not asserts, which python -O drops; written as
-    plain loops and comparisons (a batch-1 step makes four calls a token: generators and
-    all() cost more than the checks themselves)."""
+    """The C kernels trust raw pointers: refuse what they would misread (not asserts: python -O
+    drops those), as plain comparisons (generators and all() cost more than the checks)."""
     for t in (q, k_cache, v_cache, out) + int32s:
         if not (t.is_cpu and t.is_contiguous()):
             raise ValueError("the CPU paged-attention kernels take contiguous CPU tensors")
@@ -157,9 +136,7 @@ def _(q, k_cache, v_cache, block_tables, context_lens, scale):
 
 def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spans: TiledSpans, scale: float,
                 out: torch.Tensor) -> None:
-    """Causal attention for `spans` of the step's rows, read in place, written into `out`.
-    q, out: [tokens, H, D] contiguous; each span's keys (this step's included) are already in
-    the caches, at the positions its block table gives."""
+    """Causal attention for `spans`' rows of q into out, their keys (this step's too) in the caches."""
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     _check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
@@ -190,10 +167,7 @@ H100_SMS = 132     # the card the splits are sized for when no CUDA device is th
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """How many slices each sequence's context is cut into (flash-decoding). One program per
-    (sequence, KV head, slice): a large batch fills the card with one slice each; a small one
-    cuts its contexts until there are about two programs per SM, never into slices shorter
-    than a tile of the longest context the block tables can hold."""
+    """Slices per context (flash-decoding): about two programs per SM, never shorter than a tile."""
     programs = batch * num_kv_heads
     target = 2 * _sm_count(device)
     if programs >= target:
@@ -217,9 +191,8 @@ if HAS_TRITON:
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
         HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, NUM_STAGES: tl.constexpr,
     ):
-        """One program: one sequence, one KV head and the GROUP query heads that share it (each
-        K/V tile is loaded once for all of them), over one of num_splits slices of the context
-        (a run-time number, so a new batch size compiles nothing new; SPLIT: more than one)."""
+        """One sequence, one KV head with its GROUP query heads (a tile loaded once for all), one
+        of num_splits slices of the context (a run-time number: no recompile per batch size)."""
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -240,8 +213,7 @@ if HAS_TRITON:
         running_sum = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
 
-        # TILE tokens a step, spanning TILE / BLOCK_SIZE blocks: each token finds its own
-        # block in the table, so short blocks still give the loads enough work in flight
+        # each token finds its own block, so short blocks still keep enough loads in flight
         for start in tl.range(lo, hi, TILE, num_stages=NUM_STAGES):
             token = start + offs_t
             in_context = token < hi
@@ -274,8 +246,7 @@ if HAS_TRITON:
     @triton.jit
     def _combine_splits(part_max_ptr, part_sum_ptr, part_out_ptr, out_ptr, num_splits, stride_ob, stride_oh,
                         HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
-        """One program per (sequence, query head): rescale each slice's sum and output to the
-        largest max over the slices, add them up, normalise. Empty slices weigh nothing."""
+        """One (sequence, query head): the slices rescaled to their largest max, summed, normalised."""
         seq = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)
@@ -297,9 +268,7 @@ if HAS_TRITON:
 def triton_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                             num_splits: int | None = None) -> torch.Tensor:
-    """q: [B, H, D]; k_cache, v_cache: [num_blocks, block_size, KVH, D]; block_tables: [B, width];
-    context_lens: [B] (on the device: a CUDA graph replays this with new lengths) → [B, H, D].
-    num_splits: slices per context (at most MAX_SPLITS), else decode_splits chooses from the shapes."""
+    """q: [B, H, D] → [B, H, D]; context_lens on the device (a CUDA graph replays new ones)."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_heads // num_kv_heads

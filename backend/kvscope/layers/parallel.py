@@ -1,15 +1,6 @@
-"""Tensor-parallel layers (Megatron-style, as in vLLM): each rank holds a slice of every weight
-matrix and one all-reduce per row-parallel layer puts the pieces back together.
-
-- Column-parallel (qkv_proj, gate_up_proj): output features split; each rank computes its heads /
-  its part of the MLP's hidden width. No communication.
-- Row-parallel (o_proj, down_proj): input features split; the partial products are all-reduced.
-- Vocab-parallel embedding and LM head: each rank owns a range of token ids; embeddings are summed
-  (the owner contributes, the others add zero) and logits gathered.
-
-With one rank these are plain layers and no collective is called. Each layer's `load` copies its
-own slice out of a checkpoint tensor opened lazily (safetensors' get_slice reads only the rows or
-columns indexed), so no rank materialises a whole matrix it does not keep."""
+"""Tensor-parallel layers (Megatron-style, as in vLLM): column-parallel splits outputs, row-parallel
+splits inputs and all-reduces, the vocabulary is split by token ids; each layer's `load` reads only
+its slice of a lazily opened checkpoint tensor. With one rank they are plain layers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -21,9 +12,8 @@ from torch import nn
 
 
 class CommCounter:
-    """Bytes one rank of one group sent through collectives since the last `take`
-    (all-reduce payloads counted once; a ring all-reduce moves about 2 (N-1)/N of that
-    over the wire). Each group counts its own, so two engines in a process never mix."""
+    """Bytes one rank of one group sent through collectives since the last `take` (an all-reduce's
+    payload once); each group counts its own, so two engines in a process never mix."""
     def __init__(self):
         self.nbytes = 0
 
@@ -70,11 +60,8 @@ def split(n: int, tp: TPGroup, what: str) -> int:
 
 
 def input_major(out_features: int, in_features: int) -> nn.Parameter:
-    """A weight of shape [out, in], as checkpoints lay it out, stored input-major (its
-    transpose is contiguous): `F.linear` then hands BLAS an untransposed [in, out] matrix,
-    which a CPU's sgemm reads faster at decode batch sizes (the embedded model's 17 matmuls
-    at 24 rows, one core: 4.0 ms with [out, in] storage, 3.0 ms with this). 16-bit weights
-    on a CPU are laid out again by `store_for_cpu_kernels`."""
+    """An [out, in] weight stored input-major: a CPU's sgemm reads that faster at decode batch sizes
+    (the embedded model's 17 matmuls at 24 rows, one core: 4.0 → 3.0 ms)."""
     return nn.Parameter(torch.empty(in_features, out_features).t())
 
 
@@ -82,11 +69,8 @@ SIXTEEN_BIT = (torch.bfloat16, torch.float16)
 
 
 def store_for_cpu_kernels(model: nn.Module) -> None:
-    """16-bit weights on a CPU go back to the checkpoint's row-major [out, in]: oneDNN's
-    matmul, which multiplies them, reads that layout faster at every batch size, and one row
-    takes `torch.mv` (see `linear`). The 0.6B shape's 16 matmuls of four layers in bfloat16,
-    one thread, CPU ms: 1 row 27.0 input-major, 16.9 row-major, 11.4 by torch.mv; 24 rows
-    20.0 / 17.7; 128 rows 39.4 / 37.5. float32 keeps the input-major layout sgemm prefers."""
+    """16-bit weights on a CPU go row-major, which oneDNN reads faster at every batch size (0.6B
+    shape, 1 thread, 1 row: 27.0 → 16.9 ms, 11.4 by torch.mv; 128 rows 39.4 → 37.5)."""
     for module in model.modules():
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
             weight = module.weight
@@ -108,9 +92,8 @@ def _(weight, x):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, but a single row times a row-major 16-bit weight on a CPU is a matrix-vector
-    product: PyTorch's reduced-precision gemv streams each weight row once (float32 sums),
-    where oneDNN's matmul repacks the whole weight on every call (1.5x faster at batch 1)."""
+    """F.linear, but one row times a row-major 16-bit CPU weight is torch.mv, which streams each
+    row once where oneDNN's matmul repacks the whole weight every call (1.5x at batch 1)."""
     if x.shape[0] == 1 and x.dim() == 2 and weight.dtype in SIXTEEN_BIT and weight.is_contiguous() \
             and weight.device.type == "cpu":
         mv = torch.ops.kvscope.gemv if torch.compiler.is_compiling() else torch.mv
@@ -120,8 +103,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class ColumnParallelLinear(nn.Module):
-    """out_sizes: the packed matrices' full output sizes (e.g. q, k, v); each is cut into
-    tp.size equal row ranges and the rank keeps its own range of each."""
+    """out_sizes: the packed matrices' full output sizes (q, k, v); the rank keeps its range of each."""
 
     def __init__(self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup, what: str):
         super().__init__()
@@ -153,8 +135,7 @@ class RowParallelLinear(nn.Module):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [rank * per_rank, (rank + 1) * per_rank) of the vocabulary (the last rank's range
-    is padded when the vocabulary does not divide evenly)."""
+    """The rank's range of the vocabulary (the last one padded)."""
     def __init__(self, vocab_size: int, hidden: int, tp: TPGroup):
         super().__init__()
         self.tp, self.vocab_size = own(tp), vocab_size

@@ -1,8 +1,5 @@
-"""One decoder-only transformer covering Qwen3 (q/k RMSNorm), Qwen2 (qkv bias) and
-Llama 3 (scaled RoPE). Weights are laid out as in Hugging Face checkpoints, except that
-q/k/v and gate/up are packed into one matrix each (one matmul instead of three or two).
-Under tensor parallelism (`tp`) each rank builds the same model with its slice of every
-matrix: its share of the query and KV heads, of the MLP width and of the vocabulary."""
+"""One decoder for Qwen3 (q/k norm), Qwen2 (qkv bias) and Llama 3 (scaled RoPE), q/k/v and gate/up
+packed into one matrix each; under tensor parallelism each rank builds it with its slices."""
 from __future__ import annotations
 
 import functools
@@ -27,13 +24,11 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict) -> torch.Ten
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
         return inv_freq / scaling["factor"]
-    return _llama3_frequencies(inv_freq, scaling) if kind == "llama3" else inv_freq
-
-
-def _llama3_frequencies(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
-    """Llama 3 keeps high frequencies, divides low ones by `factor`, blends in between."""
-    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-    old_len = s.get("original_max_position_embeddings", 8192)
+    if kind != "llama3":
+        return inv_freq
+    # Llama 3 keeps high frequencies, divides low ones by `factor`, blends in between
+    factor, low, high = scaling["factor"], scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_len = scaling.get("original_max_position_embeddings", 8192)
     low_wavelen, high_wavelen = old_len / low, old_len / high
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
@@ -49,8 +44,7 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]   # each half's angles
         self.register_buffer("cos_cache", torch.cat((freqs.cos(), freqs.cos()), dim=-1), persistent=False)
-        # sin with the first half negated: rotate_half(x) * sin == x.roll(half) * signed sin,
-        # exactly (negation is exact), in one op instead of chunk, neg and cat
+        # sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed sin, in one op
         self.register_buffer("sin_cache", torch.cat((-freqs.sin(), freqs.sin()), dim=-1), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,8 +54,6 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor):
-    """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; signed_sin from cos_sin.
-    Each half is rotated into the other: x * cos + (-x2, x1) * sin."""
     half = q.shape[-1] // 2
     return q * cos + q.roll(half, -1) * signed_sin, k * cos + k.roll(half, -1) * signed_sin
 
@@ -77,10 +69,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class Elementwise:
-    """The small element-wise steps of a layer. Eagerly each is several kernels; `fused()`
-    gives them to torch.compile, one generated kernel each (as nano-vllm compiles its norm,
-    rotary embedding and activation): on a GPU that turns ~20 launches a layer into ~5, inside
-    the captured graphs too. Compiled once per process, shared by every layer and engine."""
+    """A layer's element-wise steps; `fused()` compiles each into one kernel (as nano-vllm does):
+    ~20 launches a layer become ~5 in CUDA graphs. Compiled once per process."""
     rotary, norm, activation = staticmethod(apply_rotary), staticmethod(rms_norm), staticmethod(silu_and_mul)
 
     @classmethod
@@ -188,7 +178,6 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def fuse_elementwise(self) -> None:
-        """Every layer's norms, rotary embedding and activation compiled (Elementwise.fused)."""
         fused = Elementwise.fused()
         for module in self.modules():
             if hasattr(module, "ops"):

@@ -1,12 +1,5 @@
-"""From a checkpoint to a model: find it (a local directory, the embedded default, or a hub id),
-read the architecture facts the engine needs from its config.json, choose the dtype they run in,
-and load its safetensors into the engine's model, with errors that name the file or tensor at fault.
-
-What `dtype="auto"` picks, and why (the reason is shown to the user): on a GPU, bfloat16. On a
-CPU, bfloat16 halves the bytes every decode step reads, but it only pays where the cores compute
-it natively (AVX512-BF16 or AMX); elsewhere each bf16 matmul converts to float32 on the fly and is
-slower than plain float32. A checkpoint stored in float32 stays float32 (halving it would change
-its numbers), and a tiny model whose weights sit in the CPU caches gains nothing from fewer bytes."""
+"""From a checkpoint to a model: find it (a directory, the embedded default, a hub id), read its
+architecture facts, choose the dtype, load its safetensors, with errors naming what is at fault."""
 from __future__ import annotations
 
 import json
@@ -26,18 +19,17 @@ IGNORED_TENSORS = ("rotary_emb.inv_freq",)
 
 
 # -- the architecture facts -----------------------------------------------------------------
-SUPPORTED_ARCHITECTURES = {"Qwen3ForCausalLM": "qwen3", "Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 class ModelConfigError(ValueError):
-    """A config.json kvscope cannot run: the message names the unsupported value or the missing field."""
+    """A config.json kvscope cannot run."""
 
 
 @dataclass
 class ModelConfig:
     architecture: str
-    family: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -63,20 +55,19 @@ class ModelConfig:
         if arch is None:
             raise ModelConfigError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                                    f"kvscope runs {', '.join(SUPPORTED_ARCHITECTURES)}")
-        family = SUPPORTED_ARCHITECTURES[arch]
         try:
             heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
             rope, rope_theta = _rope_settings(cfg)
             eos = cfg.get("eos_token_id")
             return cls(
-                architecture=arch, family=family, name=name, vocab_size=cfg["vocab_size"], hidden_size=hidden,
+                architecture=arch, name=name, vocab_size=cfg["vocab_size"], hidden_size=hidden,
                 intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
                 num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
                 rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 max_position_embeddings=cfg.get("max_position_embeddings", 4096),
-                rope_theta=rope_theta, rope_scaling=rope, qk_norm=family == "qwen3",
-                qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+                rope_theta=rope_theta, rope_scaling=rope, qk_norm=arch == "Qwen3ForCausalLM",
+                qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
                 eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)))
@@ -84,14 +75,18 @@ class ModelConfig:
             raise ModelConfigError(f"config.json lacks the field {missing}") from None
 
     @property
+    def approx_params(self) -> int:   # from the shapes, before loading anything
+        h = self.hidden_size
+        attn, mlp = h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads), 3 * h * self.intermediate_size
+        return self.num_layers * (attn + mlp) + self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+
+    @property
     def kv_elements_per_token(self) -> int:
-        """K and V, every layer, every KV head: cache elements one token takes (times the dtype size = bytes)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
 
 def _rope_settings(cfg: dict) -> tuple[dict, float]:
-    """transformers 5 nests rope settings in `rope_parameters`; older files use
-    `rope_theta` and `rope_scaling`. Both are accepted."""
+    """transformers 5 nests them in `rope_parameters`, older files in `rope_theta`/`rope_scaling`."""
     merged = {**(cfg.get("rope_parameters") or {}), **(cfg.get("rope_scaling") or {})}
     theta = float(merged.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
@@ -114,18 +109,11 @@ class DtypeChoice:
     reason: str
 
 
-def approx_params(cfg: ModelConfig) -> int:
-    """Parameters from the shapes in config.json (before loading anything)."""
-    h, layers = cfg.hidden_size, cfg.num_layers
-    attn = h * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    mlp = 3 * h * cfg.intermediate_size
-    embed = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
-    return layers * (attn + mlp) + embed
-
-
 def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
                  native_bf16: list[str] | None = None) -> DtypeChoice:
-    """`native_bf16`: the CPU's bf16 feature flags (read from /proc/cpuinfo when None)."""
+    """bfloat16 on a GPU; on a CPU only where it computes bfloat16 natively (else each matmul
+    converts), the checkpoint is 16-bit and the model is not cache-sized. `native_bf16`: the
+    CPU's flags (read from /proc/cpuinfo when None)."""
     if name != "auto":
         if name not in DTYPES:
             raise ValueError(f"unsupported dtype {name!r}: use one of {', '.join(DTYPES)}")
@@ -134,7 +122,7 @@ def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
         return DtypeChoice(torch.bfloat16, "auto: GPUs compute bfloat16 natively")
     flags = cpu_bf16_flags() if native_bf16 is None else native_bf16
     stored = (cfg.torch_dtype or "float32").removeprefix("torch.")
-    params = approx_params(cfg)
+    params = cfg.approx_params
     if not flags:
         return DtypeChoice(torch.float32, "auto: this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16), "
                                           "so float32 is faster")
@@ -149,7 +137,7 @@ def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
 
 # -- finding and loading a checkpoint ---------------------------------------------------------
 class ModelLoadError(RuntimeError):
-    """A checkpoint that cannot be used; the message says what and where."""
+    """A checkpoint that cannot be used."""
 
 
 def resolve_model_path(model: str | None) -> Path:
@@ -171,16 +159,12 @@ def resolve_model_path(model: str | None) -> Path:
         raise ModelLoadError(f"{path} is a file; --model takes a checkpoint directory or a hub id")
     if model.count("/") != 1 or model.startswith((".", "/", "~")):
         raise ModelLoadError(f"no checkpoint directory at {model!r} (and it is not a hub id like 'Qwen/Qwen3-0.6B')")
-    return _download(model)
-
-
-def _download(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
+        return Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]))
     except Exception as exc:  # offline, unknown repo, no permission: one line, not a traceback
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"could not get {repo_id!r}: no local directory of that name, and the "
+        raise ModelLoadError(f"could not get {model!r}: no local directory of that name, and the "
                              f"Hugging Face hub download failed ({reason[:160]})") from None
 
 
@@ -227,7 +211,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
 
 
 def _load_tensor(model, params, name, tensor, file, loaded) -> None:
-    """`tensor`: safetensors' lazy slice, so a tensor-parallel layer reads only its own part."""
+    """`tensor`: safetensors' lazy slice, so a tensor-parallel layer reads only its part."""
     target, shard = name, 0
     for fragment, (packed, index) in CausalLM.packed.items():
         if f".{fragment}." in name and name.replace(fragment, packed) in params:
@@ -249,7 +233,6 @@ def _load_tensor(model, params, name, tensor, file, loaded) -> None:
 
 
 def _full_shape(module, param, shard: int) -> tuple[int, ...]:
-    """The checkpoint shape this parameter (or this shard of a packed one) comes from."""
     if isinstance(module, ColumnParallelLinear):
         return (module.local_sizes[shard] * module.tp.size, *param.shape[1:])
     if isinstance(module, RowParallelLinear):
@@ -259,21 +242,13 @@ def _full_shape(module, param, shard: int) -> tuple[int, ...]:
     return tuple(param.shape)
 
 
-def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Random weights for benchmarks: small normal values, norms at one."""
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if "norm" in name:
-            p.data.fill_(1.0)
-        else:
-            p.data.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-
-
 def build_model(path: Path, cfg: ModelConfig, load_format: str, dtype: torch.dtype,
                 device: torch.device, max_position: int, seed: int = 0, tp: TPGroup = TPGroup()) -> CausalLM:
     model = CausalLM(cfg, max_position, tp)
-    if load_format == "dummy":
-        init_dummy_weights(model, seed)
+    if load_format == "dummy":   # benchmarks: small normal values, norms at one
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():
+            p.data.copy_(torch.ones(p.shape) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
     else:
         load_weights(model, path)
     model = model.to(device=device, dtype=dtype).eval()
