@@ -191,21 +191,23 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str = "", cache_salt: str | None = None) -> Sequence:
+                    request_id: str = "", cache_salt: str | None = None,
+                    prefill_chunk_size: int | None = None) -> Sequence:
         """Queue a request; with n > 1 it is choice 0, and choices 1..n-1 (`seq.forks`, ids
-        `<id>-<i>`) fork from it once its prompt is computed."""
+        `<id>-<i>`) fork from it once its prompt is computed. `prefill_chunk_size` cuts this
+        request's prompt into chunks of at most that many tokens a step."""
         params = params or SamplingParams()
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none")
         ids = self.tokenize(prompt)
         constraint = params.structured_outputs
         if constraint is not None:
-            self.structured_outputs.compile(grammar_key(constraint))   # a bad grammar fails here, not in a step
+            self.compile_grammar(constraint)   # a bad grammar fails here, not in a step
         seq = self._new_sequence(ids, params.for_choice(0) if params.n > 1 else params, request_id)
         seq.forks = [self._new_sequence(ids, params.for_choice(i), f"{seq.request_id}-{i}")
                      for i in range(1, params.n)]
         for s in seq.choices:
-            s.cache_salt = cache_salt
+            s.cache_salt, s.prefill_chunk_size = cache_salt, prefill_chunk_size
             if constraint is not None:
                 s.grammar = self.structured_outputs.matcher_for(constraint)
         error = self.failure or self.scheduler.admission_error(seq)
@@ -224,6 +226,25 @@ class LLMEngine:
             self.generators[seq.seq_id] = torch.Generator(device=self.device).manual_seed(params.seed)
         self.detokenizer.add(seq, self.tokenizer)
         return seq
+
+    def compile_grammar(self, constraint) -> None:
+        """Compile a structured-output constraint into the engine's cache; a bad one raises
+        ValueError. A server calls it before add_request, off the engine thread: no step waits."""
+        self.structured_outputs.compile(grammar_key(constraint))
+
+    def stream_text(self) -> None:
+        """From now on every token's text is decoded, not only for requests with stop strings
+        (a streaming front end)."""
+        self.detokenizer.stream = True
+
+    @property
+    def keep_queries(self):
+        """Picks, before each step, the rows whose queries the step hands back (None: none)."""
+        return self.runner.keep_queries
+
+    @keep_queries.setter
+    def keep_queries(self, keeper) -> None:
+        self.runner.keep_queries = keeper
 
     def find(self, request_id: str) -> Sequence | None:
         """A live request, or a choice still waiting to fork, by its id."""

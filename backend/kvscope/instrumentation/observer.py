@@ -104,8 +104,8 @@ class Instrumentation(EngineObserver):
         self._stop_keeping()
 
     def _stop_keeping(self) -> None:
-        if self.engine.runner.keep_queries is self._keeper:
-            self.engine.runner.keep_queries = None
+        if self.engine.keep_queries is self._keeper:
+            self.engine.keep_queries = None
 
     # -- between steps -----------------------------------------------------------------
     def on_request_added(self, seq: Sequence) -> None:
@@ -174,7 +174,7 @@ class Instrumentation(EngineObserver):
         if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
             self._keeper = self._keeper or QueryKeeper(self.engine.runner)
             self._keeper.seq_ids = keep
-            self.engine.runner.keep_queries = self._keeper
+            self.engine.keep_queries = self._keeper
         return False
 
     def _token_event(self, d: TokenDelta, step: int, ts: float) -> dict:

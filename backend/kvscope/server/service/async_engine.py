@@ -29,7 +29,7 @@ class StreamDelta:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
-        engine.detokenizer.stream = True
+        engine.stream_text()
         self.engine = engine
         self.idle_wait = idle_wait
         self.paused = False

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from kvscope.server.service.async_engine import AsyncEngine, StreamDelta
 from kvscope.instrumentation.kv_quant_probe import measure_kv_cache_dtype
 from kvscope.engine import LLMEngine
-from kvscope.engine.sampler import grammar_key
 from kvscope.heap import freeze_start_up, thaw
 from kvscope.instrumentation.facts import hello_event
 from kvscope.instrumentation.observer import Clock, Instrumentation, RequestLabel
@@ -169,7 +168,7 @@ class EngineService(ClassService):
 
     async def compile_grammar(self, constraint: StructuredOutputsParams) -> None:
         """Off the engine thread: a bad grammar is the caller's ValueError, and no step waits on a compile."""
-        await self.off_loop(self.engine.structured_outputs.compile, grammar_key(constraint))
+        await self.off_loop(self.engine.compile_grammar, constraint)
 
     async def submit(self, rid: str, ids: list[int], params: SamplingParams, source: str,
                      label: RequestLabel, watch: tuple[str, WatchSpec] | None = None,
@@ -189,13 +188,12 @@ class EngineService(ClassService):
         """Add one request to the engine; runs on the engine thread, between two steps."""
         self.instr.labels[rid] = replace(label, source=source)
         try:
-            seq = self.engine.add_request(ids, params, rid, cache_salt=cache_salt)
+            seq = self.engine.add_request(ids, params, rid, cache_salt=cache_salt, prefill_chunk_size=prefill_chunk_tokens)
         except ValueError as exc:
             self.instr.labels.pop(rid, None)
             return Submitted(rid, len(ids), str(exc))
         if seq.is_finished:
             return Submitted(rid, seq.num_prompt_tokens, seq.error or "refused")
-        seq.prefill_chunk_size = prefill_chunk_tokens
         if label.held:
             self.aengine.pacing.hold(seq)
         elif pace_s:
