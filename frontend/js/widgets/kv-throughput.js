@@ -263,7 +263,6 @@ class KvThroughput extends KvWidget {
       const p = this.points[k];
       this.announce(`${p.concurrency} in flight: ${formatFloat(p.throughput, 1)} tokens/s, inter-token p50 ${formatSeconds(p.itl_p50)}, first token p50 ${formatSeconds(p.ttft_p50)}.`);
     }
-    this.dataset.points = String(this.points.length);
     if (this.points.length === run.levels.length) {
       this.run = null;
       this.updateMode(this.client.mode);
@@ -311,6 +310,7 @@ class KvThroughput extends KvWidget {
     if (!pts.length) nodes.push(svg('text', { x: W / 2, y: PANEL_H / 2, 'text-anchor': 'middle', 'font-size': 12, class: 'kvw-soft' },
       !this.isLive ? 'Loading the recorded sweep…' : this.run ? 'Running the first level…' : 'Press Run the sweep: each level adds a point to every panel.'));
     this.dataset.shown = this.isLive ? 'live' : 'recorded';
+    this.dataset.points = String(pts.length);   // set as they are drawn: a reader of the table sees them all
     if (!this.isLive && pts.length) {   // the controls say what the recorded sweep ran
       this.topInput.value = String(Math.max(...pts.map((p) => p.concurrency)));
       this.tokensInput.value = String(Math.max(...pts.map((p) => p.max_tokens)));
