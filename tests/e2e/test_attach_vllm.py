@@ -149,7 +149,10 @@ def test_other_clients_hits_are_drawn_only_when_they_ask_vllm_to_report_them(att
     body = {"model": str(MODEL), "prompt": ids, "max_tokens": 1}
     vllm_post(vllm["url"], "/v1/completions", body)                       # stores the blocks
     hits = vllm_metric(vllm["url"], "vllm:prefix_cache_hits_total")
-    before = int(figure.inner_text().replace(",", ""))
+    # the server's count (earlier tests' hits included), once the page has drawn it: a figure
+    # read before the page's first pool snapshot arrives still says 0
+    before = kv_snapshot(attached)["prefix_hits"]
+    wait_until(lambda: int(figure.inner_text().replace(",", "")) == before, what="the page's first pool")
     vllm_post(vllm["url"], "/v1/completions", body)                       # reuses them, says nothing
     wait_until(lambda: vllm_metric(vllm["url"], "vllm:prefix_cache_hits_total") == hits + 32 * full_blocks, what="vLLM's hit")
     # the page's own vLLM figure caught up (a poll a second), yet the pool drew no hit
