@@ -325,6 +325,61 @@ def test_weights_refuse_lengths_past_the_output_or_the_table():
                             torch.empty(2, 8, 12, dtype=torch.float16), torch.empty(2, 13, dtype=torch.float16))
 
 
+# -- the decode kernel writing watched rows' weights as it reads their keys (watch_rows) ---------
+@pytest.mark.parametrize("heads, kv_heads, head_dim, dtype, threads", [
+    (8, 2, 16, torch.float32, 1), (8, 2, 16, torch.float32, 2), (4, 4, 64, torch.bfloat16, 2),
+    (6, 2, 12, torch.float32, 1)])
+def test_the_decode_kernel_writes_watched_rows_weights(heads, kv_heads, head_dim, dtype, threads):
+    """Some rows of a decode step watched (contexts past one 256-position chunk too, one task a
+    KV head with two threads): their weights and means are the PyTorch path's, zero past each
+    context; the attention itself is what the unwatched kernel gives."""
+    lens = [1, 7, 300, 33, 600, 50]
+    q, k_cache, v_cache, md = random_decode_step(16, lens, seed=4, heads=heads, kv_heads=kv_heads,
+                                                 head_dim=head_dim, dtype=dtype)
+    layer = attention.PagedAttention(heads, kv_heads, head_dim, 0)
+    watched = {2: 0, 0: 1, 4: 2, 5: 3}   # row -> its slot
+    slots = torch.tensor([watched.get(r, -1) for r in range(len(lens))], dtype=torch.int32)
+    weights = torch.full((4, heads, 610), float("nan"), dtype=torch.float16)
+    means = torch.full((4, 610), float("nan"), dtype=torch.float16)
+    layer.watch_rows(slots, weights, means)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, 0.3, layer.watch)
+        assert torch.equal(out, kernel(q, k_cache, v_cache, md, 0.3))
+    finally:
+        torch.set_num_threads(before)
+    for r, w in watched.items():
+        n = lens[r]
+        keys = attention.gather_context(k_cache, md.block_tables[r].long(), n)
+        want = capture.attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]
+        torch.testing.assert_close(weights[w, :, :n], want.half(), atol=1e-3 if dtype == torch.float32 else 2e-3,
+                                   rtol=0)
+        torch.testing.assert_close(means[w, :n], want.mean(0).half(), atol=1e-3, rtol=0)
+        assert (weights[w, :, n:] == 0).all() and (means[w, n:] == 0).all()
+    layer.watch_rows(None)
+    assert not layer.watch.any() and layer.watched == ()
+
+
+def test_a_watch_written_for_another_step_writes_nothing_outside_what_it_names():
+    """Rows past the slots it lists, contexts wider than its width and slots past its rows
+    are left alone: the attention is unchanged and the weights stay as they were."""
+    lens = [5, 40, 9]
+    q, k_cache, v_cache, md = random_decode_step(4, lens, seed=8)
+    layer = attention.PagedAttention(8, 2, 16, 0)
+    weights = torch.full((2, 8, 20), float("nan"), dtype=torch.float16)
+    means = torch.full((2, 20), float("nan"), dtype=torch.float16)
+    # row 0 in slot 7 (past the 2 watched), row 1's 40 positions wider than 20, row 2 not listed
+    layer.watch_rows(torch.tensor([7, 0], dtype=torch.int32), weights, means)
+    out = kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, 1.0, layer.watch)
+    assert torch.equal(out, kernel(q, k_cache, v_cache, md, 1.0))
+    assert weights.isnan().all() and means.isnan().all()
+    with pytest.raises(ValueError, match="watched rows"):
+        layer.watch_rows(torch.tensor([0, 1]), weights, means)   # int64 slots
+    with pytest.raises(ValueError, match="watched rows"):
+        layer.watch_rows(torch.tensor([0, 1], dtype=torch.int32), weights.float(), means)
+
+
 def test_other_dtypes_are_refused_with_a_reason():
     assert "float16" in kernels.cpu_unavailable(torch.float16)
     with pytest.raises(ValueError, match="cpu_paged"):

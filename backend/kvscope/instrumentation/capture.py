@@ -1,17 +1,18 @@
 """What a watched request's widgets draw, read from the engine's own step.
 
-The step runs as it would unwatched (compiled on a CPU, CUDA graphs on a GPU). While someone
-watches, each attention layer also copies queries into a tensor made before the step
-(attention.KeptQueries, a copy_ that a compiled graph and a CUDA graph make too): every row's
-in a decode step, whose graph keeps the shapes it was recorded with, the watched rows' in a
-step with prompts. After the step, the watched rows' attention weights are computed from
-those queries and the keys the step has just written to the paged cache, for the layers and
-heads viewers asked for: on a CPU by the C kernel beside the decode kernel, which reads each
-row's keys in place through its block table and writes the weights and their mean over the
-heads in half precision (layers/kernels.py cpu_weights); elsewhere (a
-GPU, a quantized cache) from keys gathered out of the pool, the decode rows of every watched
-sequence and layer in one batched product. Kept in half precision and copied to the host
-without waiting (HostCopy).
+The step runs as it would unwatched (compiled on a CPU, CUDA graphs on a GPU). In a decode
+step on the CPU kernels, the decode kernel itself writes the watched rows' attention weights
+and their mean over the heads, in half precision, while their keys are in cache
+(PagedAttention.watch_rows: the same graph, no second read of the keys). Otherwise each
+attention layer copies queries into a tensor made before the step (attention.KeptQueries, a
+copy_ that a compiled graph and a CUDA graph make too): every row's in a decode step, whose
+graph keeps the shapes it was recorded with, the watched rows' in a step with prompts. After
+the step, the watched rows' weights are computed from those queries and the keys the step
+has just written to the paged cache, for the layers and heads viewers asked for: on a CPU by
+the C kernel beside the decode kernel, which reads each row's keys in place through its block
+table (layers/kernels.py cpu_weights); elsewhere (a GPU, a quantized cache) from keys
+gathered out of the pool, the decode rows of every watched sequence and layer in one batched
+product. Kept in half precision and copied to the host without waiting (HostCopy).
 
 A side pass runs only for what the step did not compute: rows the prefix cache spared the
 engine (the first step a request is watched, so every prompt row shows) and a watch of the
@@ -33,7 +34,7 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
-from kvscope.layers.attention import KeptQueries, gather_context, query_room, step_metadata
+from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
 from kvscope.layers.kernels import cpu_unavailable, cpu_weights
 
 
@@ -195,6 +196,15 @@ class HostView:
 
 
 @dataclass
+class StepWeights:
+    """A decode step's watched rows' weights, written by the CPU decode kernel as it read their
+    keys (PagedAttention.watch_rows): every layer's, every head's."""
+    weights: torch.Tensor                                    # [layers, rows, H, width] float16
+    means: torch.Tensor                                      # [layers, rows, width] float16
+    by_seq: dict[int, int]                                   # seq_id -> its row among them
+
+
+@dataclass
 class StepQueries:
     """The queries a step keeps for capture, and where each watched sequence's rows are among them."""
     kept: KeptQueries                                        # what the step itself is handed
@@ -203,17 +213,36 @@ class StepQueries:
 
 class QueryKeeper:
     """The model runner's `keep_queries` while someone watches: which rows' queries a step
-    keeps. A decode step keeps every row (a decode graph keeps the shapes it was recorded
+    keeps. A decode step on the CPU kernels keeps none: the decode kernel writes the watched
+    rows' weights itself, its keys in cache (`watch_rows`, the same step, compiled or not).
+    Elsewhere a decode step keeps every row (a decode graph keeps the shapes it was recorded
     with, and a decode row is small); a step with prompts only the watched sequences' rows.
     The step is handed a plain KeptQueries, the type the compiled graph was warmed up with
     (a subclass fails its guards and recompiles it)."""
 
     def __init__(self, runner):
         self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
+        self.in_kernel = runner.routes.eager is Route.CPU_KERNELS and in_place(self.layers[0])
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
-        self.kept: StepQueries | None = None   # what the last step run kept
+        self.kept: StepQueries | StepWeights | None = None   # what the last step run kept
+        self.writing = False   # whether the layers' decode kernels write weights
+
+    def take(self) -> StepQueries | StepWeights | None:
+        """What the last step kept; its layers stop writing weights."""
+        self.release()
+        return self.kept
+
+    def release(self) -> None:
+        if self.writing:
+            for layer in self.layers:
+                layer.watch_rows(None)
+            self.writing = False
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
+        self.release()
+        if decode and self.in_kernel and all(e.num_new_tokens == 1 for e in out.entries):
+            self.kept = self._in_kernel(out)
+            return None
         by_seq, taken, row = {}, [], 0
         for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
             n = e.num_new_tokens
@@ -226,6 +255,25 @@ class QueryKeeper:
             slice(None) if decode else torch.tensor(taken, device=self.device),
             query_room(self.layers, row if decode else len(taken), self.dtype, self.device)), by_seq)
         return None if self.kept is None else self.kept.kept
+
+    def _in_kernel(self, out: SchedulerOutput) -> StepWeights | None:
+        """Ask each layer's decode kernel for the watched rows' weights (rows in batch order)."""
+        slots, by_seq, width = [], {}, 0
+        for e in batch_order(out.entries):
+            if e.seq.seq_id in self.seq_ids:
+                by_seq[e.seq.seq_id] = len(by_seq)
+                width = max(width, e.start + 1)
+            slots.append(by_seq.get(e.seq.seq_id, -1))
+        if not by_seq:
+            return None
+        layer = self.layers[0]
+        kept = StepWeights(torch.empty(len(self.layers), len(by_seq), layer.num_heads, width, dtype=torch.float16),
+                           torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
+        slots = torch.tensor(slots, dtype=torch.int32)
+        for i, layer in enumerate(self.layers):
+            layer.watch_rows(slots, kept.weights[i], kept.means[i])
+        self.writing = True
+        return kept
 
 
 @dataclass
@@ -242,10 +290,17 @@ class Capture:
 
 
 @torch.inference_mode()
-def capture(runner, watched: list[WatchedRows], kept: StepQueries | None, buffers: StepBuffers) -> Capture:
-    """Attention weights (and internals) for the step's watched rows: their queries from the
-    step where it kept them, from a side pass where it did not."""
+def capture(runner, watched: list[WatchedRows], kept: StepQueries | StepWeights | None,
+            buffers: StepBuffers) -> Capture:
+    """Attention weights (and internals) for the step's watched rows: as the step wrote them, or
+    from their queries, which the step kept or a side pass computes."""
     result = Capture(watched)
+    if isinstance(kept, StepWeights):   # the decode kernel wrote them: every layer, every head
+        written = [w for w in watched if not w.side and w.seq.seq_id in kept.by_seq]
+        _hand_out(written, [kept.by_seq[w.seq.seq_id] for w in written], [layer.layer_idx for layer in runner.attn_layers],
+                  kept.weights.numpy(), kept.means.numpy(), result)
+        watched = [w for w in watched if w not in written]
+        kept = None
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
     stacked = torch.stack(kept.kept.out) if from_step else None   # [layers, rows, H, D]
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
@@ -312,9 +367,16 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
     else:
         probs = _gathered_decode_weights(wanted, decodes, q, torch.tensor(tables, device=device), context)
         halves, means = probs.half(), probs.mean(2).half()
-    halves, means = HostCopy(halves).parts(), HostCopy(means).parts()   # [layers, seqs, H, C], [layers, seqs, C]
-    numbers = [layer.layer_idx for layer in wanted]
-    for i, w in enumerate(decodes):
+    # [layers, seqs, H, C], [layers, seqs, C]
+    _hand_out(decodes, range(n), [layer.layer_idx for layer in wanted], HostCopy(halves).parts(),
+              HostCopy(means).parts(), result)
+
+
+def _hand_out(decodes: list[WatchedRows], rows, numbers: list[int], halves, means, result: Capture) -> None:
+    """Each decode row's attention event: its layers and heads of halves [layers, rows, H, C]
+    and means [layers, rows, C] (layers `numbers`; decodes[j] is row rows[j]), cut to its context."""
+    num_heads = halves.shape[2]
+    for i, w in zip(rows, decodes):
         heads = _head_index(w.heads, num_heads)
         mine = numbers if w.layers is None else [n for n in numbers if n in w.layers]
         index = slice(None) if len(mine) == len(numbers) else [numbers.index(n) for n in mine]

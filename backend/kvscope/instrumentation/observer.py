@@ -104,8 +104,9 @@ class Instrumentation(EngineObserver):
         self._stop_keeping()
 
     def _stop_keeping(self) -> None:
-        if self.engine.keep_queries is self._keeper:
+        if self._keeper is not None and self.engine.keep_queries is self._keeper:
             self.engine.keep_queries = None
+            self._keeper.release()
 
     # -- between steps -----------------------------------------------------------------
     def on_request_added(self, seq: Sequence) -> None:
@@ -175,6 +176,8 @@ class Instrumentation(EngineObserver):
             self._keeper = self._keeper or QueryKeeper(self.engine.runner)
             self._keeper.seq_ids = keep
             self.engine.keep_queries = self._keeper
+        else:
+            self._stop_keeping()
         return False
 
     def _token_event(self, d: TokenDelta, step: int, ts: float) -> dict:
@@ -285,7 +288,7 @@ class Instrumentation(EngineObserver):
             return events
         if self._side_buffers is None:
             self._side_buffers = StepBuffers(self.engine.device)
-        kept = self._keeper.kept if self._keeper is not None else None
+        kept = self._keeper.take() if self._keeper is not None else None
         caught = capture(self.engine.runner, drawn_rows, kept, self._side_buffers)
         return events + self._attention_events(caught, watches, step, ts) + self._internals_events(caught, step, ts)
 

@@ -261,6 +261,27 @@ class PagedAttention(nn.Module):
         self.kv_format = kv_cache_format("auto", torch.float32)
         self.k_scales = self.v_scales = None
         self.k_scale = self.v_scale = 1.0
+        # rows whose weights the CPU decode kernel writes while it reads their keys (watch_rows)
+        self.watch = torch.zeros(kernels.WATCH_FIELDS, dtype=torch.int64, device="cpu")
+        self.watched: tuple[torch.Tensor, ...] = ()
+
+    def watch_rows(self, slots: torch.Tensor | None, weights: torch.Tensor | None = None,
+                   means: torch.Tensor | None = None) -> None:
+        """From the next step on, the CPU decode kernel also writes the softmax weights of each
+        row r with slots[r] >= 0 into weights[slots[r]] [H, width] and their mean over the heads
+        into means[slots[r]] [width] (float16, zero past the row's context); None: no rows.
+        The layer holds the tensors whose addresses its kernel writes through."""
+        if slots is None:
+            self.watch.zero_()
+            self.watched = ()
+            return
+        n, heads, width = weights.shape
+        if not (slots.dtype == torch.int32 and weights.dtype == means.dtype == torch.float16 and heads == self.num_heads
+                and means.shape == (n, width) and all(t.is_cpu and t.is_contiguous() for t in (slots, weights, means))):
+            raise ValueError(f"watched rows need int32 slots and float16 weights [n, {self.num_heads}, width] and "
+                             f"means [n, width] on the CPU; got {slots.dtype}, {tuple(weights.shape)}, {tuple(means.shape)}")
+        self.watched = (slots, weights, means)
+        self.watch.copy_(torch.tensor([slots.data_ptr(), weights.data_ptr(), means.data_ptr(), len(slots), n, width]))
 
     def readable_caches(self):
         if not self.kv_format.quantized:
@@ -313,7 +334,7 @@ class PagedAttention(nn.Module):
                                                causal=True).squeeze(1)
             case Route.CPU_COMPILED:   # opaque to inductor, which fuses everything around it
                 return torch.ops.kvscope.paged_decode_attention(q, self.k_cache, self.v_cache, r.block_tables,
-                                                                r.context_lens, self.scale)
+                                                                r.context_lens, self.scale, self.watch)
         return decode_attention(q, *self.readable_caches(), md.decode, self.scale)
 
     def _cpu_kernels(self, q, md: AttentionMetadata) -> torch.Tensor:
@@ -322,7 +343,7 @@ class PagedAttention(nn.Module):
         out = torch.empty_like(q)
         if (r := md.decode) is not None:
             out[r.rows] = kernels.cpu_decode(q[r.rows], self.k_cache, self.v_cache, r.block_tables, r.context_lens,
-                                             self.scale)
+                                             self.scale, self.watch)
         if md.spans is not None:
             kernels.cpu_prefill(q, self.k_cache, self.v_cache, md.spans, self.scale, out)
         return out

@@ -16,7 +16,9 @@
  *
  * Layouts (all contiguous): q, out [n_seqs, n_heads, head_dim]; k_cache, v_cache
  * [num_blocks, block_size, n_kv_heads, head_dim]; block_tables [n_seqs, table_width] int32;
- * context_lens [n_seqs] int32, each >= 1. Query head h reads KV head h / (n_heads / n_kv_heads). */
+ * context_lens [n_seqs] int32, each >= 1. Query head h reads KV head h / (n_heads / n_kv_heads).
+ * A watched decode row (someone draws its attention) also keeps its scores as it goes and
+ * writes its softmax weights at the end, so they cost no second pass over the keys (`watch`). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
@@ -50,13 +52,30 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as tor
 /* head_dim x query heads per KV head that get their own specialised copy */
 #define SHAPE(TASK, DIM, GROUP)                                                                  \
     if (head_dim == DIM && group == GROUP) {                                                     \
-        TASK(q, k_cache, v_cache, table, len, out, n_kv_heads, GROUP, DIM, block_size, kvh, nkv, scale); \
+        TASK(q, k_cache, v_cache, table, len, out, n_kv_heads, GROUP, DIM, block_size, kvh, nkv, scale, \
+             probs, width);                                                                      \
         return 1;                                                                                \
     }
 #define KNOWN_SHAPES(TASK)                                                                       \
     SHAPE(TASK, 32, 1) SHAPE(TASK, 32, 2) SHAPE(TASK, 32, 4) SHAPE(TASK, 32, 8)                  \
     SHAPE(TASK, 64, 1) SHAPE(TASK, 64, 2) SHAPE(TASK, 64, 4) SHAPE(TASK, 64, 8)                  \
     SHAPE(TASK, 128, 1) SHAPE(TASK, 128, 2) SHAPE(TASK, 128, 4) SHAPE(TASK, 128, 8)
+
+/* A watched row's place in the decode kernel's `watch` descriptor, or -1. The descriptor: the
+ * addresses of int32 slots [n_slots] (each row's watched index, -1: not watched), float16
+ * weights [n_watched, n_heads, width] and means [n_watched, width], then n_slots, n_watched,
+ * width. Whoever fills it may be wrong about this step: nothing is read or written outside
+ * what it names. */
+enum { WATCH_SLOTS, WATCH_WEIGHTS, WATCH_MEANS, WATCH_N_SLOTS, WATCH_N_WATCHED, WATCH_WIDTH, WATCH_FIELDS };
+
+static inline int watched_slot(const int64_t *watch, int s, int len) {
+    if (s >= watch[WATCH_N_SLOTS] || len > watch[WATCH_WIDTH]) return -1;
+    const int w = ((const int32_t *)(intptr_t)watch[WATCH_SLOTS])[s];
+    return w < watch[WATCH_N_WATCHED] ? w : -1;
+}
+
+static void watched_weights(const int64_t *watch, const float *scratch, const int32_t *context_lens,
+                            int n_seqs, int n_heads);
 
 /* One task: a sequence's KV heads kvh .. kvh + nkv - 1 and their query heads. Taking a
  * sequence's KV heads together reads each block's rows whole, in address order.
@@ -65,7 +84,8 @@ static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as tor
 #define DEFINE_KERNEL(NAME, T, LOAD, STORE)                                                      \
 static inline __attribute__((always_inline)) void NAME##_task(                                  \
         const T *q, const T *k_cache, const T *v_cache, const int32_t *table, int len, T *out,  \
-        int n_kv_heads, int group, int head_dim, int block_size, int kvh, int nkv, float scale) { \
+        int n_kv_heads, int group, int head_dim, int block_size, int kvh, int nkv, float scale,  \
+        float *probs, int width) {                                                               \
     const int D = head_dim, G = group, BS = block_size, H = nkv * group;                         \
     const int CH = BS >= CHUNK ? BS : CHUNK / BS * BS;                                           \
     const long slot_stride = (long)n_kv_heads * D;                                               \
@@ -94,6 +114,7 @@ static inline __attribute__((always_inline)) void NAME##_task(                  
         }                                                                                        \
         for (int h = 0; h < H; h++) {                    /* online softmax over the chunk */    \
             float *ph = p + h * CH, new_max = row_max[h], sum = 0.f;                             \
+            if (probs) memcpy(probs + (long)h * width + start, ph, sizeof(float) * n);  /* watched */ \
             for (int i = 0; i < n; i++) new_max = ph[i] > new_max ? ph[i] : new_max;             \
             const float rescale = expf(row_max[h] - new_max);                                    \
             for (int i = 0; i < n; i++) { ph[i] = expf(ph[i] - new_max); sum += ph[i]; }         \
@@ -122,20 +143,28 @@ static inline __attribute__((always_inline)) void NAME##_task(                  
     for (int h = 0; h < H; h++) {                                                                \
         const float inv = 1.f / row_sum[h];                                                      \
         for (int d = 0; d < D; d++) out[h * D + d] = STORE(acc[h * D + d] * inv);                \
+        if (probs) {                     /* a watched row's scores become its probabilities */  \
+            float *ph = probs + (long)h * width;                                                 \
+            for (int i = 0; i < len; i++) ph[i] = expf(ph[i] - row_max[h]) * inv;                \
+        }                                                                                        \
     }                                                                                            \
 }                                                                                                \
                                                                                                  \
 static int NAME##_known_shape(const T *q, const T *k_cache, const T *v_cache,                   \
         const int32_t *table, int len, T *out, int n_kv_heads, int group, int head_dim,          \
-        int block_size, int kvh, int nkv, float scale) {                                         \
+        int block_size, int kvh, int nkv, float scale, float *probs, int width) {                \
     KNOWN_SHAPES(NAME##_task)                                                                    \
     return 0;                                                                                    \
 }                                                                                                \
                                                                                                  \
 void NAME(const T *q, const T *k_cache, const T *v_cache, const int32_t *block_tables,           \
-          const int32_t *context_lens, T *out, int n_seqs, int n_heads, int n_kv_heads,          \
-          int head_dim, int block_size, int table_width, float scale, int n_threads) {           \
+          const int32_t *context_lens, T *out, const int64_t *watch, int n_seqs, int n_heads,    \
+          int n_kv_heads, int head_dim, int block_size, int table_width, float scale, int n_threads) { \
     const int G = n_heads / n_kv_heads;                                                          \
+    /* watched rows keep their scores while the keys are read: no second pass over them */     \
+    if (watch && !watch[WATCH_SLOTS]) watch = NULL;                                              \
+    const int width = watch ? (int)watch[WATCH_WIDTH] : 0;                                       \
+    float *scratch = watch ? malloc(sizeof(float) * watch[WATCH_N_WATCHED] * n_heads * width) : NULL; \
     /* a sequence's KV heads in one task, unless that leaves threads without work */            \
     const int nkv = n_seqs >= 2 * n_threads ? n_kv_heads : 1;                                    \
     const int tasks_per_seq = n_kv_heads / nkv;                                                  \
@@ -146,12 +175,18 @@ void NAME(const T *q, const T *k_cache, const T *v_cache, const int32_t *block_t
             const long off = ((long)s * n_heads + (long)kvh * G) * head_dim;                     \
             const int32_t *table = block_tables + (long)s * table_width;                         \
             const int len = context_lens[s];                                                     \
+            const int w = scratch ? watched_slot(watch, s, len) : -1;                            \
+            float *probs = w < 0 ? NULL : scratch + ((long)w * n_heads + (long)kvh * G) * width; \
             /* common shapes get their own copies, with every loop bound known */              \
             if (!NAME##_known_shape(q + off, k_cache, v_cache, table, len, out + off, n_kv_heads,\
-                                    G, head_dim, block_size, kvh, nkv, scale))                   \
+                                    G, head_dim, block_size, kvh, nkv, scale, probs, width))     \
                 NAME##_task(q + off, k_cache, v_cache, table, len, out + off, n_kv_heads, G,     \
-                            head_dim, block_size, kvh, nkv, scale);                              \
+                            head_dim, block_size, kvh, nkv, scale, probs, width);                \
         }                                                                                        \
+    if (scratch) {                                                                               \
+        watched_weights(watch, scratch, context_lens, n_seqs, n_heads);                          \
+        free(scratch);                                                                           \
+    }                                                                                            \
 }
 
 DEFINE_KERNEL(paged_decode_f32, float, LOAD_F32, STORE_F32)
@@ -381,6 +416,32 @@ static inline void to_halves(const float *x, uint16_t *out, int n) {
         _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
     for (; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+
+/* The watched rows' probabilities (scratch [n_watched, n_heads, width], float32) into the
+ * descriptor's weights, and their mean over the heads into its means, in half precision. */
+static void watched_weights(const int64_t *watch, const float *scratch, const int32_t *context_lens,
+                            int n_seqs, int n_heads) {
+    const int width = (int)watch[WATCH_WIDTH];
+    uint16_t *weights = (uint16_t *)(intptr_t)watch[WATCH_WEIGHTS], *means = (uint16_t *)(intptr_t)watch[WATCH_MEANS];
+    float *total = malloc(sizeof(float) * width);
+    for (int s = 0; s < n_seqs; s++) {
+        const int len = context_lens[s], w = watched_slot(watch, s, len);
+        if (w < 0) continue;
+        memset(total, 0, sizeof(float) * len);
+        for (int h = 0; h < n_heads; h++) {
+            const float *p = scratch + ((long)w * n_heads + h) * width;
+            uint16_t *half = weights + ((long)w * n_heads + h) * width;
+            to_halves(p, half, len);
+            memset(half + len, 0, sizeof(uint16_t) * (width - len));
+            for (int i = 0; i < len; i++) total[i] += p[i];
+        }
+        uint16_t *m = means + (long)w * width;
+        for (int i = 0; i < len; i++) total[i] *= 1.f / n_heads;
+        to_halves(total, m, len);
+        memset(m + len, 0, sizeof(uint16_t) * (width - len));
+    }
+    free(total);
 }
 
 static inline __attribute__((always_inline)) void weights_scores(const float *qs, const float *k,

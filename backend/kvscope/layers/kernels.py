@@ -25,8 +25,9 @@ if TYPE_CHECKING:
 # -- CPU: the C kernels --------------------------------------------------------------------
 SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
 CPU_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+WATCH_FIELDS = 6   # the decode kernel's watch descriptor (cpu_paged_attention.c, watched_slot)
 # each kernel's pointer arguments; then six ints, the scale and the thread count
-POINTERS = {"paged_decode": 6, "paged_prefill": 8}
+POINTERS = {"paged_decode": 7, "paged_prefill": 8}
 
 
 @functools.cache
@@ -66,7 +67,9 @@ def cpu_unavailable(dtype: torch.dtype) -> str | None:
 
 
 def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-               context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+               context_lens: torch.Tensor, scale: float, watch: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention for one query row per sequence; `watch` (WATCH_FIELDS int64, PagedAttention.watch_rows
+    fills it) also asks for some rows' softmax weights."""
     q = q.contiguous()
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
@@ -75,9 +78,12 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
         raise ValueError(f"{batch} query rows need {batch} block tables and context lengths, got "
                          f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
+    if watch is not None and not (watch.is_cpu and watch.dtype == torch.int64 and watch.shape == (WATCH_FIELDS,)):
+        raise ValueError(f"a decode watch is {WATCH_FIELDS} int64 on the CPU, not {tuple(watch.shape)} {watch.dtype}")
     _kernel("paged_decode", q.dtype)(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
-                                     context_lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads,
-                                     head_dim, block_size, block_tables.shape[1], scale, torch.get_num_threads())
+                                     context_lens.data_ptr(), out.data_ptr(), None if watch is None else watch.data_ptr(),
+                                     batch, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
+                                     scale, torch.get_num_threads())
     return out
 
 
@@ -125,12 +131,12 @@ def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
 # as much (3 µs against 7 under inference mode), which shows at batch 1.
 _ops = torch.library.Library("kvscope", "FRAGMENT")
 _ops.define("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-            "Tensor context_lens, float scale) -> Tensor")
+            "Tensor context_lens, float scale, Tensor watch) -> Tensor")
 _ops.impl("paged_decode_attention", cpu_decode, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("kvscope::paged_decode_attention")
-def _(q, k_cache, v_cache, block_tables, context_lens, scale):
+def _(q, k_cache, v_cache, block_tables, context_lens, scale, watch):
     return torch.empty_like(q)
 
 
