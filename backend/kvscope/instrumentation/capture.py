@@ -240,7 +240,7 @@ class QueryKeeper:
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
         self.release()
-        if decode and self.in_kernel and all(e.num_new_tokens == 1 for e in out.entries):
+        if decode and self.in_kernel:   # one row a sequence, in batch order
             self.kept = self._in_kernel(out)
             return None
         by_seq, taken, row = {}, [], 0
