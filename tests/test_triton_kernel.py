@@ -102,6 +102,83 @@ def test_padded_rows_of_a_graph_batch_give_zeros_not_nan():
     assert out.strip() == "ok"
 
 
+def test_watched_rows_weights_read_in_place_match_pytorch():
+    """capture's Triton weights (instrumentation/gpu_weights.py): ragged contexts through
+    shuffled block tables, GQA groups of 1, 2 and 8, a block bigger than the tile, float32
+    and bfloat16 caches, against softmax(q·k) over the gathered keys; zero past each context."""
+    out = run_kernel_code("""
+        import torch
+        from kvscope.instrumentation.capture import attention_weights
+        from kvscope.instrumentation.gpu_weights import paged_weights
+        from kvscope.layers.attention import gather_context
+
+        def case(lens, heads, kv_heads, bs, dtype, dim=16, seed=0):
+            g = torch.Generator().manual_seed(seed)
+            width = max(-(-n // bs) for n in lens)
+            blocks = len(lens) * width + 2
+            k_cache = torch.randn(blocks, bs, kv_heads, dim, generator=g).to(dtype)
+            tables = torch.randperm(blocks, generator=g)[:len(lens) * width].view(len(lens), width).int().contiguous()
+            q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
+            lens_t = torch.tensor(lens, dtype=torch.int32)
+            got = paged_weights(*(t.to(DEVICE) for t in (q, k_cache, tables, lens_t)), 0.3, max(lens) + 3).cpu()
+            for r, n in enumerate(lens):
+                keys = gather_context(k_cache, tables[r].long(), n)
+                want = attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]
+                err = (got[r, :, :n] - want).abs().max().item()
+                assert err < (1e-6 if dtype == torch.float32 else 1e-2), (lens, heads, kv_heads, bs, dtype, r, err)
+                assert (got[r, :, n:] == 0).all()
+
+        for heads, kv_heads in [(2, 2), (4, 2), (8, 1)]:
+            case([1, 3, 4, 29, 70], heads, kv_heads, 4, torch.float32)
+        case([5, 40, 17], 4, 2, 64, torch.float32)     # a block bigger than the tile
+        case([3, 50], 4, 2, 4, torch.bfloat16, seed=1)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_a_watched_request_on_the_triton_backend_matches_transformers(tmp_path):
+    """The engine on the Triton backend with one request watched: its decode rows' weights
+    come from the Triton weights kernel, and equal transformers' eager attention."""
+    out = run_kernel_code(f"""
+        import numpy as np, torch
+        from pathlib import Path
+        from hf_models import make_checkpoint
+        from attention_frames import per_layer
+        from transformers import AutoModelForCausalLM
+        from kvscope import LLM, SamplingParams
+        from kvscope.instrumentation import Instrumentation, WatchSpec, gpu_weights
+        from kvscope.instrumentation.encode import binary_frame, decode
+        torch.set_num_threads(1)
+        from kvscope.instrumentation import capture
+        capture.in_place = lambda layer: False   # a GPU's: the C kernel reads CPU caches only
+        calls = []
+        real = gpu_weights.paged_weights
+        gpu_weights.paged_weights = lambda *a: calls.append(1) or real(*a)
+        ck = make_checkpoint("qwen3", Path({str(tmp_path)!r}) / "m", num_hidden_layers=2)
+        llm = LLM(str(ck), device=DEVICE, dtype="float32", attention_backend="triton", block_size=8)
+        events = []
+        instr = Instrumentation(llm.engine, events.extend)
+        seq = llm.engine.add_request(list(range(3, 22)), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        instr.watch(seq.request_id, "test", WatchSpec(), seq)
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        instr.detach()
+        assert calls, "the decode rows' weights should come from the Triton kernel"
+        hf = AutoModelForCausalLM.from_pretrained(ck, attn_implementation="eager", dtype=torch.float32).eval()
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq.token_ids[:-1]]), output_attentions=True).attentions
+        att = per_layer([decode(binary_frame(e)) for e in events if e["type"] == "attention"])
+        decode_rows = [a for a in att if a["query_positions"] == [a["context_len"] - 1] and a["context_len"] > 19]
+        assert len(decode_rows) == 2 * 3, len(decode_rows)   # 3 decode steps, 2 layers
+        for a in att:
+            want = ref[a["layer"]][0][:, a["query_positions"], :a["context_len"]]
+            assert np.allclose(a["weights"], want.numpy(), atol=1e-3), a["layer"]
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
 def test_engine_with_triton_backend_matches_transformers(tmp_path):
     out = run_kernel_code(f"""
         import torch

@@ -1,0 +1,90 @@
+"""Watched decode rows' attention weights on a GPU, each row's keys read where they lie in the
+paged cache (the Triton twin of the C kernel's weights, layers/cpu_paged_attention.c): no
+gathered copy of the keys, no float32 copy of them. One program a row and KV head, with that
+head's query heads: a first pass over the context for the softmax's max and sum, a second
+that writes each key's probability. Tested against PyTorch under Triton's interpreter."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+    HAS_TRITON = True
+except ImportError:   # CPU-only installs
+    HAS_TRITON = False
+
+TILE_TOKENS = 32   # keys a loop step reads (the decode kernel's tile)
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # Triton runs kernels on the CPU (tests)
+
+
+def usable(layer) -> bool:
+    """Whether a layer's watched weights can be read in place here: a plain cache where Triton
+    runs (a CUDA GPU, or anywhere under its interpreter)."""
+    return HAS_TRITON and (layer.k_cache.is_cuda or INTERPRETED) and not layer.kv_format.quantized
+
+
+def paged_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                  scale: float, width: int) -> torch.Tensor:
+    """q [n, H, D], one decode row each → softmax weights [n, H, width] float32, row r over its
+    first context_lens[r] keys (read through block_tables[r]), zero past them."""
+    n, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    q = q.contiguous()
+    out = torch.zeros(n, num_heads, width, dtype=torch.float32, device=q.device)
+    _paged_weights_kernel[(n, num_kv_heads)](
+        q, k_cache, block_tables, context_lens, out, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), GROUP=group, GROUP_PAD=max(triton.next_power_of_2(group), 1),
+        BLOCK_SIZE=block_size, TILE=max(TILE_TOKENS, block_size), HEAD_DIM=head_dim)
+    return out
+
+
+if HAS_TRITON:
+    @triton.jit
+    def _tile_scores(q, k_cache_ptr, block_tables_ptr, row, kv_head, start, context_len,
+                     stride_kb, stride_ks, stride_kh, stride_bt,
+                     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """q [G, D] against the keys at positions start .. start + TILE - 1: [G, TILE], -inf past the context."""
+        token = start + tl.arange(0, TILE)
+        in_context = token < context_len
+        block = tl.load(block_tables_ptr + row * stride_bt + token // BLOCK_SIZE, mask=in_context, other=0).to(tl.int64)
+        k = tl.load(k_cache_ptr + block[:, None] * stride_kb + (token % BLOCK_SIZE)[:, None] * stride_ks
+                    + kv_head * stride_kh + tl.arange(0, HEAD_DIM)[None, :],
+                    mask=in_context[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        return tl.where(in_context[None, :], scores, float("-inf"))
+
+    @triton.jit
+    def _paged_weights_kernel(
+        q_ptr, k_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, scale,
+        stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        context_len = tl.load(context_lens_ptr + row)
+        offs_g = tl.arange(0, GROUP_PAD)
+        head_ok = offs_g < GROUP
+        heads = kv_head * GROUP + offs_g
+        q = tl.load(q_ptr + row * stride_qb + heads[:, None] * stride_qh + tl.arange(0, HEAD_DIM)[None, :],
+                    mask=head_ok[:, None], other=0.0).to(tl.float32) * scale
+        running_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        running_sum = tl.zeros([GROUP_PAD], tl.float32)
+        for start in range(0, context_len, TILE):   # the softmax's max and sum, online
+            scores = _tile_scores(q, k_cache_ptr, block_tables_ptr, row, kv_head, start, context_len,
+                                  stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, TILE, HEAD_DIM)
+            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+            running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(scores - new_max[:, None]), 1)
+            running_max = new_max
+        for start in range(0, context_len, TILE):   # each key's probability
+            scores = _tile_scores(q, k_cache_ptr, block_tables_ptr, row, kv_head, start, context_len,
+                                  stride_kb, stride_ks, stride_kh, stride_bt, BLOCK_SIZE, TILE, HEAD_DIM)
+            token = start + tl.arange(0, TILE)
+            probs = tl.exp(scores - running_max[:, None]) / running_sum[:, None]
+            tl.store(out_ptr + row * stride_ob + heads[:, None] * stride_oh + token[None, :], probs,
+                     mask=head_ok[:, None] & (token < context_len)[None, :])
