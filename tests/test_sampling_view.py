@@ -73,7 +73,9 @@ def random_batch(rng: random.Random, n: int, vocab: int, masked_share: float):
         if kind in ("min_p", "all"):
             kw["min_p"] = rng.choice([0.02, 0.3])
         params = SamplingParams(max_tokens=4, **kw)
-        allowed = sorted(rng.sample(range(vocab), rng.choice([1, 4, 12, vocab // 2]))) if rng.random() < masked_share else None
+        allowed = None
+        if rng.random() < masked_share:
+            allowed = sorted(rng.sample(range(vocab), rng.choice([1, 4, 12, vocab // 2])))
         row = logits[r] if allowed is None else torch.full((vocab,), NEG_INF).index_put_(
             (torch.tensor(allowed),), logits[r, allowed])
         if params.greedy:
@@ -106,11 +108,13 @@ def test_sampling_view_follows_the_rule_row_by_row(seed, n, vocab, masked_share)
         assert e.get("allowed_tokens") == want["allowed"]
         for got, ref in zip(e["stages"], want["stages"], strict=True):
             assert (got["name"], got["applied"], got["kept"]) == (ref["name"], ref["applied"], ref["kept"])
-            assert [(c["id"], c["text"]) for c in got["candidates"]] == [(c["id"], f"t{c['id']}") for c in ref["candidates"]]
+            want_ids = [(c["id"], f"t{c['id']}") for c in ref["candidates"]]
+            assert [(c["id"], c["text"]) for c in got["candidates"]] == want_ids
             assert [c["logit"] is None for c in got["candidates"]] == [c["logit"] is None for c in ref["candidates"]]
             assert [c["logit"] for c in got["candidates"] if c["logit"] is not None] == pytest.approx(
                 [c["logit"] for c in ref["candidates"] if c["logit"] is not None], abs=1e-4)
-            assert [c["prob"] for c in got["candidates"]] == pytest.approx([c["prob"] for c in ref["candidates"]], abs=2e-6)
+            assert [c["prob"] for c in got["candidates"]] == pytest.approx(
+                [c["prob"] for c in ref["candidates"]], abs=2e-6)
         draw = e["draw"]
         assert draw["method"] == ("greedy" if p.greedy else "sample") and draw["rank"] == want["rank"]
         assert (draw["cdf_low"], draw["cdf_high"]) == pytest.approx(want["cdf"], abs=2e-6)

@@ -178,38 +178,13 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
             pruned = pruned or name != "temperature"
         stages.append((name, on, cur, pruned))
     orders, index = _candidate_columns(rows, chosen, masked=rows is not model_rows)
-    every_row = np.arange(n)[:, None]
-    # per stage: (name, on, its place in `table` below, or None: as the stage before; tokens
-    # kept per row, or None: the whole vocabulary)
-    shown, blocks, seen = [], [], None
-    for name, on, t, pruned in stages:
-        if t is seen:   # no row applied it: every row shows the stage before
-            shown.append((name, on, None, None))
-            continue
-        probs = t.softmax(dim=1)
-        shown.append((name, on, len(blocks), torch.isfinite(t).sum(1).tolist() if pruned else None))
-        blocks.append((t.numpy()[every_row, index], probs.numpy()[every_row, index]))
-        seen = t
-    # [rows, stages shown, logits and probabilities, candidate columns]; each row's chosen is its last column
-    table = np.array(blocks, dtype=np.float64).transpose(2, 0, 1, 3)
+    shown, table, final = _stage_table(stages, index)
     if rows is model_rows:   # the model's own probabilities are the first stage's
         logprobs = np.log(table[:, 0, 1, -1])
     else:
-        logprobs = model_rows.numpy()[every_row[:, 0], index[:, -1]] - model_rows.logsumexp(dim=1).double().numpy()
+        logprobs = model_rows.numpy()[np.arange(n), index[:, -1]] - model_rows.logsumexp(dim=1).double().numpy()
     logprobs = _rounded(logprobs, 10.0 ** PROB_DECIMALS).tolist()
-    # the draw's place in the sorted distribution: how many tokens are likelier, and their mass
-    # (cdf_low). Every filter keeps the likeliest token, so a row that drew it (every greedy
-    # row) has none: its draw is [0, its probability)
-    ranks, cdfs = [0] * n, [None] * n
-    if below := [r for r, (order, c) in enumerate(zip(orders, chosen)) if c != order[0]]:
-        p_chosen = table[below, -1, 1, -1]   # in the last stage's distribution: each row's own last filter
-        part = probs[below]
-        above = part > torch.from_numpy(p_chosen.astype(np.float32))[:, None]
-        scale = 10.0 ** PROB_DECIMALS   # rounded as _rounded does
-        for r, rank, mass, p in zip(below, above.sum(1).tolist(), (part * above).sum(1).double().tolist(),
-                                    p_chosen.tolist()):
-            ranks[r] = rank
-            cdfs[r] = (round(min(mass, 1.0) * scale) / scale, round(min(mass + p, 1.0) * scale) / scale)
+    ranks, cdfs = _draw_places(final, table[:, -1, 1, -1], orders, chosen)
     table = _rounded(table, _SCALES).tolist()   # logits to DECIMALS, probabilities to PROB_DECIMALS
     removed = stages[-1][3]   # some stage left a token at -inf: a candidate it removed has a null logit
     events = []
@@ -226,7 +201,7 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
             else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
                 stage = {"name": name, "applied": on[r], "kept": stage["kept"], "candidates": stage["candidates"]}
             out_stages.append(stage)
-        p_chosen = values[-1][1][-1]   # the last shown stage's, rounded
+        p_chosen = values[-1][1][-1]   # in the last shown stage, rounded
         cdf_low, cdf_high = cdfs[r] or (0.0, p_chosen)
         event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
                  "index": seq.num_output_tokens - 1,
@@ -243,11 +218,6 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     return events
 
 
-def _rounded(values: np.ndarray, scale) -> np.ndarray:
-    """`values` (float64) rounded as torch's and numpy's round(decimals=) do: scaled, to the nearest even, back."""
-    return np.rint(values * scale) / scale
-
-
 def _candidate_columns(rows: torch.Tensor, chosen: list[int], masked: bool) -> tuple[list[list[int]], np.ndarray]:
     """Each row's candidates (its TOP_CANDIDATES likeliest allowed tokens, and the chosen one
     if it is not among them) and the columns of `rows` to read for them: a row's candidates
@@ -258,10 +228,54 @@ def _candidate_columns(rows: torch.Tensor, chosen: list[int], masked: bool) -> t
         orders = [order if c in order else order + [c] for order, c in zip(ids.tolist(), chosen)]
         return orders, np.concatenate([ids, np.array(chosen)[:, None]], axis=1)   # a missing chosen: after the top
     # a grammar's mask left fewer
-    orders = [[i for i, v in zip(order, values) if v > NEG_INF] for order, values in zip(ids.tolist(), top.values.tolist())]
+    orders = [[i for i, v in zip(order, values) if v > NEG_INF]
+              for order, values in zip(ids.tolist(), top.values.tolist())]
     orders = [order if c in order else order + [c] for order, c in zip(orders, chosen)]
     width = max(map(len, orders)) + 1
     return orders, np.array([order + [order[0]] * (width - 1 - len(order)) + [c] for order, c in zip(orders, chosen)])
+
+
+def _stage_table(stages: list[tuple], index: np.ndarray) -> tuple[list[tuple], np.ndarray, torch.Tensor]:
+    """The candidates' logits and probabilities at every stage some row applies, read out
+    of the [rows, vocab] stages into one float64 table [rows, stages shown, 2, columns];
+    with, per stage, (name, on, its place in the table, or None: as the stage before; the
+    tokens kept per row, or None: the whole vocabulary), and the last stage's probabilities."""
+    every_row = np.arange(len(index))[:, None]
+    shown, blocks, seen = [], [], None
+    for name, on, t, pruned in stages:
+        if t is seen:   # no row applied it: every row shows the stage before
+            shown.append((name, on, None, None))
+            continue
+        probs = t.softmax(dim=1)
+        shown.append((name, on, len(blocks), torch.isfinite(t).sum(1).tolist() if pruned else None))
+        blocks.append((t.numpy()[every_row, index], probs.numpy()[every_row, index]))
+        seen = t
+    return shown, np.array(blocks, dtype=np.float64).transpose(2, 0, 1, 3), probs
+
+
+def _draw_places(final: torch.Tensor, p_final: np.ndarray, orders: list[list[int]],
+                 chosen: list[int]) -> tuple[list[int], list[tuple[float, float] | None]]:
+    """Each draw's place in its sorted final distribution: how many tokens are likelier (its
+    rank), and [cdf_low, cdf_high), the mass above it and that plus its own probability,
+    rounded. Every filter keeps the likeliest token, so a row that drew it (every greedy row)
+    has rank 0 and [0, its probability): None, nothing to compute."""
+    ranks, cdfs = [0] * len(chosen), [None] * len(chosen)
+    below = [r for r, (order, c) in enumerate(zip(orders, chosen)) if c != order[0]]
+    if not below:
+        return ranks, cdfs
+    part, p_chosen = final[below], p_final[below]
+    above = part > torch.from_numpy(p_chosen.astype(np.float32))[:, None]
+    scale = 10.0 ** PROB_DECIMALS   # rounded as _rounded rounds
+    for r, rank, mass, p in zip(below, above.sum(1).tolist(), (part * above).sum(1).double().tolist(),
+                                p_chosen.tolist()):
+        ranks[r] = rank
+        cdfs[r] = (round(min(mass, 1.0) * scale) / scale, round(min(mass + p, 1.0) * scale) / scale)
+    return ranks, cdfs
+
+
+def _rounded(values: np.ndarray, scale) -> np.ndarray:
+    """`values` (float64) rounded as torch's and numpy's round(decimals=) do: scaled, to the nearest even, back."""
+    return np.rint(values * scale) / scale
 
 
 def raw_distribution(logits: torch.Tensor) -> dict:
