@@ -14,6 +14,7 @@ import torch
 from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p, filtered_logits
 from kvscope.instrumentation.watch import TokenTexts, sampling_events, token_texts
 from kvscope.sampling_params import SamplingParams
+from server_harness import check_event
 
 NEG_INF = float("-inf")
 
@@ -99,6 +100,7 @@ def test_sampling_view_follows_the_rule_row_by_row(seed, n, vocab, masked_share)
     assert len(events) == n
     kinds = set()
     for r, (e, seq) in enumerate(zip(events, seqs)):
+        check_event(e)   # docs/events.schema.json
         want = reference_event(logits[r], seq.params, chosen[r], allowed_rows[r])
         p = seq.params
         assert list(e) == ["type", "ts", "request_id", "step", "index", "params", "stages", "draw", "chosen"] \
