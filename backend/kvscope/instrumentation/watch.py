@@ -4,12 +4,12 @@ view of each draw. Viewers say which layers and heads they want; the side pass c
 the union, and each event carries the union of heads (the server slices per viewer)."""
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p, token_bits
@@ -18,7 +18,10 @@ from kvscope.engine.sequence import Sequence
 TOP_CANDIDATES = 10
 DISTRIBUTION_FULL = 4096   # vocabularies up to this size send every logit
 DISTRIBUTION_TOP = 512     # larger ones send this many of the largest
-DECIMALS = 4
+DECIMALS = 4        # a logit's
+PROB_DECIMALS = 6   # a probability's
+NEG_INF = float("-inf")
+_SCALES = np.array([[10.0 ** DECIMALS], [10.0 ** PROB_DECIMALS]])   # a table's logits, its probabilities
 
 
 @dataclass
@@ -140,19 +143,20 @@ def _applies(name: str, p) -> bool:
 
 
 def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chosen: list[int],
-                    text_of: Callable[[int], str], ts: float, with_distribution: list[bool]) -> list[dict]:
+                    texts: Mapping[int, str], ts: float, with_distribution: list[bool]) -> list[dict]:
     """The sampler's view of each watched draw, every row at once. logits: the model's [rows,
-    vocab] rows for `seqs`; `text_of`: a token id's text (token_texts: cached, as every step
-    shows the likeliest few again); `with_distribution` adds the logits themselves (watches
-    that ask for internals). Each stage shows how many tokens it keeps and the candidates'
-    logits and probabilities; a stage a request does not apply shows what the one before
-    did. A request under structured outputs is shown as the sampler saw it: the grammar's
-    forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob` stays the
-    model's own, as on request.token.
+    vocab] rows for `seqs`, on the CPU; `texts`: each token id's text (token_texts: cached, as
+    every step shows the likeliest few again); `with_distribution` adds the logits themselves
+    (watches that ask for internals). Each stage shows how many tokens it keeps and the
+    candidates' logits and probabilities; a stage a request does not apply shows what the one
+    before did. A request under structured outputs is shown as the sampler saw it: the
+    grammar's forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob`
+    stays the model's own, as on request.token.
 
-    Every number is computed and rounded by tensor operations over all rows at once; what
-    is left per row is putting the lists into the event's shape (a class watches 32 rows a
-    step, so per-row Python is what this costs)."""
+    The filters, the softmax and the candidates are tensor operations over every row at once;
+    the candidates' numbers are read out and rounded in one table and reach Python in one
+    `tolist`. What is left per row is putting them into the event's shape: a class watches 32
+    rows a step, each event some twenty dicts, and that is most of what this costs."""
     model_rows = logits.float()
     n, vocab = model_rows.shape
     device = model_rows.device
@@ -173,56 +177,39 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
             cur = torch.where(torch.tensor(on, device=device)[:, None], new, cur)
             pruned = pruned or name != "temperature"
         stages.append((name, on, cur, pruned))
-    orders = _candidate_orders(rows, chosen)
-    width = max(map(len, orders))
-    index = torch.tensor([order + [order[0]] * (width - len(order)) for order in orders], device=device)
-    shown, seen = [], None   # per stage: (name, on, its candidates per row) or None: as the stage before
-    for name, on, t, pruned in stages:
-        if t is seen:   # no row applied it: every row shows the stage before
-            shown.append((name, on, None))
-            continue
-        probs = t.softmax(dim=1)
-        if t is model_rows:
-            model_probs = probs
-        kept = torch.isfinite(t).sum(1).tolist() if pruned else [vocab] * n
-        shown.append((name, on, _candidates(orders, text_of, t.gather(1, index), probs.gather(1, index), kept)))
-        seen = t
-    final = probs   # the last stage's: each row's own last filter
-    picked = torch.tensor(chosen, device=device)[:, None]
-    p_chosen = final.gather(1, picked).double()
-    # the draw's place in the sorted distribution: how many tokens are likelier, and their mass.
-    # Every filter keeps the likeliest token, so a row that drew it (every greedy row) has none
-    ranks, low = [0] * n, torch.zeros_like(p_chosen)
-    if below := [r for r, (order, c) in enumerate(zip(orders, chosen)) if c != order[0]]:
-        part = final[below]
-        above = part > p_chosen[below].float()
-        for r, rank in zip(below, above.sum(1).tolist()):
-            ranks[r] = rank
-        low[below] = (part * above).sum(1, keepdim=True).double()
+    orders, index = _candidate_columns(rows, chosen, masked=rows is not model_rows)
+    shown, table, final = _stage_table(stages, index)
     if rows is model_rows:   # the model's own probabilities are the first stage's
-        logprob = model_probs.gather(1, picked).double().log()
+        logprobs = np.log(table[:, 0, 1, -1])
     else:
-        logprob = model_rows.gather(1, picked).double() - model_rows.logsumexp(dim=1, keepdim=True).double()
-    # cdf_low, cdf_high, the chosen's prob, its logprob
-    draws = torch.cat([low.clamp(max=1.0), (low + p_chosen).clamp(max=1.0), p_chosen, logprob],
-                      dim=1).round(decimals=6).tolist()
+        logprobs = model_rows.numpy()[np.arange(n), index[:, -1]] - model_rows.logsumexp(dim=1).double().numpy()
+    logprobs = _rounded(logprobs, 10.0 ** PROB_DECIMALS).tolist()
+    ranks, cdfs = _draw_places(final, table[:, -1, 1, -1], orders, chosen)
+    table = _rounded(table, _SCALES).tolist()   # logits to DECIMALS, probabilities to PROB_DECIMALS
+    removed = stages[-1][3]   # some stage left a token at -inf: a candidate it removed has a null logit
     events = []
-    for r, (seq, p, c) in enumerate(zip(seqs, params, chosen)):
+    for r, (seq, p, c, order, values) in enumerate(zip(seqs, params, chosen, orders, table)):
         out_stages = []
-        for name, on, candidates in shown:
-            if candidates is not None and on[r]:
-                num_kept, listed = candidates[r]
-                out_stages.append({"name": name, "applied": True, "kept": num_kept, "candidates": listed})
+        for name, on, block, kept in shown:
+            if block is not None and on[r]:
+                logit_values, prob_values = values[block]
+                if removed:
+                    logit_values = [None if v == NEG_INF else v for v in logit_values]
+                stage = {"name": name, "applied": True, "kept": vocab if kept is None else kept[r],
+                         "candidates": [{"id": i, "text": texts[i], "logit": v, "prob": pr}
+                                        for i, v, pr in zip(order, logit_values, prob_values)]}
             else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
-                out_stages.append({**out_stages[-1], "name": name, "applied": on[r]})
-        cdf_low, cdf_high, p_c, logprob = draws[r]
+                stage = {"name": name, "applied": on[r], "kept": stage["kept"], "candidates": stage["candidates"]}
+            out_stages.append(stage)
+        p_chosen = values[-1][1][-1]   # in the last shown stage, rounded
+        cdf_low, cdf_high = cdfs[r] or (0.0, p_chosen)
         event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
                  "index": seq.num_output_tokens - 1,
                  "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
                  "stages": out_stages,
                  "draw": {"method": "sample" if sampled[r] else "greedy", "rank": ranks[r],
                           "cdf_low": cdf_low, "cdf_high": cdf_high},
-                 "chosen": {"id": c, "text": text_of(c), "prob": p_c, "logprob": logprob}}
+                 "chosen": {"id": c, "text": texts[c], "prob": p_chosen, "logprob": logprobs[r]}}
         if masks[r] is not None:
             event["allowed_tokens"] = int(masks[r].sum())
         if with_distribution[r]:
@@ -231,31 +218,64 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     return events
 
 
-def _candidate_orders(rows: torch.Tensor, chosen: list[int]) -> list[list[int]]:
-    """Each row's candidates: its TOP_CANDIDATES likeliest allowed tokens, and the chosen one."""
+def _candidate_columns(rows: torch.Tensor, chosen: list[int], masked: bool) -> tuple[list[list[int]], np.ndarray]:
+    """Each row's candidates (its TOP_CANDIDATES likeliest allowed tokens, and the chosen one
+    if it is not among them) and the columns of `rows` to read for them: a row's candidates
+    first, then padding, and its chosen token last (the draw's own figures)."""
     top = rows.topk(min(TOP_CANDIDATES, rows.shape[1]), dim=1)
-    if bool(torch.isfinite(top.values).all()):
-        orders = top.indices.tolist()
-    else:   # a grammar's mask left fewer
-        orders = [[i for i, v in zip(ids, values) if v > float("-inf")]
-                  for ids, values in zip(top.indices.tolist(), top.values.tolist())]
-    return [order if c in order else order + [c] for order, c in zip(orders, chosen)]
+    ids = top.indices.numpy()
+    if not masked or bool((top.values[:, -1] > NEG_INF).all()):   # sorted: the last is allowed, so all are
+        orders = [order if c in order else order + [c] for order, c in zip(ids.tolist(), chosen)]
+        return orders, np.concatenate([ids, np.array(chosen)[:, None]], axis=1)   # a missing chosen: after the top
+    # a grammar's mask left fewer
+    orders = [[i for i, v in zip(order, values) if v > NEG_INF]
+              for order, values in zip(ids.tolist(), top.values.tolist())]
+    orders = [order if c in order else order + [c] for order, c in zip(orders, chosen)]
+    width = max(map(len, orders)) + 1
+    return orders, np.array([order + [order[0]] * (width - 1 - len(order)) + [c] for order, c in zip(orders, chosen)])
 
 
-def _candidates(orders: list[list[int]], text_of: Callable[[int], str], logit_values: torch.Tensor,
-                chances: torch.Tensor, kept: list[int]) -> list[tuple[int, list[dict]]]:
-    """One stage's (tokens kept, candidates) for each row: the candidates' logits (None where
-    the stage removed one) and probabilities, rounded in one operation for every row."""
-    logit_values = logit_values.double().round(decimals=4)
-    finite = bool(torch.isfinite(logit_values).all())
-    logit_rows, chance_rows = logit_values.tolist(), chances.double().round(decimals=6).tolist()
-    out = []
-    for order, values, probs, k in zip(orders, logit_rows, chance_rows, kept):
-        if not finite:
-            values = [None if v == float("-inf") else v for v in values]
-        out.append((k, [{"id": i, "text": text_of(i), "logit": v, "prob": ch}
-                        for i, v, ch in zip(order, values, probs)]))
-    return out
+def _stage_table(stages: list[tuple], index: np.ndarray) -> tuple[list[tuple], np.ndarray, torch.Tensor]:
+    """The candidates' logits and probabilities at every stage some row applies, read out
+    of the [rows, vocab] stages into one float64 table [rows, stages shown, 2, columns];
+    with, per stage, (name, on, its place in the table, or None: as the stage before; the
+    tokens kept per row, or None: the whole vocabulary), and the last stage's probabilities."""
+    every_row = np.arange(len(index))[:, None]
+    shown, blocks, seen = [], [], None
+    for name, on, t, pruned in stages:
+        if t is seen:   # no row applied it: every row shows the stage before
+            shown.append((name, on, None, None))
+            continue
+        probs = t.softmax(dim=1)
+        shown.append((name, on, len(blocks), torch.isfinite(t).sum(1).tolist() if pruned else None))
+        blocks.append((t.numpy()[every_row, index], probs.numpy()[every_row, index]))
+        seen = t
+    return shown, np.array(blocks, dtype=np.float64).transpose(2, 0, 1, 3), probs
+
+
+def _draw_places(final: torch.Tensor, p_final: np.ndarray, orders: list[list[int]],
+                 chosen: list[int]) -> tuple[list[int], list[tuple[float, float] | None]]:
+    """Each draw's place in its sorted final distribution: how many tokens are likelier (its
+    rank), and [cdf_low, cdf_high), the mass above it and that plus its own probability,
+    rounded. Every filter keeps the likeliest token, so a row that drew it (every greedy row)
+    has rank 0 and [0, its probability): None, nothing to compute."""
+    ranks, cdfs = [0] * len(chosen), [None] * len(chosen)
+    below = [r for r, (order, c) in enumerate(zip(orders, chosen)) if c != order[0]]
+    if not below:
+        return ranks, cdfs
+    part, p_chosen = final[below], p_final[below]
+    above = part > torch.from_numpy(p_chosen.astype(np.float32))[:, None]
+    scale = 10.0 ** PROB_DECIMALS   # rounded as _rounded rounds
+    for r, rank, mass, p in zip(below, above.sum(1).tolist(), (part * above).sum(1).double().tolist(),
+                                p_chosen.tolist()):
+        ranks[r] = rank
+        cdfs[r] = (round(min(mass, 1.0) * scale) / scale, round(min(mass + p, 1.0) * scale) / scale)
+    return ranks, cdfs
+
+
+def _rounded(values: np.ndarray, scale) -> np.ndarray:
+    """`values` (float64) rounded as torch's and numpy's round(decimals=) do: scaled, to the nearest even, back."""
+    return np.rint(values * scale) / scale
 
 
 def raw_distribution(logits: torch.Tensor) -> dict:
@@ -271,23 +291,32 @@ def raw_distribution(logits: torch.Tensor) -> dict:
     return {"complete": top.indices.numel() == num_finite, "ids": top.indices.tolist(), "logits": rounded(top.values)}
 
 
-_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> its token_texts
+class TokenTexts(dict):
+    """Token id -> its text, each decoded on first use (a dict, so a lookup is the cheapest
+    Python has: a watched class looks up hundreds a step)."""
+
+    def __init__(self, decode: Callable[[int], str]):
+        super().__init__()
+        self.decode = decode
+
+    def __missing__(self, token_id: int) -> str:
+        text = self[token_id] = self.decode(token_id)
+        return text
 
 
-def token_texts(tokenizer) -> Callable[[int], str]:
-    """A token id's text, each decoded once per tokenizer: observers that come and go (a
+_TEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # tokenizer -> its TokenTexts
+
+
+def token_texts(tokenizer) -> TokenTexts:
+    """Each token id's text, decoded once per tokenizer: observers that come and go (a
     benchmark attaches one a run) share what the ones before them decoded."""
     if tokenizer is None:
-        return _id_text
-    text_of = _TEXTS.get(tokenizer)
-    if text_of is None:
+        return TokenTexts(_id_text)
+    texts = _TEXTS.get(tokenizer)
+    if texts is None:
         owner = weakref.ref(tokenizer)   # the cache must not keep its tokenizer alive
-
-        @functools.lru_cache(maxsize=1 << 16)
-        def text_of(token_id: int) -> str:
-            return owner().decode([token_id])
-        _TEXTS[tokenizer] = text_of
-    return text_of
+        texts = _TEXTS[tokenizer] = TokenTexts(lambda token_id: owner().decode([token_id]))
+    return texts
 
 
 def _id_text(token_id: int) -> str:
