@@ -271,9 +271,9 @@ class QueryKeeper:
         layer = self.layers[0]
         kept = StepWeights(torch.empty(len(self.layers), len(by_seq), layer.num_heads, width, dtype=torch.float16),
                            torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
-        slots = torch.tensor(slots, dtype=torch.int32)
-        for i, layer in enumerate(self.layers):
-            layer.watch_rows(slots, kept.weights[i], kept.means[i])
+        slots = torch.from_numpy(np.array(slots, dtype=np.int32))
+        for layer, weights, means in zip(self.layers, kept.weights, kept.means):
+            layer.watch_rows(slots, weights, means)
         self.writing = True
         return kept
 
