@@ -46,7 +46,8 @@ def columns(event: dict) -> str:
     stages = [{**{k: v for k, v in st.items() if k != "candidates"},
                "logits": [c["logit"] for c in st["candidates"]], "probs": [c["prob"] for c in st["candidates"]]}
               for st in event["stages"]]
-    assert all([c["id"] for c in st["candidates"]] == [c["id"] for c in listed] for st in event["stages"])
+    if any([c["id"] for c in st["candidates"]] != [c["id"] for c in listed] for st in event["stages"]):
+        raise ValueError(f"sampling event {event['request_id']}/{event['index']}: stages list different candidates")
     out = {}
     for key, value in event.items():   # the fields in their order, `candidates` just before `stages`
         if key == "stages":
