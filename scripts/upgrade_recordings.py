@@ -1,7 +1,8 @@
-"""Convert recordings of schema versions 1 and 2 to version 3 (docs/events.md): a watched
-request's per-layer `attention` events of one step (consecutive in the stream) become one
-event carrying every layer. The numbers are not touched: lists stay lists (version 1),
-float16 payloads are regrouped byte for byte (version 2).
+"""Convert recordings of schema versions 1 to 3 to the current one (docs/events.md). Up to
+version 3: a watched request's per-layer `attention` events of one step (consecutive in
+the stream) become one event carrying every layer; lists stay lists (version 1), float16
+payloads are regrouped byte for byte (version 2). Version 4: a `sampling` event lists its
+candidates once and each stage carries arrays parallel to them. The numbers are not touched.
 
     python scripts/upgrade_recordings.py frontend/recordings/*.jsonl
 """
@@ -38,6 +39,24 @@ def merged(group: list[dict]) -> str:
     return compact({**first, "weights": [e["weights"] for e in group], "mean": [e["mean"] for e in group]})
 
 
+def columns(event: dict) -> str:
+    """A version-4 sampling line from an older one: each stage's candidate objects become the
+    event's `candidates` (ids, texts, once) and the stage's `logits` and `probs` arrays."""
+    listed = event["stages"][0]["candidates"]
+    stages = [{**{k: v for k, v in st.items() if k != "candidates"},
+               "logits": [c["logit"] for c in st["candidates"]], "probs": [c["prob"] for c in st["candidates"]]}
+              for st in event["stages"]]
+    if any([c["id"] for c in st["candidates"]] != [c["id"] for c in listed] for st in event["stages"]):
+        raise ValueError(f"sampling event {event['request_id']}/{event['index']}: stages list different candidates")
+    out = {}
+    for key, value in event.items():   # the fields in their order, `candidates` just before `stages`
+        if key == "stages":
+            out["candidates"] = {"ids": [c["id"] for c in listed], "texts": [c["text"] for c in listed]}
+            value = stages
+        out[key] = value
+    return compact(out)
+
+
 def upgrade(lines: list[str]) -> list[str]:
     head = json.loads(lines[0])
     if head.get("schema_version") == SCHEMA_VERSION:
@@ -51,8 +70,12 @@ def upgrade(lines: list[str]) -> list[str]:
             group = []
         if is_layer:
             group.append(event)
+        elif event is not None and event.get("type") == "hello":
+            out.append(compact({**event, "schema_version": SCHEMA_VERSION}))
+        elif event is not None and event.get("type") == "sampling" and "candidates" in event["stages"][0]:
+            out.append(columns(event))
         elif event is not None:
-            out.append(compact({**event, "schema_version": SCHEMA_VERSION}) if event.get("type") == "hello" else line)
+            out.append(line)
     return out
 
 

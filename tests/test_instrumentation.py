@@ -249,13 +249,13 @@ def test_sampling_event_follows_each_filter(engine):
         stage = {st["name"]: st for st in s["stages"]}
         assert stage["top_k"]["kept"] == 50 and stage["top_p"]["kept"] <= 50
         assert not stage["min_p"]["applied"] and stage["min_p"]["kept"] == stage["top_p"]["kept"]
-        raw = [c["prob"] for c in stage["logits"]["candidates"][:10]]
+        raw = stage["logits"]["probs"][:10]
         assert raw == sorted(raw, reverse=True)
         assert s["draw"]["cdf_low"] < s["draw"]["cdf_high"] <= 1.0
         assert abs(s["draw"]["cdf_high"] - s["draw"]["cdf_low"] - s["chosen"]["prob"]) < 1e-4
     g = samples[-1]
     assert g["draw"] == {"method": "greedy", "rank": 0, "cdf_low": 0.0, "cdf_high": g["draw"]["cdf_high"]}
-    assert g["chosen"]["id"] == g["stages"][0]["candidates"][0]["id"]
+    assert g["chosen"]["id"] == g["candidates"]["ids"][0]
 
 
 def test_step_cost_model(engine):

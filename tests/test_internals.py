@@ -108,7 +108,7 @@ def test_internals_equal_transformers(checkpoint, prefix_first):
     last_rows = {e["positions"][-1]: e["layers"][-1]["top"][-1] for e in lens_events}
     for s in samples:
         pos = len(seq.prompt_token_ids) - 1 + s["index"]
-        raw = {c["id"]: c["prob"] for c in s["stages"][0]["candidates"]}
+        raw = dict(zip(s["candidates"]["ids"], s["stages"][0]["probs"]))
         for c in last_rows[pos]:
             assert c["prob"] == pytest.approx(raw[c["id"]], abs=1e-5)
         assert last_rows[pos][0]["id"] == s["chosen"]["id"]         # greedy

@@ -51,12 +51,12 @@ def reference_event(row: torch.Tensor, p: SamplingParams, chosen: int, allowed: 
     for name, applied, t in stages:
         probs = t.softmax(0)
         shown.append({"name": name, "applied": applied, "kept": int(torch.isfinite(t).sum()),
-                      "candidates": [{"id": i, "logit": None if t[i] == NEG_INF else float(t[i]),
-                                      "prob": float(probs[i])} for i in order]})
+                      "logits": [None if t[i] == NEG_INF else float(t[i]) for i in order],
+                      "probs": [float(probs[i]) for i in order]})
     final = stages[-1][2].softmax(0).double()
     above = final > final[chosen]
     low = float(final[above].sum())
-    return {"stages": shown, "rank": int(above.sum()), "cdf": (min(low, 1.0), min(low + float(final[chosen]), 1.0)),
+    return {"ids": order, "stages": shown, "rank": int(above.sum()), "cdf": (min(low, 1.0), min(low + float(final[chosen]), 1.0)),
             "prob": float(final[chosen]), "logprob": float(model.log_softmax(0)[chosen]),
             "allowed": None if allowed is None else len(allowed)}
 
@@ -103,31 +103,31 @@ def test_sampling_view_follows_the_rule_row_by_row(seed, n, vocab, masked_share)
         check_event(e)   # docs/events.schema.json
         want = reference_event(logits[r], seq.params, chosen[r], allowed_rows[r])
         p = seq.params
-        assert list(e) == ["type", "ts", "request_id", "step", "index", "params", "stages", "draw", "chosen"] \
+        assert list(e) == ["type", "ts", "request_id", "step", "index", "params", "candidates", "stages", "draw",
+                           "chosen"] \
             + (["allowed_tokens"] if want["allowed"] is not None else []) + (["distribution"] if internals[r] else [])
         assert (e["type"], e["ts"], e["request_id"], e["step"], e["index"]) == ("sampling", 1.25, f"r{r}", 7, r)
         assert e["params"] == {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p}
         assert e.get("allowed_tokens") == want["allowed"]
+        assert e["candidates"] == {"ids": want["ids"], "texts": [f"t{i}" for i in want["ids"]]}
         for got, ref in zip(e["stages"], want["stages"], strict=True):
+            assert list(got) == ["name", "applied", "kept", "logits", "probs"]
             assert (got["name"], got["applied"], got["kept"]) == (ref["name"], ref["applied"], ref["kept"])
-            want_ids = [(c["id"], f"t{c['id']}") for c in ref["candidates"]]
-            assert [(c["id"], c["text"]) for c in got["candidates"]] == want_ids
-            assert [c["logit"] is None for c in got["candidates"]] == [c["logit"] is None for c in ref["candidates"]]
-            assert [c["logit"] for c in got["candidates"] if c["logit"] is not None] == pytest.approx(
-                [c["logit"] for c in ref["candidates"] if c["logit"] is not None], abs=1e-4)
-            assert [c["prob"] for c in got["candidates"]] == pytest.approx(
-                [c["prob"] for c in ref["candidates"]], abs=2e-6)
+            assert [v is None for v in got["logits"]] == [v is None for v in ref["logits"]]   # parallel to the ids
+            assert [v for v in got["logits"] if v is not None] == pytest.approx(
+                [v for v in ref["logits"] if v is not None], abs=1e-4)
+            assert got["probs"] == pytest.approx(ref["probs"], abs=2e-6)
         draw = e["draw"]
         assert draw["method"] == ("greedy" if p.greedy else "sample") and draw["rank"] == want["rank"]
         assert (draw["cdf_low"], draw["cdf_high"]) == pytest.approx(want["cdf"], abs=2e-6)
         assert e["chosen"] == {"id": chosen[r], "text": f"t{chosen[r]}", "prob": pytest.approx(want["prob"], abs=2e-6),
                                "logprob": pytest.approx(want["logprob"], abs=2e-6)}
-        numbers = [c["logit"] for st in e["stages"] for c in st["candidates"] if c["logit"] is not None]
+        numbers = [v for st in e["stages"] for v in st["logits"] if v is not None]
         assert all(round(v, 4) == v for v in numbers)   # sent rounded: 4 decimals a logit, 6 a probability
-        assert all(round(v, 6) == v for v in [c["prob"] for st in e["stages"] for c in st["candidates"]]
+        assert all(round(v, 6) == v for v in [v for st in e["stages"] for v in st["probs"]]
                    + [draw["cdf_low"], draw["cdf_high"], e["chosen"]["prob"], e["chosen"]["logprob"]])
         kinds |= {"masked" * (want["allowed"] is not None), "below the top" * (want["rank"] > 0),
-                  "chosen added" * (len(e["stages"][0]["candidates"]) > min(10, want["allowed"] or vocab))}
+                  "chosen added" * (len(e["candidates"]["ids"]) > min(10, want["allowed"] or vocab))}
     if n > 10:   # the big batches have rows of every kind the view treats apart
         assert {"masked" * (masked_share > 0), "below the top", "chosen added"} <= kinds
 

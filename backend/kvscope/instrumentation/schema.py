@@ -9,9 +9,11 @@ import json
 # (docs/events.md, "Binary frames").
 # 3: one `attention` event a watched request and step carries every layer it watches
 # (`layers`, weights [layers, heads, rows, context]) instead of one event a layer.
-# Recordings of versions 1 and 2 are converted by scripts/upgrade_recordings.py.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = [3]
+# 4: a `sampling` event lists its candidates once (`candidates`: ids, texts) and each stage
+# carries arrays parallel to them (`logits`, `probs`) instead of a list of candidate objects.
+# Recordings of versions 1 to 3 are converted by scripts/upgrade_recordings.py.
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = [4]
 
 # -- tiny builders ---------------------------------------------------------------------
 INT = {"type": "integer"}
@@ -194,12 +196,14 @@ ATTENTION = event("attention", {
 ATTENTION["oneOf"] = [{"required": ["tensors"], "not": {"anyOf": [{"required": ["weights"]}, {"required": ["mean"]}]}},
                       {"required": ["weights", "mean"], "not": {"anyOf": [{"required": ["tensors"]},
                                                                          {"required": ["payload"]}]}}]
-CANDIDATE = obj({"id": NAT, "text": STR, "logit": NULL_NUM, "prob": PROB})
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,
     "params": obj({"temperature": NNUM, "top_k": INT, "top_p": NNUM, "min_p": NNUM}),
+    "candidates": obj({"ids": arr(NAT, minItems=1), "texts": arr(STR, minItems=1)}),
+    # each stage's arrays are parallel to `candidates`: a null logit is a token the stage removed
     "stages": arr(obj({"name": {"enum": ["logits", "temperature", "top_k", "top_p", "min_p"]},
-                       "applied": BOOL, "kept": NAT, "candidates": arr(CANDIDATE)})),
+                       "applied": BOOL, "kept": NAT, "logits": arr(NULL_NUM, minItems=1),
+                       "probs": arr(PROB, minItems=1)}), minItems=5, maxItems=5),
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
     "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},

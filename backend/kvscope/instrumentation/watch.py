@@ -147,16 +147,16 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     """The sampler's view of each watched draw, every row at once. logits: the model's [rows,
     vocab] rows for `seqs`, on the CPU; `texts`: each token id's text (token_texts: cached, as
     every step shows the likeliest few again); `with_distribution` adds the logits themselves
-    (watches that ask for internals). Each stage shows how many tokens it keeps and the
-    candidates' logits and probabilities; a stage a request does not apply shows what the one
-    before did. A request under structured outputs is shown as the sampler saw it: the
+    (watches that ask for internals). The candidates are listed once (ids and texts); each
+    stage shows how many tokens it keeps and the candidates' logits and probabilities, in
+    arrays parallel to them; a stage a request does not apply shows what the one before did. A request under structured outputs is shown as the sampler saw it: the
     grammar's forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob`
     stays the model's own, as on request.token.
 
     The filters, the softmax and the candidates are tensor operations over every row at once;
     the candidates' numbers are read out and rounded in one table and reach Python in one
-    `tolist`. What is left per row is putting them into the event's shape: a class watches 32
-    rows a step, each event some twenty dicts, and that is most of what this costs."""
+    `tolist`, whose rows are the stages' arrays as sent. What is left per row is a handful of
+    dicts around them (a class watches 32 rows a step)."""
     model_rows = logits.float()
     n, vocab = model_rows.shape
     device = model_rows.device
@@ -185,28 +185,31 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
         logprobs = model_rows.numpy()[np.arange(n), index[:, -1]] - model_rows.logsumexp(dim=1).double().numpy()
     logprobs = _rounded(logprobs, 10.0 ** PROB_DECIMALS).tolist()
     ranks, cdfs = _draw_places(final, table[:, -1, 1, -1], orders, chosen)
-    table = _rounded(table, _SCALES).tolist()   # logits to DECIMALS, probabilities to PROB_DECIMALS
-    removed = stages[-1][3]   # some stage left a token at -inf: a candidate it removed has a null logit
+    table = _rounded(table, _SCALES)   # logits to DECIMALS, probabilities to PROB_DECIMALS
+    if stages[-1][3]:   # some stage left a token at -inf: a candidate it removed has a null logit
+        gone = np.isneginf(table[:, :, 0])
+        table = table.astype(object)
+        table[:, :, 0][gone] = None
+    table = table.tolist()
     events = []
     for r, (seq, p, c, order, values) in enumerate(zip(seqs, params, chosen, orders, table)):
+        width = len(order)   # a row's candidates are its first columns (padding and its chosen token follow)
         out_stages = []
         for name, on, block, kept in shown:
             if block is not None and on[r]:
                 logit_values, prob_values = values[block]
-                if removed:
-                    logit_values = [None if v == NEG_INF else v for v in logit_values]
                 stage = {"name": name, "applied": True, "kept": vocab if kept is None else kept[r],
-                         "candidates": [{"id": i, "text": texts[i], "logit": v, "prob": pr}
-                                        for i, v, pr in zip(order, logit_values, prob_values)]}
+                         "logits": logit_values[:width], "probs": prob_values[:width]}
             else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
-                stage = {"name": name, "applied": on[r], "kept": stage["kept"], "candidates": stage["candidates"]}
+                stage = {"name": name, "applied": on[r], "kept": stage["kept"], "logits": stage["logits"],
+                         "probs": stage["probs"]}
             out_stages.append(stage)
         p_chosen = values[-1][1][-1]   # in the last shown stage, rounded
         cdf_low, cdf_high = cdfs[r] or (0.0, p_chosen)
         event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
                  "index": seq.num_output_tokens - 1,
                  "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
-                 "stages": out_stages,
+                 "candidates": {"ids": order, "texts": [texts[i] for i in order]}, "stages": out_stages,
                  "draw": {"method": "sample" if sampled[r] else "greedy", "rank": ranks[r],
                           "cdf_low": cdf_low, "cdf_high": cdf_high},
                  "chosen": {"id": c, "text": texts[c], "prob": p_chosen, "logprob": logprobs[r]}}

@@ -124,10 +124,9 @@ class KvSampling extends KvWidget {
   }
 
   add(e) {
-    const raw = e.stages[0].candidates;
     const d = e.distribution;
     const ids = d.ids || d.logits.map((_, i) => i);
-    const texts = new Map(raw.map((c) => [c.id, c.text]));
+    const texts = new Map(e.candidates.ids.map((id, i) => [id, e.candidates.texts[i]]));
     this.steps[e.index] = { ids, logits: d.logits, complete: d.complete, texts, chosen: e.chosen, allowed: e.allowed_tokens };
     if (!this.steps[this.index]) this.index = e.index;   // a replay joined mid-request starts where it joined
   }
