@@ -1,5 +1,5 @@
 """Tensor parallelism (gloo on CPU, NCCL on CUDA): rank 0 schedules and broadcasts each step's
-`StepPlan`; every other rank (spawned, or under torchrun the user's script) replays it through
+`StepInputs`; every other rank (spawned, or under torchrun the user's script) replays it through
 its slice of the weights and KV heads, joining the layers' all-reduces. Only rank 0 samples."""
 from __future__ import annotations
 
@@ -12,23 +12,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kvscope.engine.model_runner import StepPlan, load_model_and_runner
+from kvscope.engine.model_runner import load_model_and_runner
 from kvscope.engine.plan import resolve_device
-from kvscope.engine.step_inputs import sampled_rows
+from kvscope.engine.step_inputs import StepInputs, sampled_rows
 from kvscope.layers.attention import step_metadata
 from kvscope.layers.parallel import TPGroup, split
 from kvscope.models.loader import read_model_config, resolve_model_path
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)   # a dead peer is noticed within this, at the latest
-
-
-class WorkerDied(RuntimeError):
-    pass
-
-
-def torchrun_rank() -> int | None:
-    """This process's rank when torchrun launched it, else None."""
-    return int(os.environ["RANK"]) if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) else None
 
 
 def init_process_group(device: torch.device, init_method: str, rank: int, size: int) -> torch.device:
@@ -69,11 +60,12 @@ class TPWorkers:
             split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
         if device.type == "cuda" and size > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
-        if rank := torchrun_rank():
-            worker_main(rank, size, "env://", config, dtype, max_model_len)
-            raise SystemExit(0)
         processes, init_method = [], "env://"
-        if rank is None:
+        if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):   # torchrun started every rank
+            if rank := int(os.environ["RANK"]):
+                worker_main(rank, size, init_method, config, dtype, max_model_len)
+                raise SystemExit(0)
+        else:
             with socket.socket() as s:   # a free port
                 s.bind(("127.0.0.1", 0))
                 init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -85,10 +77,10 @@ class TPWorkers:
                 processes.append(p)
         return cls(size, init_process_group(device, init_method, 0, size), processes)
 
-    def send(self, plan: StepPlan | int | None) -> None:
+    def send(self, plan: StepInputs | int | None) -> None:
         """The KV pool's size, then each step's plan, then None."""
         if dead := [p for p in self.processes if p.exitcode is not None]:
-            raise WorkerDied(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
+            raise RuntimeError(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
         dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
 
     def shutdown(self) -> None:
@@ -131,10 +123,10 @@ def _receive():
 
 
 @torch.inference_mode()
-def replay(runner, plan: StepPlan) -> None:
-    runner.copy_blocks(plan.block_copies)
-    with step_metadata(runner.model, plan.metadata):
-        hidden = runner.model(plan.input_ids, plan.positions)
-    if plan.sample_rows:
-        runner.model.compute_logits(sampled_rows(hidden, plan.sample_rows))
+def replay(runner, inputs: StepInputs) -> None:
+    runner.copy_blocks(inputs.block_copies)
+    with step_metadata(runner.model, inputs.metadata):
+        hidden = runner.model(inputs.input_ids, inputs.positions)
+    if inputs.sample_rows:
+        runner.model.compute_logits(sampled_rows(hidden, inputs.sample_rows))
     runner.model.tp.comm.take()   # only rank 0's count is published

@@ -18,7 +18,7 @@ from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
-from kvscope.engine.distributed import TPWorkers, WorkerDied
+from kvscope.engine.distributed import TPWorkers
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.spec_decode import Speculator
@@ -363,7 +363,7 @@ class LLMEngine:
             ended = []
             try:
                 result = self.runner.run(out, self.generators, eager)
-            except (WorkerDied, RuntimeError) as exc:
+            except RuntimeError as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
             self.speculator.verify(out, result, self.generators, self.runner.sampler.generator)

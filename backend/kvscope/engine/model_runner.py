@@ -9,7 +9,7 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
-from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
+from kvscope.engine.sampler import Sampler, apply_masks, logprob_entries
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
 from kvscope.hardware import to_device
@@ -18,16 +18,6 @@ from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, 
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
-
-@dataclass
-class StepPlan:
-    """What a tensor-parallel worker needs to replay rank 0's forward pass (engine/distributed.py)."""
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    metadata: object                       # AttentionMetadata
-    sample_rows: list[int]
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
-
 
 @dataclass
 class StepResult:
@@ -115,7 +105,7 @@ class ModelRunner:
         inputs = prepare_inputs(out, self.block_size, self.buffers, route)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
-            self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
+            self.workers.send(replace(inputs, sample_seqs=[]))   # the other ranks replay the forward pass
         result = StepResult()
         if self.keep_queries is not None:
             md.queries = self.keep_queries(out, replay)
@@ -142,13 +132,11 @@ class ModelRunner:
                     rows.append(row)
                 row += k + 1
             seqs, logits = [seqs[r] for r in rows], logits[rows]
-            if not seqs:
-                return result
         masked = logits   # the model's own rows stay: logprobs (as in vLLM) and observers read them
         if any(s.grammar is not None for s in seqs):
             masked = logits.clone()
             apply_masks(masked, [s.grammar for s in seqs])
-        tokens = self.sampler(masked, SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs]))
+        tokens = self.sampler(masked, [s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
         if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])

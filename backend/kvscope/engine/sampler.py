@@ -4,7 +4,6 @@ a seeded request's noise from its own generator, so its tokens do not depend on 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import torch
@@ -13,12 +12,6 @@ from kvscope.hardware import to_device
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 
 NEG_INF = float("-inf")
-
-
-@dataclass
-class SamplingBatch:
-    params: list[SamplingParams]
-    generators: list[torch.Generator | None]
 
 
 def apply_temperature(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
@@ -73,20 +66,20 @@ class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits: [B, V] float32 → token ids [B]."""
+    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> torch.Tensor:
+        """logits: [B, V] float32 → token ids [B]; a row's generator None: the sampler's own."""
         greedy = row_argmax(logits)
-        if all(p.greedy for p in batch.params):
+        if all(p.greedy for p in params):
             return greedy
-        probs = filtered_logits(logits, batch.params).softmax(dim=1)
+        probs = filtered_logits(logits, params).softmax(dim=1)
         noise = torch.empty_like(probs)
-        for row, gen in enumerate(batch.generators):
+        for row, gen in enumerate(generators):
             if gen is not None:
                 noise[row].exponential_(generator=gen)
-        unseeded = [r for r, g in enumerate(batch.generators) if g is None]
-        if unseeded:
+        if unseeded := [r for r, g in enumerate(generators) if g is None]:
             noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
-        is_greedy = to_device(torch.tensor([p.greedy for p in batch.params]), logits.device)
+        is_greedy = to_device(torch.tensor([p.greedy for p in params]), logits.device)
         return torch.where(is_greedy, greedy, row_argmax(probs / noise))
 
 
@@ -120,13 +113,11 @@ class GrammarMatcher:
         self.vocab_size = vocab_size
         self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
 
-    def accept(self, token_id: int) -> None:
+    def accept(self, token_id: int) -> bool:
+        """Advance past `token_id`; True once the grammar is complete."""
         if not self.matcher.accept_token(token_id):
             # cannot happen for a token drawn under the mask; says so loudly if it does
             raise RuntimeError(f"token {token_id} is outside the grammar")
-
-    @property
-    def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
 
@@ -177,7 +168,6 @@ def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> 
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         matchers[i].matcher.fill_next_token_bitmask(bitmask, i)
-    for i in rows:
         matchers[i].last_bitmask = bitmask[i]
     width = logits.shape[1]
     if width > vocab_size:    # rows of padding in the LM head are never a token

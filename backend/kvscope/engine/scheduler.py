@@ -210,10 +210,8 @@ class Scheduler:
     def _check_stop(self, seq: Sequence) -> str | None:
         """A complete grammar, end tokens, lengths (stop strings: the detokenizer's pass)."""
         token, p = seq.token_ids[-1], seq.params
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
-            if seq.grammar.is_terminated:
-                return "stop"
+        if seq.grammar is not None and seq.grammar.accept(token):
+            return "stop"
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
         n = len(seq.token_ids)   # the last test: the sequence filled the whole KV cache
@@ -232,11 +230,7 @@ class Scheduler:
         seq.finish(reason, error)
 
     def find(self, request_id: str) -> Sequence | None:
-        for seq in (*self.running, *self.waiting):
-            if seq.request_id == request_id:
-                return seq
-            for child in seq.forks:   # a choice still waiting for its prompt
-                if child.request_id == request_id:
-                    return child
-        return None
+        # a choice still waiting for its prompt is found among its parent's
+        return next((s for seq in (*self.running, *self.waiting) for s in seq.choices if s.request_id == request_id),
+                    None)
 

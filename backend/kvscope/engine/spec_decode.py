@@ -53,8 +53,11 @@ class SpecVerdict:
 def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
            generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> SpecVerdict:
     """logits: [k + 1, V] float32 target logits; draft_probs: [k, V] or None (one-hot)."""
-    if params.greedy:
-        return _verify_greedy(logits, proposed)
+    if params.greedy:   # drafts accepted up to the first that is not its row's argmax; the tokens are the argmaxes
+        best = logits.argmax(dim=1).tolist()
+        n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
+        checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
+        return SpecVerdict(list(proposed), best[:n + 1], checks)
     p = filtered_logits(logits, [params] * logits.shape[0]).softmax(dim=1)
     if draft_probs is None:
         draft_probs = torch.nn.functional.one_hot(torch.tensor(proposed, device=p.device), p.shape[1]).float()
@@ -71,14 +74,6 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
         verdict.token_ids.append(d)
     verdict.token_ids.append(_draw(p[len(proposed)], generator))
     return verdict
-
-
-def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
-    """Drafts are accepted up to the first that is not its row's argmax; the tokens are the argmaxes."""
-    best = logits.argmax(dim=1).tolist()
-    n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
-    checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
-    return SpecVerdict(list(proposed), best[:n + 1], checks)
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:

@@ -27,6 +27,7 @@ class StepInputs:
     metadata: AttentionMetadata
     sample_rows: list[int] = field(default_factory=list)      # rows of hidden states to score
     sample_seqs: list[Sequence] = field(default_factory=list)  # who draws from each of those rows
+    block_copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write (src, dst), before the step
 
 
 class StepBuffers:
@@ -78,7 +79,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
     num_tokens = num_prefill_tokens + len(decodes)
     tokens = buffers.room("tokens", 3 * num_tokens).reshape(3, num_tokens)
     md = AttentionMetadata(route, slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
-    inputs = StepInputs(None, None, md)
+    inputs = StepInputs(None, None, md, block_copies=out.block_copies)
     spans, span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
     tables = lens = None
     if decodes:
