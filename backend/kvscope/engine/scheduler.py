@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.sequence import Sequence, SequenceStatus
+from kvscope.engine.sequence import Sequence
 
 
 @dataclass(slots=True)   # one per row and step: slots make it cheaper to build and read
@@ -89,7 +89,6 @@ class Scheduler:
         return None
 
     def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -141,7 +140,6 @@ class Scheduler:
                 break
             bm.allocate(seq, hits, n)
             self.waiting.remove(seq)
-            seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.entries.append(ScheduledSeq.row(seq, n, admitted=True))
             budget -= n
@@ -153,7 +151,6 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1   # (it leaves `running` with the kept list _schedule_running builds)
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
@@ -183,7 +180,6 @@ class Scheduler:
         forked = [c for c in forks if not c.is_finished]
         for child in forked:
             self.block_manager.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
             self.running.append(child)
         parent.forks = [c for c in parent.forks if c not in forks]
         return forked

@@ -80,10 +80,6 @@ class ModelConfig:
         attn, mlp = h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads), 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp) + self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
 
-    @property
-    def kv_elements_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
-
 
 def _rope_settings(cfg: dict) -> tuple[dict, float]:
     """transformers 5 nests them in `rope_parameters`, older files in `rope_theta`/`rope_scaling`."""
