@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kvscope.engine.model_runner import load_model_and_runner
+from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.plan import resolve_device
 from kvscope.engine.step_inputs import StepInputs, sampled_rows
 from kvscope.layers.attention import step_metadata
@@ -107,8 +107,8 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
     device = init_process_group(resolve_device(config.device), init_method, rank, size)
     try:
         path = resolve_model_path(config.model)
-        runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                       lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
+        runner = ModelRunner(config, path, read_model_config(path), dtype, device, max_len,
+                             lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
         while (plan := _receive()) is not None:
             replay(runner, move(plan, device))
     finally:

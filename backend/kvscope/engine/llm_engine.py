@@ -15,7 +15,7 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.model_runner import ModelRunner, StepResult, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers
@@ -124,11 +124,10 @@ class LLMEngine:
             if self.workers is not None:
                 self.workers.send(num_blocks)
             return num_blocks
-        self.runner = load_model_and_runner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
-                                            self.max_model_len, size_kv_cache,
-                                            self.workers.group if self.workers else TPGroup())
-        runner, self.model = self.runner, self.runner.model
-        runner.workers = self.workers
+        self.runner = runner = ModelRunner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
+                                           self.max_model_len, size_kv_cache,
+                                           self.workers.group if self.workers else TPGroup())
+        runner.workers, self.model = self.workers, runner.model
         self.plan = ExecutionPlan(
             device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
             attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,

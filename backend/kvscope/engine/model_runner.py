@@ -29,10 +29,15 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: CausalLM, device: torch.device,
-                 dtype: torch.dtype, num_blocks: int, max_model_len: int):
-        self.config, self.model, self.device, self.dtype = config, model, device, dtype
-        self.block_size, self.num_blocks, self.max_model_len = config.block_size, num_blocks, max_model_len
+    def __init__(self, config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
+                 max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
+                 load_format: str | None = None):
+        """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
+        draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
+        self.model = model = build_model(path, model_config, load_format or config.load_format, dtype, device,
+                                         max_model_len, config.seed, tp)
+        self.config, self.device, self.dtype = config, device, dtype
+        self.block_size, self.num_blocks, self.max_model_len = config.block_size, num_blocks(model), max_model_len
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
@@ -169,12 +174,3 @@ def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[in
     kept = [e for e in out.entries if e.seq.seq_id not in failed]
     return rerun(kept) if kept else StepResult(), failed
 
-
-def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
-                          max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
-                          load_format: str | None = None) -> ModelRunner:
-    """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
-    draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
-    model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
-                        config.seed, tp)
-    return ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)

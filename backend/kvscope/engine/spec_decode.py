@@ -10,7 +10,7 @@ import torch
 
 from kvscope.config import SpeculativeConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import load_model_and_runner
+from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.sampler import filtered_logits, logprob_entries
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
@@ -179,8 +179,8 @@ class DraftModelProposer:
             raise ValueError(f"the draft model's vocabulary ({self.model_config.vocab_size}) differs "
                              f"from the target's ({engine.model_config.vocab_size})")
         num_blocks = engine.block_manager.num_blocks   # as many as the target's: a draft per sequence
-        self.runner = load_model_and_runner(engine.config, path, self.model_config, engine.dtype, engine.device,
-                                            engine.max_model_len, lambda model: num_blocks, load_format="auto")
+        self.runner = ModelRunner(engine.config, path, self.model_config, engine.dtype, engine.device,
+                                  engine.max_model_len, lambda model: num_blocks, load_format="auto")
         self.block_manager = BlockManager(num_blocks, engine.config.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}
         self.num_steps = 0
