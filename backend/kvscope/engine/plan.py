@@ -135,9 +135,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
-        if flash_fits(dtype, block_size):
-            return "flash_attn"
-        return "triton" if triton_fits else "torch"
+        return "flash_attn" if flash_fits(dtype, block_size) else "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
         reason = "it runs on CPUs" if device.type != "cpu" else kernels.cpu_unavailable(dtype)
         if reason:

@@ -4,7 +4,7 @@ a seeded request's noise from its own generator, so its tokens do not depend on 
 from __future__ import annotations
 
 import json
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import torch
 
@@ -127,16 +127,11 @@ class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], disable_any_whitespace: bool = True):
         if tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer")
-        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, stop_token_ids
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
+        self.compiler, self.vocab_size = xgr.GrammarCompiler(info), vocab_size
         self.disable_any_whitespace = disable_any_whitespace   # the engine's StructuredOutputsConfig
         self.compile = lru_cache(maxsize=64)(self._compile)
-
-    @cached_property
-    def compiler(self):
-        xgr = _xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                  stop_token_ids=self.stop_token_ids or None)
-        return xgr.GrammarCompiler(info)
 
     def _compile(self, key: tuple):
         kind, spec = key
@@ -161,8 +156,6 @@ class StructuredOutputManager:
 def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
     """In place: rows with a matcher keep only what its grammar allows; each matcher keeps its mask."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
-    if not rows:
-        return
     xgr = _xgrammar()
     vocab_size = matchers[rows[0]].vocab_size
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)

@@ -216,8 +216,6 @@ class Scheduler:
         return None
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        if seq.is_finished:
-            return
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

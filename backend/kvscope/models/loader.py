@@ -199,8 +199,6 @@ def load_weights(model: CausalLM, path: Path) -> None:
             raise
         except Exception as exc:
             raise ModelLoadError(f"cannot read {file}: {exc}") from None
-    if model.config.tie_word_embeddings:
-        loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
         raise ModelLoadError(f"{path} lacks weights for: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")
