@@ -107,29 +107,28 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_path)
-        dtype_choice = choose_dtype(config.dtype, device, self.model_config)
+        dtype, dtype_reason = choose_dtype(config.dtype, device, self.model_config)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers = TPWorkers.start(config, self.model_config, dtype_choice.dtype, self.max_model_len, device)
+            self.workers = TPWorkers.start(config, self.model_config, dtype, self.max_model_len, device)
             device = self.workers.device
         sizing = ""   # how the pool's size was chosen
 
         def size_kv_cache(model) -> int:
             """The KV pool's blocks, chosen once the weights are in; the other ranks hear it."""
             nonlocal sizing
-            num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype_choice.dtype,
-                                                 self.max_model_len)
+            num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype, self.max_model_len)
             if self.workers is not None:
                 self.workers.send(num_blocks)
             return num_blocks
-        self.runner = runner = ModelRunner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
+        self.runner = runner = ModelRunner(config, self.model_path, self.model_config, dtype, device,
                                            self.max_model_len, size_kv_cache,
                                            self.workers.group if self.workers else TPGroup())
         runner.workers, self.model = self.workers, runner.model
         self.plan = ExecutionPlan(
-            device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
+            device=device, dtype=dtype, dtype_reason=dtype_reason,
             attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,
             kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
             kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,

@@ -221,7 +221,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
-        seq.finish(reason, error)
+        seq.finish_reason, seq.error = reason, error
 
     def find(self, request_id: str) -> Sequence | None:
         # a choice still waiting for its prompt is found among its parent's

@@ -72,9 +72,6 @@ class Sequence:
             self.first_token_time = time.perf_counter()
         self.token_ids.append(token_id)
 
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self.finish_reason, self.error = reason, error
-
     @property
     def ttft(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time

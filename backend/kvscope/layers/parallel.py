@@ -11,14 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+@dataclass
 class CommCounter:
     """Bytes one rank of one group sent through collectives since the last `take` (an all-reduce's
     payload once); each group counts its own, so two engines in a process never mix."""
-    def __init__(self):
-        self.nbytes = 0
-
-    def add(self, x: torch.Tensor, times: int = 1) -> None:
-        self.nbytes += x.numel() * x.element_size() * times
+    nbytes: int = 0
 
     def take(self) -> int:
         n, self.nbytes = self.nbytes, 0
@@ -33,14 +30,14 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            self.comm.add(x)
+            self.comm.nbytes += x.nbytes
             dist.all_reduce(x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         if self.size == 1:
             return x
-        self.comm.add(x, self.size - 1)
+        self.comm.nbytes += x.nbytes * (self.size - 1)
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=-1)
