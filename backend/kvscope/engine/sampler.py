@@ -128,7 +128,8 @@ class StructuredOutputManager:
         if tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer")
         xgr = _xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids or None)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_token_ids or None)
         self.compiler, self.vocab_size = xgr.GrammarCompiler(info), vocab_size
         self.disable_any_whitespace = disable_any_whitespace   # the engine's StructuredOutputsConfig
         self.compile = lru_cache(maxsize=64)(self._compile)

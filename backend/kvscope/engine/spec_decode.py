@@ -183,14 +183,12 @@ class DraftModelProposer:
                                   engine.max_model_len, lambda model: num_blocks, load_format="auto")
         self.block_manager = BlockManager(num_blocks, engine.config.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}
-        self.num_steps = 0
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         mirrors = [self._sync(seq) for seq in seqs]
         active = [(m, m.num_tokens + k) for m, k in zip(mirrors, ks)]   # a mirror and its length when done
         while active:
-            out = SchedulerOutput(step=self.num_steps)
-            self.num_steps += 1
+            out = SchedulerOutput(step=0)   # the draft's steps are no one's to watch
             for mirror, _ in active:
                 n = mirror.num_tokens - mirror.num_computed_tokens
                 if self.block_manager.try_append(mirror, n):   # a full draft cache ends its drafting here
