@@ -111,10 +111,8 @@ class Scheduler:
                 continue
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
             n = self._chunk(seq, seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
-            appended = bm.try_append(seq, n)
-            while not appended and queue:
+            while not (appended := bm.try_append(seq, n)) and queue:
                 self._preempt(queue.pop(), out)
-                appended = bm.try_append(seq, n)
             if not appended:
                 self._preempt(seq, out)
                 continue

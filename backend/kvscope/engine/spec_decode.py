@@ -106,8 +106,8 @@ class SpecStats:
 class Speculator:
     def __init__(self, config: SpeculativeConfig, engine):
         self.config, self.max_model_len = config, engine.max_model_len
-        # both drafters propose deterministically (lookup, a greedy draft model): q is one-hot
-        self.proposer = NgramProposer(config) if config.method == "ngram" else DraftModelProposer(config, engine)
+        # both drafters propose deterministically (prompt lookup, a greedy draft model): q is one-hot
+        self.draft_model = DraftModelProposer(config, engine) if config.method == "draft_model" else None
         self.total = SpecStats()   # the engine's running totals
 
     def propose(self, running: list[Sequence]) -> None:
@@ -121,9 +121,11 @@ class Speculator:
             if (k := min(self.config.num_speculative_tokens, room)) > 0:
                 ready.append(seq)
                 ks.append(k)
-        for seq, draft in zip(ready, self.proposer.propose(ready, ks)):
-            if draft:
-                seq.spec_token_ids = draft
+        c = self.config
+        drafts = (self.draft_model.propose(ready, ks) if self.draft_model is not None else
+                  [ngram_lookup(s.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min) for s, k in zip(ready, ks)])
+        for seq, draft in zip(ready, drafts):
+            seq.spec_token_ids = draft
 
     def verify(self, out: SchedulerOutput, result, generators: dict[int, torch.Generator],
                default: torch.Generator) -> None:
@@ -141,29 +143,19 @@ class Speculator:
                 result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], drawn, [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
-        self.proposer.release(seq)
+        if self.draft_model is not None:   # prompt lookup keeps nothing per sequence
+            self.draft_model.release(seq)
 
 
-class NgramProposer:
-    """Prompt lookup: the tokens that followed the most recent earlier occurrence of the last n
+def ngram_lookup(token_ids: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the last n
     tokens, longest n first (prompt_lookup_max down to prompt_lookup_min)."""
-
-    def __init__(self, config: SpeculativeConfig):
-        self.max_n, self.min_n = config.prompt_lookup_max, config.prompt_lookup_min
-
-    def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:
-        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, ks)]
-
-    def release(self, seq) -> None:   # nothing is kept per sequence
-        pass
-
-    def lookup(self, token_ids: list[int], k: int) -> list[int]:
-        for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
-            tail = token_ids[-n:]
-            for start in range(len(token_ids) - n - 1, -1, -1):   # the most recent occurrence first
-                if token_ids[start:start + n] == tail:
-                    return token_ids[start + n:start + n + k]
-        return []
+    for n in range(min(max_n, len(token_ids) - 1), min_n - 1, -1):
+        tail = token_ids[-n:]
+        for start in range(len(token_ids) - n - 1, -1, -1):   # the most recent occurrence first
+            if token_ids[start:start + n] == tail:
+                return token_ids[start + n:start + n + k]
+    return []
 
 
 GREEDY = SamplingParams(temperature=0.0)
