@@ -46,21 +46,16 @@ def move(obj, device: torch.device):
 
 # -- rank 0 ------------------------------------------------------------------------------
 class TPWorkers:
-    """Rank 0's handle on the other ranks."""
-    def __init__(self, size: int, device: torch.device, processes: list):
-        self.device, self.processes, self.alive = device, processes, True
-        self.group = TPGroup(0, size)
-
-    @classmethod
-    def start(cls, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
-        """The other ranks; under torchrun, ranks > 0 serve rank 0's steps here, then exit."""
+    """Rank 0's handle on the other ranks, which it starts: spawned here, or under torchrun the
+    user's script, whose ranks > 0 serve rank 0's steps in this constructor, then exit."""
+    def __init__(self, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device):
         size = config.tensor_parallel_size
-        for what, n in (("num_attention_heads", model_config.num_heads),
-                        ("num_key_value_heads", model_config.num_kv_heads)):
-            split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
+        self.group = group = TPGroup(0, size)
+        split(model_config.num_heads, group, "num_attention_heads")   # raises where the heads do not split evenly
+        split(model_config.num_kv_heads, group, "num_key_value_heads")
         if device.type == "cuda" and size > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
-        processes, init_method = [], "env://"
+        self.processes, self.alive, init_method = [], True, "env://"
         if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):   # torchrun started every rank
             if rank := int(os.environ["RANK"]):
                 worker_main(rank, size, init_method, config, dtype, max_model_len)
@@ -74,8 +69,8 @@ class TPWorkers:
                 p = ctx.Process(target=worker_main, args=(rank, size, init_method, config, dtype, max_model_len),
                                 daemon=True)
                 p.start()
-                processes.append(p)
-        return cls(size, init_process_group(device, init_method, 0, size), processes)
+                self.processes.append(p)
+        self.device = init_process_group(device, init_method, 0, size)
 
     def send(self, plan: StepInputs | int | None) -> None:
         """The KV pool's size, then each step's plan, then None."""

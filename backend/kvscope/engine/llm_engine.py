@@ -112,7 +112,7 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers = TPWorkers.start(config, self.model_config, dtype, self.max_model_len, device)
+            self.workers = TPWorkers(config, self.model_config, dtype, self.max_model_len, device)
             device = self.workers.device
         sizing = ""   # how the pool's size was chosen
 
@@ -325,9 +325,8 @@ class LLMEngine:
             raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
         merged = {**self.knobs(), **knobs}
         check_chunking(merged["enable_chunked_prefill"], merged["max_num_batched_tokens"], self.max_model_len)
-        candidate = EngineConfig(**{**self.config.__dict__, **merged})   # runs the config's checks
-        for k in KNOBS:
-            setattr(self.config, k, getattr(candidate, k))
+        EngineConfig(**{**vars(self.config), **merged})   # runs the config's checks
+        vars(self.config).update(merged)
         return self.knobs()
 
     def reset(self) -> list[Sequence]:

@@ -15,8 +15,6 @@ from kvscope.layers.parallel import (ColumnParallelLinear, RowParallelLinear, TP
                                      store_for_cpu_kernels)
 from kvscope.models.decoder import CausalLM
 
-IGNORED_TENSORS = ("rotary_emb.inv_freq",)
-
 
 # -- the architecture facts -----------------------------------------------------------------
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
@@ -186,7 +184,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    if not name.endswith(IGNORED_TENSORS):
+                    if not name.endswith("rotary_emb.inv_freq"):   # older checkpoints keep RoPE's frequencies
                         _load_tensor(model, params, name, f.get_slice(name), file, loaded)
         except ModelLoadError:
             raise
