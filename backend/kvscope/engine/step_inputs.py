@@ -153,21 +153,13 @@ def _plan_cpu_kernels(md: AttentionMetadata, spans: list[PrefillSpan], span_tabl
     if not short:
         return
     num_decodes = 0 if lens is None else len(lens)
-    width = max(tables.shape[1] if num_decodes else 0, *(len(t) for _, t in short))
-    row_tables = np.zeros((sum(s.q_len for s, _ in short) + num_decodes, width), dtype=np.int32)
-    row_lens = np.empty(len(row_tables), dtype=np.int32)
-    row = 0
-    for span, table in short:
-        row_tables[row:row + span.q_len, :len(table)] = table
-        row_lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
-        row += span.q_len
-    if num_decodes:
-        row_tables[row:, :tables.shape[1]] = tables
-        row_lens[row:] = lens
+    decode_tables, decode_lens = ([], []) if lens is None else (list(tables), [lens])
+    row_tables = _padded_tables([t for s, t in short for _ in range(s.q_len)] + decode_tables)
+    row_lens = np.concatenate([buffers.arange(s.start + s.q_len + 1)[s.start + 1:] for s, _ in short] + decode_lens)
     rows = slice(None) if md.spans is None else torch.from_numpy(np.concatenate(
         [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in short]
         + [buffers.arange(md.num_prefill_tokens + num_decodes)[md.num_prefill_tokens:]]))
-    md.decode = PagedRows(rows, torch.from_numpy(row_tables), torch.from_numpy(row_lens))
+    md.decode = PagedRows(rows, torch.from_numpy(row_tables), torch.from_numpy(row_lens.astype(np.int32)))
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,
