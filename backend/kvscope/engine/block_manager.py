@@ -241,7 +241,8 @@ class BlockManager:
             return
         bs = self.block_size
         num_full = seq.num_computed_tokens // bs
-        self._extend_hashes(seq, num_full)
+        if len(seq.block_hashes) < num_full:   # (a decode step seldom fills a block)
+            self._extend_hashes(seq, num_full)
         for i in range(num_full - 1, -1, -1):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:

@@ -363,7 +363,7 @@ class LLMEngine:
             except RuntimeError as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
-            self.speculator.verify(out, result, self.generators, self.runner.sampler.generator)
+            self.speculator.verify(out, result, self.generators, self.runner.generator)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
         if self.detokenizer.live:

@@ -9,7 +9,7 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
-from kvscope.engine.sampler import Sampler, apply_masks, logprob_entries
+from kvscope.engine.sampler import apply_masks, logprob_entries, sample
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
 from kvscope.hardware import to_device
@@ -45,7 +45,7 @@ class ModelRunner:
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         attention_context(model)   # bound now, before any graph traces the model
         self._allocate_kv_cache()
-        self.sampler = Sampler(device, config.seed)
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)   # for rows without a seed
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
@@ -127,21 +127,17 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(sampled_rows(hidden, inputs.sample_rows)).float()
         result.logits = logits
-        if any([e.spec_token_ids for e in out.entries]):   # a sequence's k + 1 rows with k drafts: the verifier's
-            drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries}
-            rows, row = [], 0
-            while row < len(seqs):
-                if k := drafts.get(seqs[row].seq_id, 0):
-                    result.spec_logits[seqs[row].seq_id] = logits[row:row + k + 1]
-                else:
-                    rows.append(row)
-                row += k + 1
+        if drafted := {e.seq.seq_id for e in out.entries if e.spec_token_ids}:   # k drafts: k + 1 rows, the verifier's
+            for seq_id in drafted:
+                rows = [r for r, s in enumerate(seqs) if s.seq_id == seq_id]
+                result.spec_logits[seq_id] = logits[rows[0]:rows[-1] + 1]
+            rows = [r for r, s in enumerate(seqs) if s.seq_id not in drafted]
             seqs, logits = [seqs[r] for r in rows], logits[rows]
         masked = logits   # the model's own rows stay: logprobs (as in vLLM) and observers read them
         if any(s.grammar is not None for s in seqs):
             masked = logits.clone()
             apply_masks(masked, [s.grammar for s in seqs])
-        tokens = self.sampler(masked, [s.params for s in seqs], [generators.get(s.seq_id) for s in seqs])
+        tokens = sample(masked, [s.params for s in seqs], [generators.get(s.seq_id) for s in seqs], self.generator)
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
         if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])

@@ -62,25 +62,21 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=1)
 
 
-class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def __call__(self, logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> torch.Tensor:
-        """logits: [B, V] float32 → token ids [B]; a row's generator None: the sampler's own."""
-        greedy = row_argmax(logits)
-        if all(p.greedy for p in params):
-            return greedy
-        probs = filtered_logits(logits, params).softmax(dim=1)
-        noise = torch.empty_like(probs)
-        for row, gen in enumerate(generators):
-            if gen is not None:
-                noise[row].exponential_(generator=gen)
-        if unseeded := [r for r, g in enumerate(generators) if g is None]:
-            noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
-        is_greedy = to_device(torch.tensor([p.greedy for p in params]), logits.device)
-        return torch.where(is_greedy, greedy, row_argmax(probs / noise))
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           default: torch.Generator) -> torch.Tensor:
+    """logits: [B, V] float32 → token ids [B]; a row without a generator of its own draws from `default`."""
+    greedy = row_argmax(logits)
+    if all(p.greedy for p in params):
+        return greedy
+    probs = filtered_logits(logits, params).softmax(dim=1)
+    noise = torch.empty_like(probs)
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    if unseeded := [r for r, g in enumerate(generators) if g is None]:
+        noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=default)
+    is_greedy = to_device(torch.tensor([p.greedy for p in params]), logits.device)
+    return torch.where(is_greedy, greedy, row_argmax(probs / noise))
 
 
 def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -> list[dict]:
