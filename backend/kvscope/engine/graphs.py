@@ -25,18 +25,6 @@ log = logging.getLogger("kvscope.engine")
 MAX_REFERENCE_COMPILED_BATCH = 16
 
 
-class DecodeLogits(torch.nn.Module):
-    """The forward pass and the LM head in one graph: a decode step scores every row."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        with step_metadata(self.model, metadata):   # inside the graph: its tensors are the graph's inputs
-            return self.model.compute_logits(self.model(input_ids, positions)).float()
-
-
 def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, str]:
     """CUDA graphs on a GPU unless enforce_eager, a compiled step on a CPU when cpu_compile asks:
     (graphs, compiled step, how decode steps run and why when eagerly); sets the runner's routes."""
@@ -71,10 +59,16 @@ def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, s
 class CompiledDecode:
     def __init__(self, runner, route: Route):
         self.runner, self.route = runner, route
+        model = runner.model
+
+        def decode_logits(input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+            """The forward pass and the LM head in one graph: a decode step scores every row."""
+            with step_metadata(model, md):   # inside the graph: its tensors are the graph's inputs
+                return model.compute_logits(model(input_ids, positions)).float()
         # isolate_recompiles: this engine's graphs are its own, so engines made one after another
         # never add up to dynamo's recompile limit. All guards stay (the model's too).
-        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
-                                     isolate_recompiles=True, options={"cpp_wrapper": True})
+        self.forward = torch.compile(decode_logits, dynamic=None, fullgraph=True, isolate_recompiles=True,
+                                     options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
