@@ -372,7 +372,8 @@ class LLMEngine:
             drawn = {seq_id: iter(entries) for seq_id, entries in result.logprobs.items()}
             for d in deltas:
                 if d.seq.seq_id in drawn:
-                    d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
+                    d.logprob = next(drawn[d.seq.seq_id])
+                    d.seq.logprobs.append(d.logprob)
         for seq in finished:
             self._cleanup(seq)
         comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step

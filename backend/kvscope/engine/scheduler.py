@@ -40,11 +40,7 @@ class TokenDelta:
     token_id: int
     index: int     # its position among the sequence's output tokens
     text: str = ""   # its text, when someone asked for text token by token (kvscope/detokenizer.py)
-
-    @property
-    def logprob(self) -> dict | None:
-        lps = self.seq.logprobs
-        return lps[self.index] if self.seq.params.logprobs is not None and self.index < len(lps) else None
+    logprob: dict | None = None   # {logprob, top}, when its request asked for logprobs
 
 
 @dataclass
