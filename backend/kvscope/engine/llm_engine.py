@@ -133,6 +133,7 @@ class LLMEngine:
             kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
             kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
+        self.device, self.dtype = device, dtype   # the plan's, at hand
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.prefix_caching_hash_algo)
@@ -143,14 +144,6 @@ class LLMEngine:
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         spec = config.speculative_config
         self.speculator = Speculator(spec, self) if spec is not None else None
-
-    @property
-    def device(self) -> torch.device:
-        return self.plan.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.plan.dtype
 
     def shutdown(self) -> None:
         """Abort what is queued and release(), so another engine can start; safe to call twice."""
