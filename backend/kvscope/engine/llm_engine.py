@@ -29,7 +29,7 @@ from kvscope.sampling_params import SamplingParams
 # the scheduler's settings an instructor may change between steps (set_knobs)
 KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")
 MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are capped here
-# set for the whole process by loading a tokenizer (models/loader.py), given back at shutdown
+# set for the whole process, where unset, by loading a tokenizer (models/loader.py); unset at shutdown
 PROCESS_ENV = ("TOKENIZERS_PARALLELISM",)
 
 log = logging.getLogger("kvscope.engine")
@@ -67,26 +67,23 @@ class EngineObserver:
     def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
 
 
-def release(workers: TPWorkers | None, runner, num_threads: int, env: dict[str, str | None]) -> None:
-    """What shutting an engine down gives back, torch's threads and PROCESS_ENV as they were;
-    run once, by shutdown() or when the engine is dropped."""
+def release(workers: TPWorkers | None, runner, num_threads: int, unset: list[str]) -> None:
+    """What shutting an engine down gives back: torch's threads as they were, and the PROCESS_ENV
+    variables that were unset unset again; run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
     if runner is not None:
         runner.release()
     if torch.get_num_threads() != num_threads:
         torch.set_num_threads(num_threads)
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for key in unset:
+        os.environ.pop(key, None)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
-        process_state = torch.get_num_threads(), {k: os.environ.get(k) for k in PROCESS_ENV}
+        process_state = torch.get_num_threads(), [k for k in PROCESS_ENV if k not in os.environ]
         self.closed = False
         self.workers: TPWorkers | None = None
         try:

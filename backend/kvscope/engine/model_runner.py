@@ -94,9 +94,8 @@ class ModelRunner:
         if not copies:
             return
         src, dst = (to_device(torch.tensor(column), self.device) for column in zip(*copies))
-        for cache in self.kv_caches:
-            raw = as_bytes(cache)    # fp8 has no indexing kernels on CPU; its bytes copy the same
-            raw[dst] = raw[src]
+        for cache in self.kv_caches:   # fp8 has no indexing kernels on CPU; its bytes copy the same
+            as_bytes(cache)[dst] = as_bytes(cache)[src]
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()

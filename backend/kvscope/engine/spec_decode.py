@@ -158,9 +158,6 @@ def ngram_lookup(token_ids: list[int], k: int, max_n: int, min_n: int) -> list[i
     return []
 
 
-GREEDY = SamplingParams(temperature=0.0)
-
-
 class DraftModelProposer:
     """A small model sharing the target's vocabulary, with its own runner, KV pool and a mirror of
     each sequence (its rejected drafts' K/V forgotten before it catches up); greedy, so q is one-hot."""
@@ -199,7 +196,7 @@ class DraftModelProposer:
         """The mirror with the target's tokens, keeping K/V only for the shared prefix."""
         mirror = self.mirrors.get(seq.seq_id)
         if mirror is None:
-            mirror = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), GREEDY)
+            mirror = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), SamplingParams(temperature=0.0))
         pairs = enumerate(zip(mirror.token_ids, seq.token_ids))
         shared = next((i for i, (a, b) in pairs if a != b), min(mirror.num_tokens, seq.num_tokens))
         mirror.num_computed_tokens = min(mirror.num_computed_tokens, shared, seq.num_tokens - 1)
