@@ -104,8 +104,15 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
         path = resolve_model_path(config.model)
         runner = ModelRunner(config, path, read_model_config(path), dtype, device, max_len,
                              lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
-        while (plan := _receive()) is not None:
-            replay(runner, move(plan, device))
+        with torch.inference_mode():
+            while (inputs := _receive()) is not None:   # rank 0's forward pass, replayed through this rank's slices
+                inputs = move(inputs, device)
+                runner.copy_blocks(inputs.block_copies)
+                with step_metadata(runner.model, inputs.metadata):
+                    hidden = runner.model(inputs.input_ids, inputs.positions)
+                if inputs.sample_rows:
+                    runner.model.compute_logits(sampled_rows(hidden, inputs.sample_rows))
+                runner.model.tp.comm.take()   # only rank 0's count is published
     finally:
         dist.destroy_process_group()
 
@@ -115,13 +122,3 @@ def _receive():
     box = [None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-@torch.inference_mode()
-def replay(runner, inputs: StepInputs) -> None:
-    runner.copy_blocks(inputs.block_copies)
-    with step_metadata(runner.model, inputs.metadata):
-        hidden = runner.model(inputs.input_ids, inputs.positions)
-    if inputs.sample_rows:
-        runner.model.compute_logits(sampled_rows(hidden, inputs.sample_rows))
-    runner.model.tp.comm.take()   # only rank 0's count is published
