@@ -191,7 +191,7 @@ def test_engines_in_one_process_each_run_their_own_graphs(checkpoint, tmp_path):
 def test_a_failed_compile_leaves_a_working_eager_engine(checkpoint, monkeypatch):
     from kvscope.engine import graphs
 
-    def no_compiler(runner):
+    def no_compiler(runner, route):
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(graphs, "CompiledDecode", no_compiler)

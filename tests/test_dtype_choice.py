@@ -22,8 +22,8 @@ QWEN_0_6B = config(1024, 28, "bfloat16")
 
 
 def test_native_bf16_cpu_and_16_bit_checkpoint_pick_bfloat16():
-    choice = choose_dtype("auto", CPU, QWEN_0_6B, native_bf16=["avx512_bf16"])
-    assert choice.dtype == torch.bfloat16 and "avx512_bf16" in choice.reason
+    dtype, reason = choose_dtype("auto", CPU, QWEN_0_6B, native_bf16=["avx512_bf16"])
+    assert dtype == torch.bfloat16 and "avx512_bf16" in reason
 
 
 @pytest.mark.parametrize("flags, cfg, why", [
@@ -32,12 +32,12 @@ def test_native_bf16_cpu_and_16_bit_checkpoint_pick_bfloat16():
     (["amx_bf16"], config(64, 2, "bfloat16", vocab=512), "tiny model"),
 ])
 def test_float32_otherwise_with_the_reason(flags, cfg, why):
-    choice = choose_dtype("auto", CPU, cfg, native_bf16=flags)
-    assert choice.dtype == torch.float32 and why in choice.reason
+    dtype, reason = choose_dtype("auto", CPU, cfg, native_bf16=flags)
+    assert dtype == torch.float32 and why in reason
 
 
 def test_an_explicit_dtype_is_kept():
-    assert choose_dtype("bfloat16", CPU, QWEN_0_6B, native_bf16=[]).dtype == torch.bfloat16
+    assert choose_dtype("bfloat16", CPU, QWEN_0_6B, native_bf16=[])[0] == torch.bfloat16
     with pytest.raises(ValueError):
         choose_dtype("int4", CPU, QWEN_0_6B)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvscope.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_top_k, apply_top_p, row_argmax
+from kvscope.engine.sampler import apply_min_p, apply_top_k, apply_top_p, row_argmax, sample
 from kvscope.sampling_params import SamplingParams
 
 
@@ -16,15 +16,13 @@ def llm(tmp_path_factory):
 
 
 def draw(logits, params, n=400, seed=0):
-    sampler = Sampler(torch.device("cpu"), seed)
-    batch = SamplingBatch([params] * n, [None] * n)
-    return sampler(logits.expand(n, -1).clone(), batch)
+    return sample(logits.expand(n, -1).clone(), [params] * n, [None] * n, torch.Generator().manual_seed(seed))
 
 
 def test_temperature_zero_is_argmax():
     logits = torch.randn(5, 50)
-    batch = SamplingBatch([SamplingParams(temperature=0.0)] * 5, [None] * 5)
-    assert torch.equal(Sampler(torch.device("cpu"))(logits, batch), logits.argmax(1))
+    assert torch.equal(sample(logits, [SamplingParams(temperature=0.0)] * 5, [None] * 5, torch.Generator()),
+                       logits.argmax(1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
 from kvscope.engine.scheduler import Scheduler
-from kvscope.engine.sequence import Sequence, SequenceStatus
+from kvscope.engine.sequence import Sequence
 from kvscope.sampling_params import SamplingParams
 from pool_checks import check_invariants
 
@@ -15,7 +15,6 @@ def running(bm: BlockManager, tokens: int, computed: int) -> Sequence:
     seq = Sequence(list(range(tokens)), SamplingParams(max_tokens=50))
     bm.allocate(seq, [], computed)
     seq.num_computed_tokens = computed
-    seq.status = SequenceStatus.RUNNING
     return seq
 
 
@@ -89,7 +88,7 @@ def test_out_of_blocks_preempts_the_most_recently_admitted():
     out = sch.schedule()
     assert out.preempted == [second]
     assert [e.seq for e in out.entries] == [first]
-    assert second.status == SequenceStatus.WAITING and sch.waiting[0] is second
+    assert second not in sch.running and sch.waiting[0] is second
     assert second.block_table == [] and second.num_computed_tokens == 0
     check_invariants(sch.block_manager, [first])
 

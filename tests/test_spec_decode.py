@@ -41,7 +41,7 @@ def greedy(llm: LLM, prompts, max_new=MAX_NEW, **kw):
 
 
 def assert_no_leak(llm: LLM):
-    for bm in (llm.engine.block_manager, getattr(llm.engine.speculator.proposer, "block_manager", None)):
+    for bm in (llm.engine.block_manager, getattr(llm.engine.speculator.draft_model, "block_manager", None)):
         if bm is not None:
             check_invariants(bm, [])
             assert bm.num_free_blocks == bm.num_blocks

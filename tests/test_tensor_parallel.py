@@ -33,7 +33,7 @@ def test_two_ranks_match_one_rank_and_transformers(family, tmp_path):
     try:
         model = llm.engine.model
         attn = model.model.layers[0].self_attn
-        assert (attn.num_heads, attn.num_kv_heads) == (2, 1)      # 4 query heads, 2 KV heads, split in two
+        assert (attn.attn.num_heads, attn.attn.num_kv_heads) == (2, 1)      # 4 query heads, 2 KV heads, split in two
         assert model.model.layers[0].mlp.down_proj.weight.shape == (64, 64)   # 128 inputs, half here
         assert llm.engine.runner.kv_caches[0].shape[2] == 1         # this rank's cache holds its KV head
         assert greedy(llm, ps) == one == reference

@@ -173,8 +173,7 @@ class BlockManager:
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
         if not self.try_append(seq, num_new_tokens):
-            raise RuntimeError(f"out of KV blocks: need {sum(self._append_cost(seq, num_new_tokens))}, "
-                               f"{self.num_free_blocks} free")
+            raise RuntimeError(f"out of KV blocks: {self.num_free_blocks} free")
 
     def try_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Slots for `num_new_tokens` more tokens (copying a shared block about to be written),
@@ -242,7 +241,7 @@ class BlockManager:
             return
         bs = self.block_size
         num_full = seq.num_computed_tokens // bs
-        if len(seq.block_hashes) < num_full:
+        if len(seq.block_hashes) < num_full:   # (a decode step seldom fills a block)
             self._extend_hashes(seq, num_full)
         for i in range(num_full - 1, -1, -1):
             block = self.blocks[seq.block_table[i]]

@@ -1,5 +1,5 @@
 """Tensor parallelism (gloo on CPU, NCCL on CUDA): rank 0 schedules and broadcasts each step's
-`StepPlan`; every other rank (spawned, or under torchrun the user's script) replays it through
+`StepInputs`; every other rank (spawned, or under torchrun the user's script) replays it through
 its slice of the weights and KV heads, joining the layers' all-reduces. Only rank 0 samples."""
 from __future__ import annotations
 
@@ -12,23 +12,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from kvscope.engine.model_runner import StepPlan, load_model_and_runner
+from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.plan import resolve_device
-from kvscope.engine.step_inputs import sampled_rows
+from kvscope.engine.step_inputs import StepInputs, sampled_rows
 from kvscope.layers.attention import step_metadata
 from kvscope.layers.parallel import TPGroup, split
 from kvscope.models.loader import read_model_config, resolve_model_path
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)   # a dead peer is noticed within this, at the latest
-
-
-class WorkerDied(RuntimeError):
-    pass
-
-
-def torchrun_rank() -> int | None:
-    """This process's rank when torchrun launched it, else None."""
-    return int(os.environ["RANK"]) if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")) else None
 
 
 def init_process_group(device: torch.device, init_method: str, rank: int, size: int) -> torch.device:
@@ -55,25 +46,21 @@ def move(obj, device: torch.device):
 
 # -- rank 0 ------------------------------------------------------------------------------
 class TPWorkers:
-    """Rank 0's handle on the other ranks."""
-    def __init__(self, size: int, device: torch.device, processes: list):
-        self.device, self.processes, self.alive = device, processes, True
-        self.group = TPGroup(0, size)
-
-    @classmethod
-    def start(cls, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device) -> "TPWorkers":
-        """The other ranks; under torchrun, ranks > 0 serve rank 0's steps here, then exit."""
+    """Rank 0's handle on the other ranks, which it starts: spawned here, or under torchrun the
+    user's script, whose ranks > 0 serve rank 0's steps in this constructor, then exit."""
+    def __init__(self, config, model_config, dtype: torch.dtype, max_model_len: int, device: torch.device):
         size = config.tensor_parallel_size
-        for what, n in (("num_attention_heads", model_config.num_heads),
-                        ("num_key_value_heads", model_config.num_kv_heads)):
-            split(n, TPGroup(0, size), what)   # raises where the heads do not split evenly
+        self.group = group = TPGroup(0, size)
+        split(model_config.num_heads, group, "num_attention_heads")   # raises where the heads do not split evenly
+        split(model_config.num_kv_heads, group, "num_key_value_heads")
         if device.type == "cuda" and size > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs; {torch.cuda.device_count()} visible")
-        if rank := torchrun_rank():
-            worker_main(rank, size, "env://", config, dtype, max_model_len)
-            raise SystemExit(0)
-        processes, init_method = [], "env://"
-        if rank is None:
+        self.processes, self.alive, init_method = [], True, "env://"
+        if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):   # torchrun started every rank
+            if rank := int(os.environ["RANK"]):
+                worker_main(rank, size, init_method, config, dtype, max_model_len)
+                raise SystemExit(0)
+        else:
             with socket.socket() as s:   # a free port
                 s.bind(("127.0.0.1", 0))
                 init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -82,13 +69,13 @@ class TPWorkers:
                 p = ctx.Process(target=worker_main, args=(rank, size, init_method, config, dtype, max_model_len),
                                 daemon=True)
                 p.start()
-                processes.append(p)
-        return cls(size, init_process_group(device, init_method, 0, size), processes)
+                self.processes.append(p)
+        self.device = init_process_group(device, init_method, 0, size)
 
-    def send(self, plan: StepPlan | int | None) -> None:
+    def send(self, plan: StepInputs | int | None) -> None:
         """The KV pool's size, then each step's plan, then None."""
         if dead := [p for p in self.processes if p.exitcode is not None]:
-            raise WorkerDied(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
+            raise RuntimeError(f"tensor-parallel worker (pid {dead[0].pid}) exited with code {dead[0].exitcode}")
         dist.broadcast_object_list([move(plan, torch.device("cpu"))], src=0)
 
     def shutdown(self) -> None:
@@ -115,10 +102,17 @@ def worker_main(rank: int, size: int, init_method: str, config, dtype: torch.dty
     device = init_process_group(resolve_device(config.device), init_method, rank, size)
     try:
         path = resolve_model_path(config.model)
-        runner = load_model_and_runner(config, path, read_model_config(path), dtype, device, max_len,
-                                       lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
-        while (plan := _receive()) is not None:
-            replay(runner, move(plan, device))
+        runner = ModelRunner(config, path, read_model_config(path), dtype, device, max_len,
+                             lambda model: _receive(), TPGroup(rank, size))   # the pool size rank 0 sent
+        with torch.inference_mode():
+            while (inputs := _receive()) is not None:   # rank 0's forward pass, replayed through this rank's slices
+                inputs = move(inputs, device)
+                runner.copy_blocks(inputs.block_copies)
+                with step_metadata(runner.model, inputs.metadata):
+                    hidden = runner.model(inputs.input_ids, inputs.positions)
+                if inputs.sample_rows:
+                    runner.model.compute_logits(sampled_rows(hidden, inputs.sample_rows))
+                runner.model.tp.comm.take()   # only rank 0's count is published
     finally:
         dist.destroy_process_group()
 
@@ -128,13 +122,3 @@ def _receive():
     box = [None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-@torch.inference_mode()
-def replay(runner, plan: StepPlan) -> None:
-    runner.copy_blocks(plan.block_copies)
-    with step_metadata(runner.model, plan.metadata):
-        hidden = runner.model(plan.input_ids, plan.positions)
-    if plan.sample_rows:
-        runner.model.compute_logits(sampled_rows(hidden, plan.sample_rows))
-    runner.model.tp.comm.take()   # only rank 0's count is published

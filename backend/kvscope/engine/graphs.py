@@ -12,7 +12,7 @@ from kvscope.engine.block_manager import cdiv
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import StepInputs, prepare_inputs
-from kvscope.layers.attention import (AttentionMetadata, KeptQueries, PagedRows, pick_routes, query_room,
+from kvscope.layers.attention import (AttentionMetadata, KeptQueries, PagedRows, Route, pick_routes, query_room,
                                       step_metadata)
 from kvscope.sampling_params import SamplingParams
 
@@ -25,63 +25,50 @@ log = logging.getLogger("kvscope.engine")
 MAX_REFERENCE_COMPILED_BATCH = 16
 
 
-class DecodeLogits(torch.nn.Module):
-    """The forward pass and the LM head in one graph: a decode step scores every row."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        with step_metadata(self.model, metadata):   # inside the graph: its tensors are the graph's inputs
-            return self.model.compute_logits(self.model(input_ids, positions)).float()
-
-
 def record_decode(runner) -> tuple[DecodeGraphs | None, CompiledDecode | None, str]:
     """CUDA graphs on a GPU unless enforce_eager, a compiled step on a CPU when cpu_compile asks:
-    (graphs, compiled step, how decode steps run and why when eagerly)."""
-    config, on_gpu = runner.config, runner.device.type == "cuda"
+    (graphs, compiled step, how decode steps run and why when eagerly); sets the runner's routes."""
+    config, on_gpu, backend = runner.config, runner.device.type == "cuda", runner.attention_backend
     if config.enforce_eager or not (on_gpu or config.cpu_compile):
         return None, None, "eager"
-    reason = graphs_unavailable(runner, on_gpu)
-    if reason is None and on_gpu:
-        runner.routes = pick_routes(runner.attention_backend, "cuda graphs", runner.dtype, runner.block_size)
+    if on_gpu and backend not in ("triton", "flash_attn"):   # a captured graph reads lengths on the device
+        reason = f"CUDA graphs need the triton or flash_attn backend, not {backend}"
+    elif not on_gpu and backend not in ("torch", "cpu_paged"):
+        reason = f"the {backend} attention backend runs eagerly"
+    elif config.tensor_parallel_size > 1:
+        reason = "tensor-parallel ranks run eagerly"
+    elif not on_gpu and runner.kv_format.quantized:
+        reason = f"a {runner.kv_format.name} KV cache decodes eagerly"
+    elif on_gpu:
+        runner.routes = pick_routes(backend, "cuda graphs", runner.dtype, runner.block_size)
         runner.model.fuse_elementwise()   # compiled before capture: the graphs replay the fused kernels
         graphs = DecodeGraphs(runner, max_batch=min(config.max_num_seqs, 512))
         return graphs, None, "cuda graphs (norms, RoPE, activation fused by torch.compile)"
-    if reason is None:
+    else:
+        routes = pick_routes(backend, "compiled", runner.dtype, runner.block_size)
         try:
-            runner.routes = pick_routes(runner.attention_backend, "compiled", runner.dtype, runner.block_size)
-            compiled = CompiledDecode(runner)
+            compiled = CompiledDecode(runner, routes.graph)
+            runner.routes = routes
             return None, compiled, f"compiled (torch.compile, {compiled.compile_seconds:.0f} s at start-up)"
         except Exception as exc:   # e.g. no C++ compiler: inductor cannot build its kernels
             reason = f"torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
-            runner.routes = pick_routes(runner.attention_backend, None, runner.dtype, runner.block_size)
     log.warning("decode graphs: running eagerly: %s", reason)
     return None, None, f"eager: {reason}"
 
 
-def graphs_unavailable(runner, on_gpu: bool) -> str | None:
-    """Why this runner cannot capture (a GPU) or compile (a CPU) its decode step, or None."""
-    backend = runner.attention_backend
-    if on_gpu and backend not in ("triton", "flash_attn"):   # a captured graph reads lengths on the device
-        return f"CUDA graphs need the triton or flash_attn backend, not {backend}"
-    if not on_gpu and backend not in ("torch", "cpu_paged"):
-        return f"the {backend} attention backend runs eagerly"
-    if runner.config.tensor_parallel_size > 1:
-        return "tensor-parallel ranks run eagerly"
-    if not on_gpu and runner.kv_format.quantized:
-        return f"a {runner.kv_format.name} KV cache decodes eagerly"
-    return None
-
-
 class CompiledDecode:
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, runner, route: Route):
+        self.runner, self.route = runner, route
+        model = runner.model
+
+        def decode_logits(input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata) -> torch.Tensor:
+            """The forward pass and the LM head in one graph: a decode step scores every row."""
+            with step_metadata(model, md):   # inside the graph: its tensors are the graph's inputs
+                return model.compute_logits(model(input_ids, positions)).float()
         # isolate_recompiles: this engine's graphs are its own, so engines made one after another
         # never add up to dynamo's recompile limit. All guards stay (the model's too).
-        self.forward = torch.compile(DecodeLogits(runner.model), dynamic=None, fullgraph=True,
-                                     isolate_recompiles=True, options={"cpp_wrapper": True})
+        self.forward = torch.compile(decode_logits, dynamic=None, fullgraph=True, isolate_recompiles=True,
+                                     options={"cpp_wrapper": True})
         self.max_batch = MAX_REFERENCE_COMPILED_BATCH if runner.attention_backend == "torch" else None
         start = time.perf_counter()
         self._warm_up()
@@ -107,7 +94,7 @@ class CompiledDecode:
                 seq = Sequence([0] * (position + 1), SamplingParams(), seq_id=-1)
                 seq.block_table, seq.num_computed_tokens = [scratch] * width, position
                 out.entries.append(ScheduledSeq.row(seq, 1))
-            inputs = prepare_inputs(out, runner.block_size, runner.buffers, runner.routes.graph)
+            inputs = prepare_inputs(out, runner.block_size, runner.buffers, self.route)
             if keep:
                 inputs.metadata.queries = KeptQueries(slice(None), query_room(runner.attn_layers, batch, runner.dtype,
                                                                               runner.device))

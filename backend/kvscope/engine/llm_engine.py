@@ -15,10 +15,10 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.detokenizer import Detokenizer
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import StepResult, load_model_and_runner, run_isolating
+from kvscope.engine.model_runner import ModelRunner, StepResult, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
-from kvscope.engine.distributed import TPWorkers, WorkerDied
+from kvscope.engine.distributed import TPWorkers
 from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.spec_decode import Speculator
@@ -29,7 +29,7 @@ from kvscope.sampling_params import SamplingParams
 # the scheduler's settings an instructor may change between steps (set_knobs)
 KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")
 MAX_ROPE_CACHE = 1 << 17   # positions precomputed for RoPE; longer contexts are capped here
-# set for the whole process by loading a tokenizer (models/loader.py), given back at shutdown
+# set for the whole process, where unset, by loading a tokenizer (models/loader.py); unset at shutdown
 PROCESS_ENV = ("TOKENIZERS_PARALLELISM",)
 
 log = logging.getLogger("kvscope.engine")
@@ -67,26 +67,23 @@ class EngineObserver:
     def on_reset(self) -> None: ...   # every request aborted, the KV pool emptied
 
 
-def release(workers: TPWorkers | None, runner, num_threads: int, env: dict[str, str | None]) -> None:
-    """What shutting an engine down gives back, torch's threads and PROCESS_ENV as they were;
-    run once, by shutdown() or when the engine is dropped."""
+def release(workers: TPWorkers | None, runner, num_threads: int, unset: list[str]) -> None:
+    """What shutting an engine down gives back: torch's threads as they were, and the PROCESS_ENV
+    variables that were unset unset again; run once, by shutdown() or when the engine is dropped."""
     if workers is not None:
         workers.shutdown()
     if runner is not None:
         runner.release()
     if torch.get_num_threads() != num_threads:
         torch.set_num_threads(num_threads)
-    for key, value in env.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for key in unset:
+        os.environ.pop(key, None)
 
 
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, **kwargs):
         self.config = config = config or EngineConfig(**kwargs)
-        process_state = torch.get_num_threads(), {k: os.environ.get(k) for k in PROCESS_ENV}
+        process_state = torch.get_num_threads(), [k for k in PROCESS_ENV if k not in os.environ]
         self.closed = False
         self.workers: TPWorkers | None = None
         try:
@@ -107,34 +104,33 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_path)
-        dtype_choice = choose_dtype(config.dtype, device, self.model_config)
+        dtype, dtype_reason = choose_dtype(config.dtype, device, self.model_config)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings, MAX_ROPE_CACHE)
         check_chunking(config.enable_chunked_prefill, config.max_num_batched_tokens, self.max_model_len)
         if config.tensor_parallel_size > 1:
-            self.workers = TPWorkers.start(config, self.model_config, dtype_choice.dtype, self.max_model_len, device)
+            self.workers = TPWorkers(config, self.model_config, dtype, self.max_model_len, device)
             device = self.workers.device
         sizing = ""   # how the pool's size was chosen
 
         def size_kv_cache(model) -> int:
             """The KV pool's blocks, chosen once the weights are in; the other ranks hear it."""
             nonlocal sizing
-            num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype_choice.dtype,
-                                                 self.max_model_len)
+            num_blocks, sizing = kv_cache_blocks(config, self.model_config, model, device, dtype, self.max_model_len)
             if self.workers is not None:
                 self.workers.send(num_blocks)
             return num_blocks
-        self.runner = load_model_and_runner(config, self.model_path, self.model_config, dtype_choice.dtype, device,
-                                            self.max_model_len, size_kv_cache,
-                                            self.workers.group if self.workers else TPGroup())
-        runner, self.model = self.runner, self.runner.model
-        runner.workers = self.workers
+        self.runner = runner = ModelRunner(config, self.model_path, self.model_config, dtype, device,
+                                           self.max_model_len, size_kv_cache,
+                                           self.workers.group if self.workers else TPGroup())
+        runner.workers, self.model = self.workers, runner.model
         self.plan = ExecutionPlan(
-            device=device, dtype=dtype_choice.dtype, dtype_reason=dtype_choice.reason,
+            device=device, dtype=dtype, dtype_reason=dtype_reason,
             attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,
             kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
             kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
             tensor_parallel_size=config.tensor_parallel_size)
+        self.device, self.dtype = device, dtype   # the plan's, at hand
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,
                                           config.prefix_caching_hash_algo)
@@ -145,14 +141,6 @@ class LLMEngine:
         self.failure: str | None = None   # set when a tensor-parallel rank died: nothing runs any more
         spec = config.speculative_config
         self.speculator = Speculator(spec, self) if spec is not None else None
-
-    @property
-    def device(self) -> torch.device:
-        return self.plan.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.plan.dtype
 
     def shutdown(self) -> None:
         """Abort what is queued and release(), so another engine can start; safe to call twice."""
@@ -327,9 +315,8 @@ class LLMEngine:
             raise ValueError(f"unknown knob(s) {sorted(unknown)}; knobs are {', '.join(KNOBS)}")
         merged = {**self.knobs(), **knobs}
         check_chunking(merged["enable_chunked_prefill"], merged["max_num_batched_tokens"], self.max_model_len)
-        candidate = EngineConfig(**{**self.config.__dict__, **merged})   # runs the config's checks
-        for k in KNOBS:
-            setattr(self.config, k, getattr(candidate, k))
+        EngineConfig(**{**vars(self.config), **merged})   # runs the config's checks
+        vars(self.config).update(merged)
         return self.knobs()
 
     def reset(self) -> list[Sequence]:
@@ -363,10 +350,10 @@ class LLMEngine:
             ended = []
             try:
                 result = self.runner.run(out, self.generators, eager)
-            except (WorkerDied, RuntimeError) as exc:
+            except RuntimeError as exc:
                 return [], self._fail_everything(f"a tensor-parallel worker failed: {exc}")
         if result.spec_logits:
-            self.speculator.verify(out, result, self.generators, self.runner.sampler.generator)
+            self.speculator.verify(out, result, self.generators, self.runner.generator)
         t2 = time.perf_counter()
         deltas, finished = self.scheduler.postprocess(out, result.tokens)
         if self.detokenizer.live:
@@ -375,7 +362,8 @@ class LLMEngine:
             drawn = {seq_id: iter(entries) for seq_id, entries in result.logprobs.items()}
             for d in deltas:
                 if d.seq.seq_id in drawn:
-                    d.seq.logprobs.append(next(drawn[d.seq.seq_id]))
+                    d.logprob = next(drawn[d.seq.seq_id])
+                    d.seq.logprobs.append(d.logprob)
         for seq in finished:
             self._cleanup(seq)
         comm = self.workers.group.comm.take() if self.workers is not None else 0   # counted every step

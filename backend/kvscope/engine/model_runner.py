@@ -9,7 +9,7 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
-from kvscope.engine.sampler import Sampler, SamplingBatch, apply_masks, logprob_entries
+from kvscope.engine.sampler import apply_masks, logprob_entries, sample
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
 from kvscope.hardware import to_device
@@ -18,16 +18,6 @@ from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, 
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
-
-@dataclass
-class StepPlan:
-    """What a tensor-parallel worker needs to replay rank 0's forward pass (engine/distributed.py)."""
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    metadata: object                       # AttentionMetadata
-    sample_rows: list[int]
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
-
 
 @dataclass
 class StepResult:
@@ -39,10 +29,15 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: CausalLM, device: torch.device,
-                 dtype: torch.dtype, num_blocks: int, max_model_len: int):
-        self.config, self.model, self.device, self.dtype = config, model, device, dtype
-        self.block_size, self.num_blocks, self.max_model_len = config.block_size, num_blocks, max_model_len
+    def __init__(self, config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
+                 max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
+                 load_format: str | None = None):
+        """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
+        draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
+        self.model = model = build_model(path, model_config, load_format or config.load_format, dtype, device,
+                                         max_model_len, config.seed, tp)
+        self.config, self.device, self.dtype = config, device, dtype
+        self.block_size, self.num_blocks, self.max_model_len = config.block_size, num_blocks(model), max_model_len
         self.kv_format = kv_cache_format(config.kv_cache_dtype, dtype)
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
@@ -50,7 +45,7 @@ class ModelRunner:
         self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
         attention_context(model)   # bound now, before any graph traces the model
         self._allocate_kv_cache()
-        self.sampler = Sampler(device, config.seed)
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)   # for rows without a seed
         self.buffers = StepBuffers(device)
         self.workers = None        # the other tensor-parallel ranks, which replay every forward pass
         # while someone watches (instrumentation/capture.py): (the step, decode only?) -> rows whose queries it keeps
@@ -99,9 +94,8 @@ class ModelRunner:
         if not copies:
             return
         src, dst = (to_device(torch.tensor(column), self.device) for column in zip(*copies))
-        for cache in self.kv_caches:
-            raw = as_bytes(cache)    # fp8 has no indexing kernels on CPU; its bytes copy the same
-            raw[dst] = raw[src]
+        for cache in self.kv_caches:   # fp8 has no indexing kernels on CPU; its bytes copy the same
+            as_bytes(cache)[dst] = as_bytes(cache)[src]
 
     # -- one step ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -115,7 +109,7 @@ class ModelRunner:
         inputs = prepare_inputs(out, self.block_size, self.buffers, route)
         ids, pos, md, seqs = inputs.input_ids, inputs.positions, inputs.metadata, inputs.sample_seqs
         if self.workers is not None:
-            self.workers.send(StepPlan(ids, pos, md, inputs.sample_rows, out.block_copies))
+            self.workers.send(replace(inputs, sample_seqs=[]))   # the other ranks replay the forward pass
         result = StepResult()
         if self.keep_queries is not None:
             md.queries = self.keep_queries(out, replay)
@@ -132,23 +126,17 @@ class ModelRunner:
         if logits is None:
             logits = self.model.compute_logits(sampled_rows(hidden, inputs.sample_rows)).float()
         result.logits = logits
-        if any([e.spec_token_ids for e in out.entries]):   # a sequence's k + 1 rows with k drafts: the verifier's
-            drafts = {e.seq.seq_id: len(e.spec_token_ids) for e in out.entries}
-            rows, row = [], 0
-            while row < len(seqs):
-                if k := drafts.get(seqs[row].seq_id, 0):
-                    result.spec_logits[seqs[row].seq_id] = logits[row:row + k + 1]
-                else:
-                    rows.append(row)
-                row += k + 1
+        if drafted := {e.seq.seq_id for e in out.entries if e.spec_token_ids}:   # k drafts: k + 1 rows, the verifier's
+            for seq_id in drafted:
+                rows = [r for r, s in enumerate(seqs) if s.seq_id == seq_id]
+                result.spec_logits[seq_id] = logits[rows[0]:rows[-1] + 1]
+            rows = [r for r, s in enumerate(seqs) if s.seq_id not in drafted]
             seqs, logits = [seqs[r] for r in rows], logits[rows]
-            if not seqs:
-                return result
         masked = logits   # the model's own rows stay: logprobs (as in vLLM) and observers read them
         if any(s.grammar is not None for s in seqs):
             masked = logits.clone()
             apply_masks(masked, [s.grammar for s in seqs])
-        tokens = self.sampler(masked, SamplingBatch([s.params for s in seqs], [generators.get(s.seq_id) for s in seqs]))
+        tokens = sample(masked, [s.params for s in seqs], [generators.get(s.seq_id) for s in seqs], self.generator)
         result.tokens = {s.seq_id: [t] for s, t in zip(seqs, tokens.tolist())}
         if wants := [i for i, s in enumerate(seqs) if s.params.logprobs is not None]:
             entries = logprob_entries(logits[wants], tokens[wants], [seqs[i].params.logprobs for i in wants])
@@ -181,12 +169,3 @@ def run_isolating(runner: ModelRunner, out: SchedulerOutput, generators: dict[in
     kept = [e for e in out.entries if e.seq.seq_id not in failed]
     return rerun(kept) if kept else StepResult(), failed
 
-
-def load_model_and_runner(config: EngineConfig, path, model_config, dtype: torch.dtype, device: torch.device,
-                          max_model_len: int, num_blocks: Callable[[CausalLM], int], tp: TPGroup = TPGroup(),
-                          load_format: str | None = None) -> ModelRunner:
-    """The one way a model and its runner are made (the engine's, a tensor-parallel rank's, the
-    draft's); `num_blocks(model)` sizes the KV pool once the weights are in."""
-    model = build_model(path, model_config, load_format or config.load_format, dtype, device, max_model_len,
-                        config.seed, tp)
-    return ModelRunner(config, model, device, dtype, num_blocks(model), max_model_len)

@@ -107,11 +107,10 @@ def _free_gpu_budget(config: EngineConfig, cfg: ModelConfig, model, device: torc
         if isinstance(layer, PagedAttention):
             layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
             layer.v_cache = torch.zeros_like(layer.k_cache)
-    ids = torch.zeros(n, dtype=torch.long, device=device)
+    zeros = torch.zeros(n, dtype=torch.long, device=device)   # token 0 everywhere, its K/V all to slot 0
     pos = torch.arange(n, device=device) % model.model.rotary.cos_cache.shape[0]
-    md = span_metadata(torch.zeros(n, dtype=torch.long, device=device), PrefillSpan(0, n, 0))
-    with step_metadata(model, md):
-        hidden = model(ids, pos)
+    with step_metadata(model, span_metadata(zeros, PrefillSpan(0, n, 0))):
+        hidden = model(zeros, pos)
     model.compute_logits(hidden[-min(n, config.max_num_seqs):])
     torch.cuda.synchronize(device)
     free, total = torch.cuda.mem_get_info(device)
@@ -135,9 +134,7 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
             if reason and dtype in kernels.CPU_DTYPES:
                 log.warning("attention: the CPU kernel is unavailable (%s); using the PyTorch reference", reason)
             return "torch" if reason else "cpu_paged"
-        if flash_fits(dtype, block_size):
-            return "flash_attn"
-        return "triton" if triton_fits else "torch"
+        return "flash_attn" if flash_fits(dtype, block_size) else "triton" if triton_fits else "torch"
     if requested == "cpu_paged":
         reason = "it runs on CPUs" if device.type != "cpu" else kernels.cpu_unavailable(dtype)
         if reason:

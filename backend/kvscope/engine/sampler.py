@@ -4,8 +4,7 @@ a seeded request's noise from its own generator, so its tokens do not depend on 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
 import torch
 
@@ -13,12 +12,6 @@ from kvscope.hardware import to_device
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams
 
 NEG_INF = float("-inf")
-
-
-@dataclass
-class SamplingBatch:
-    params: list[SamplingParams]
-    generators: list[torch.Generator | None]
 
 
 def apply_temperature(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
@@ -69,25 +62,21 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=1)
 
 
-class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits: [B, V] float32 → token ids [B]."""
-        greedy = row_argmax(logits)
-        if all(p.greedy for p in batch.params):
-            return greedy
-        probs = filtered_logits(logits, batch.params).softmax(dim=1)
-        noise = torch.empty_like(probs)
-        for row, gen in enumerate(batch.generators):
-            if gen is not None:
-                noise[row].exponential_(generator=gen)
-        unseeded = [r for r, g in enumerate(batch.generators) if g is None]
-        if unseeded:
-            noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=self.generator)
-        is_greedy = to_device(torch.tensor([p.greedy for p in batch.params]), logits.device)
-        return torch.where(is_greedy, greedy, row_argmax(probs / noise))
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           default: torch.Generator) -> torch.Tensor:
+    """logits: [B, V] float32 → token ids [B]; a row without a generator of its own draws from `default`."""
+    greedy = row_argmax(logits)
+    if all(p.greedy for p in params):
+        return greedy
+    probs = filtered_logits(logits, params).softmax(dim=1)
+    noise = torch.empty_like(probs)
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    if unseeded := [r for r, g in enumerate(generators) if g is None]:
+        noise[unseeded] = probs.new_empty(len(unseeded), probs.shape[1]).exponential_(generator=default)
+    is_greedy = to_device(torch.tensor([p.greedy for p in params]), logits.device)
+    return torch.where(is_greedy, greedy, row_argmax(probs / noise))
 
 
 def logprob_entries(logits: torch.Tensor, tokens: torch.Tensor, ns: list[int]) -> list[dict]:
@@ -120,13 +109,11 @@ class GrammarMatcher:
         self.vocab_size = vocab_size
         self.last_bitmask: torch.Tensor | None = None   # the latest mask, for the sampling view
 
-    def accept(self, token_id: int) -> None:
+    def accept(self, token_id: int) -> bool:
+        """Advance past `token_id`; True once the grammar is complete."""
         if not self.matcher.accept_token(token_id):
             # cannot happen for a token drawn under the mask; says so loudly if it does
             raise RuntimeError(f"token {token_id} is outside the grammar")
-
-    @property
-    def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
 
@@ -136,16 +123,12 @@ class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], disable_any_whitespace: bool = True):
         if tokenizer is None:
             raise ValueError("structured outputs need the checkpoint's tokenizer")
-        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, stop_token_ids
+        xgr = _xgrammar()
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_token_ids or None)
+        self.compiler, self.vocab_size = xgr.GrammarCompiler(info), vocab_size
         self.disable_any_whitespace = disable_any_whitespace   # the engine's StructuredOutputsConfig
         self.compile = lru_cache(maxsize=64)(self._compile)
-
-    @cached_property
-    def compiler(self):
-        xgr = _xgrammar()
-        info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                  stop_token_ids=self.stop_token_ids or None)
-        return xgr.GrammarCompiler(info)
 
     def _compile(self, key: tuple):
         kind, spec = key
@@ -170,14 +153,11 @@ class StructuredOutputManager:
 def apply_masks(logits: torch.Tensor, matchers: list[GrammarMatcher | None]) -> None:
     """In place: rows with a matcher keep only what its grammar allows; each matcher keeps its mask."""
     rows = [i for i, m in enumerate(matchers) if m is not None]
-    if not rows:
-        return
     xgr = _xgrammar()
     vocab_size = matchers[rows[0]].vocab_size
     bitmask = xgr.allocate_token_bitmask(len(matchers), vocab_size)
     for i in rows:
         matchers[i].matcher.fill_next_token_bitmask(bitmask, i)
-    for i in rows:
         matchers[i].last_bitmask = bitmask[i]
     width = logits.shape[1]
     if width > vocab_size:    # rows of padding in the LM head are never a token

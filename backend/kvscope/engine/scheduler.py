@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kvscope.config import EngineConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.sequence import Sequence, SequenceStatus
+from kvscope.engine.sequence import Sequence
 
 
 @dataclass(slots=True)   # one per row and step: slots make it cheaper to build and read
@@ -40,11 +40,7 @@ class TokenDelta:
     token_id: int
     index: int     # its position among the sequence's output tokens
     text: str = ""   # its text, when someone asked for text token by token (kvscope/detokenizer.py)
-
-    @property
-    def logprob(self) -> dict | None:
-        lps = self.seq.logprobs
-        return lps[self.index] if self.seq.params.logprobs is not None and self.index < len(lps) else None
+    logprob: dict | None = None   # {logprob, top}, when its request asked for logprobs
 
 
 @dataclass
@@ -89,7 +85,6 @@ class Scheduler:
         return None
 
     def add(self, seq: Sequence) -> None:
-        seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -112,10 +107,8 @@ class Scheduler:
                 continue
             drafts, seq.spec_token_ids = seq.spec_token_ids, []
             n = self._chunk(seq, seq.num_tokens - seq.num_computed_tokens + len(drafts), budget)
-            appended = bm.try_append(seq, n)
-            while not appended and queue:
+            while not (appended := bm.try_append(seq, n)) and queue:
                 self._preempt(queue.pop(), out)
-                appended = bm.try_append(seq, n)
             if not appended:
                 self._preempt(seq, out)
                 continue
@@ -141,7 +134,6 @@ class Scheduler:
                 break
             bm.allocate(seq, hits, n)
             self.waiting.remove(seq)
-            seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.entries.append(ScheduledSeq.row(seq, n, admitted=True))
             budget -= n
@@ -153,7 +145,6 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1   # (it leaves `running` with the kept list _schedule_running builds)
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
@@ -183,7 +174,6 @@ class Scheduler:
         forked = [c for c in forks if not c.is_finished]
         for child in forked:
             self.block_manager.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
             self.running.append(child)
         parent.forks = [c for c in parent.forks if c not in forks]
         return forked
@@ -210,10 +200,8 @@ class Scheduler:
     def _check_stop(self, seq: Sequence) -> str | None:
         """A complete grammar, end tokens, lengths (stop strings: the detokenizer's pass)."""
         token, p = seq.token_ids[-1], seq.params
-        if seq.grammar is not None:
-            seq.grammar.accept(token)
-            if seq.grammar.is_terminated:
-                return "stop"
+        if seq.grammar is not None and seq.grammar.accept(token):
+            return "stop"
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
             return "stop"
         n = len(seq.token_ids)   # the last test: the sequence filled the whole KV cache
@@ -222,21 +210,15 @@ class Scheduler:
         return None
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
-        if seq.is_finished:
-            return
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
-        seq.finish(reason, error)
+        seq.finish_reason, seq.error = reason, error
 
     def find(self, request_id: str) -> Sequence | None:
-        for seq in (*self.running, *self.waiting):
-            if seq.request_id == request_id:
-                return seq
-            for child in seq.forks:   # a choice still waiting for its prompt
-                if child.request_id == request_id:
-                    return child
-        return None
+        # a choice still waiting for its prompt is found among its parent's
+        return next((s for seq in (*self.running, *self.waiting) for s in seq.choices if s.request_id == request_id),
+                    None)
 

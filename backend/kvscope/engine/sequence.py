@@ -5,15 +5,8 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 from kvscope.sampling_params import SamplingParams
-
-
-class SequenceStatus(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
 
 
 _ids = itertools.count()
@@ -25,7 +18,6 @@ class Sequence:
     params: SamplingParams
     request_id: str = ""
     seq_id: int = field(default_factory=lambda: next(_ids))
-    status: SequenceStatus = SequenceStatus.WAITING
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0      # tokens whose K/V are in the cache
     num_cached_tokens: int = 0        # of those, how many came from prefix-cache hits
@@ -34,7 +26,7 @@ class Sequence:
     cache_salt: str | None = None     # vLLM's per-request salt: only equal salts share cached blocks
     grammar: object | None = None     # its structured-output matcher (engine/sampler.py)
     last_block_recomputed: bool = False   # its whole last block was cached, yet computed again (vLLM's rule)
-    finish_reason: str | None = None  # stop | length | abort | error
+    finish_reason: str | None = None  # stop | length | abort | error; None while queued or running
     error: str | None = None
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
@@ -67,7 +59,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status == SequenceStatus.FINISHED
+        return self.finish_reason is not None
 
     @property
     def choices(self) -> list["Sequence"]:
@@ -79,9 +71,6 @@ class Sequence:
         if self.first_token_time is None:
             self.first_token_time = time.perf_counter()
         self.token_ids.append(token_id)
-
-    def finish(self, reason: str, error: str | None = None) -> None:
-        self.status, self.finish_reason, self.error = SequenceStatus.FINISHED, reason, error
 
     @property
     def ttft(self) -> float | None:

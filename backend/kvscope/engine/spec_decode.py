@@ -10,7 +10,7 @@ import torch
 
 from kvscope.config import SpeculativeConfig
 from kvscope.engine.block_manager import BlockManager
-from kvscope.engine.model_runner import load_model_and_runner
+from kvscope.engine.model_runner import ModelRunner
 from kvscope.engine.sampler import filtered_logits, logprob_entries
 from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
@@ -53,8 +53,11 @@ class SpecVerdict:
 def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
            generator: torch.Generator, draft_probs: torch.Tensor | None = None) -> SpecVerdict:
     """logits: [k + 1, V] float32 target logits; draft_probs: [k, V] or None (one-hot)."""
-    if params.greedy:
-        return _verify_greedy(logits, proposed)
+    if params.greedy:   # drafts accepted up to the first that is not its row's argmax; the tokens are the argmaxes
+        best = logits.argmax(dim=1).tolist()
+        n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
+        checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
+        return SpecVerdict(list(proposed), best[:n + 1], checks)
     p = filtered_logits(logits, [params] * logits.shape[0]).softmax(dim=1)
     if draft_probs is None:
         draft_probs = torch.nn.functional.one_hot(torch.tensor(proposed, device=p.device), p.shape[1]).float()
@@ -71,14 +74,6 @@ def verify(logits: torch.Tensor, proposed: list[int], params: SamplingParams,
         verdict.token_ids.append(d)
     verdict.token_ids.append(_draw(p[len(proposed)], generator))
     return verdict
-
-
-def _verify_greedy(logits: torch.Tensor, proposed: list[int]) -> SpecVerdict:
-    """Drafts are accepted up to the first that is not its row's argmax; the tokens are the argmaxes."""
-    best = logits.argmax(dim=1).tolist()
-    n = next((i for i, d in enumerate(proposed) if best[i] != d), len(proposed))   # drafts accepted
-    checks = [DraftCheck(d, logits[i], 1.0, None, best[i] == d) for i, d in enumerate(proposed[:n + 1])]
-    return SpecVerdict(list(proposed), best[:n + 1], checks)
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
@@ -111,8 +106,8 @@ class SpecStats:
 class Speculator:
     def __init__(self, config: SpeculativeConfig, engine):
         self.config, self.max_model_len = config, engine.max_model_len
-        # both drafters propose deterministically (lookup, a greedy draft model): q is one-hot
-        self.proposer = NgramProposer(config) if config.method == "ngram" else DraftModelProposer(config, engine)
+        # both drafters propose deterministically (prompt lookup, a greedy draft model): q is one-hot
+        self.draft_model = DraftModelProposer(config, engine) if config.method == "draft_model" else None
         self.total = SpecStats()   # the engine's running totals
 
     def propose(self, running: list[Sequence]) -> None:
@@ -126,9 +121,11 @@ class Speculator:
             if (k := min(self.config.num_speculative_tokens, room)) > 0:
                 ready.append(seq)
                 ks.append(k)
-        for seq, draft in zip(ready, self.proposer.propose(ready, ks)):
-            if draft:
-                seq.spec_token_ids = draft
+        c = self.config
+        drafts = (self.draft_model.propose(ready, ks) if self.draft_model is not None else
+                  [ngram_lookup(s.token_ids, k, c.prompt_lookup_max, c.prompt_lookup_min) for s, k in zip(ready, ks)])
+        for seq, draft in zip(ready, drafts):
+            seq.spec_token_ids = draft
 
     def verify(self, out: SchedulerOutput, result, generators: dict[int, torch.Generator],
                default: torch.Generator) -> None:
@@ -146,32 +143,19 @@ class Speculator:
                 result.logprobs[seq.seq_id] = logprob_entries(logits[:len(ids)], drawn, [n] * len(ids))
 
     def release(self, seq: Sequence) -> None:
-        self.proposer.release(seq)
+        if self.draft_model is not None:   # prompt lookup keeps nothing per sequence
+            self.draft_model.release(seq)
 
 
-class NgramProposer:
-    """Prompt lookup: the tokens that followed the most recent earlier occurrence of the last n
+def ngram_lookup(token_ids: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """Prompt lookup: the k tokens that followed the most recent earlier occurrence of the last n
     tokens, longest n first (prompt_lookup_max down to prompt_lookup_min)."""
-
-    def __init__(self, config: SpeculativeConfig):
-        self.max_n, self.min_n = config.prompt_lookup_max, config.prompt_lookup_min
-
-    def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:
-        return [self.lookup(seq.token_ids, k) for seq, k in zip(seqs, ks)]
-
-    def release(self, seq) -> None:   # nothing is kept per sequence
-        pass
-
-    def lookup(self, token_ids: list[int], k: int) -> list[int]:
-        for n in range(min(self.max_n, len(token_ids) - 1), self.min_n - 1, -1):
-            tail = token_ids[-n:]
-            for start in range(len(token_ids) - n - 1, -1, -1):   # the most recent occurrence first
-                if token_ids[start:start + n] == tail:
-                    return token_ids[start + n:start + n + k]
-        return []
-
-
-GREEDY = SamplingParams(temperature=0.0)
+    for n in range(min(max_n, len(token_ids) - 1), min_n - 1, -1):
+        tail = token_ids[-n:]
+        for start in range(len(token_ids) - n - 1, -1, -1):   # the most recent occurrence first
+            if token_ids[start:start + n] == tail:
+                return token_ids[start + n:start + n + k]
+    return []
 
 
 class DraftModelProposer:
@@ -184,18 +168,16 @@ class DraftModelProposer:
             raise ValueError(f"the draft model's vocabulary ({self.model_config.vocab_size}) differs "
                              f"from the target's ({engine.model_config.vocab_size})")
         num_blocks = engine.block_manager.num_blocks   # as many as the target's: a draft per sequence
-        self.runner = load_model_and_runner(engine.config, path, self.model_config, engine.dtype, engine.device,
-                                            engine.max_model_len, lambda model: num_blocks, load_format="auto")
+        self.runner = ModelRunner(engine.config, path, self.model_config, engine.dtype, engine.device,
+                                  engine.max_model_len, lambda model: num_blocks, load_format="auto")
         self.block_manager = BlockManager(num_blocks, engine.config.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}
-        self.num_steps = 0
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[list[int]]:
         mirrors = [self._sync(seq) for seq in seqs]
         active = [(m, m.num_tokens + k) for m, k in zip(mirrors, ks)]   # a mirror and its length when done
         while active:
-            out = SchedulerOutput(step=self.num_steps)
-            self.num_steps += 1
+            out = SchedulerOutput(step=0)   # the draft's steps are no one's to watch
             for mirror, _ in active:
                 n = mirror.num_tokens - mirror.num_computed_tokens
                 if self.block_manager.try_append(mirror, n):   # a full draft cache ends its drafting here
@@ -214,7 +196,7 @@ class DraftModelProposer:
         """The mirror with the target's tokens, keeping K/V only for the shared prefix."""
         mirror = self.mirrors.get(seq.seq_id)
         if mirror is None:
-            mirror = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), GREEDY)
+            mirror = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), SamplingParams(temperature=0.0))
         pairs = enumerate(zip(mirror.token_ids, seq.token_ids))
         shared = next((i for i, (a, b) in pairs if a != b), min(mirror.num_tokens, seq.num_tokens))
         mirror.num_computed_tokens = min(mirror.num_computed_tokens, shared, seq.num_tokens - 1)

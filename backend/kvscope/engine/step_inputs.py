@@ -27,6 +27,7 @@ class StepInputs:
     metadata: AttentionMetadata
     sample_rows: list[int] = field(default_factory=list)      # rows of hidden states to score
     sample_seqs: list[Sequence] = field(default_factory=list)  # who draws from each of those rows
+    block_copies: list[tuple[int, int]] = field(default_factory=list)   # copy-on-write (src, dst), before the step
 
 
 class StepBuffers:
@@ -78,23 +79,26 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, buffers: StepBuffers, 
     num_tokens = num_prefill_tokens + len(decodes)
     tokens = buffers.room("tokens", 3 * num_tokens).reshape(3, num_tokens)
     md = AttentionMetadata(route, slot_mapping=None, num_prefill_tokens=num_prefill_tokens)
-    inputs = StepInputs(None, None, md)
+    inputs = StepInputs(None, None, md, block_copies=out.block_copies)
     spans, span_tables = _prepare_prefill(prefills, block_size, buffers, tokens, inputs)
     tables = lens = None
     if decodes:
         tables, lens = _prepare_decode(decodes, block_size, buffers, tokens[:, num_prefill_tokens:], inputs,
                                        num_prefill_tokens, 2 if route in COMPILED else 1)
+    if decodes and route in (Route.REFERENCE, Route.REFERENCE_COMPILED):
+        groups = 1 if route in COMPILED else MAX_DECODE_GROUPS   # a compiled graph keeps one shape
+        md.decode = _decode_groups(tables, lens, block_size, buffers, groups)
+    elif decodes:
+        md.decode = PagedRows(slice(num_prefill_tokens, None), buffers.to_device(tables), buffers.to_device(lens))
     if route is Route.CPU_KERNELS:
         _plan_cpu_kernels(md, spans, span_tables, tables, lens, buffers)
-    else:
-        if spans:
-            md.spans = (_varlen_spans(spans, span_tables, buffers) if route.flash_prefill
-                        else _sdpa_spans(spans, span_tables, buffers))
-        if decodes and route in (Route.REFERENCE, Route.REFERENCE_COMPILED):
-            groups = 1 if route in COMPILED else MAX_DECODE_GROUPS   # a compiled graph keeps one shape
-            md.decode = _decode_groups(tables, lens, block_size, buffers, groups)
-        elif decodes:
-            md.decode = PagedRows(slice(num_prefill_tokens, None), buffers.to_device(tables), buffers.to_device(lens))
+    elif spans and route.flash_prefill:
+        md.spans = _varlen_spans(spans, span_tables, buffers)
+    elif spans:   # SDPA: a span over cached context reads it back through its blocks, a fresh one needs none
+        for span, table in zip(spans, span_tables):
+            if span.start:
+                span.context_blocks = buffers.to_device(table)
+        md.spans = spans
     inputs.input_ids, inputs.positions, md.slot_mapping = map(buffers.to_device, tokens)
     return inputs
 
@@ -120,14 +124,6 @@ def _prepare_prefill(prefills: list[ScheduledSeq], block_size: int, buffers: Ste
     return spans, span_tables
 
 
-def _sdpa_spans(spans: list[PrefillSpan], span_tables: list[np.ndarray], buffers: StepBuffers) -> list[PrefillSpan]:
-    """A span over cached context reads it back through its blocks; a fresh one needs none."""
-    for span, table in zip(spans, span_tables):
-        if span.start:
-            span.context_blocks = buffers.to_device(table)
-    return spans
-
-
 def _varlen_spans(spans: list[PrefillSpan], span_tables: list[np.ndarray], buffers: StepBuffers) -> VarlenSpans:
     q_lens = [s.q_len for s in spans]
     k_lens = [s.start + s.q_len for s in spans]
@@ -146,38 +142,24 @@ def _padded_tables(tables: list[np.ndarray]) -> np.ndarray:
 def _plan_cpu_kernels(md: AttentionMetadata, spans: list[PrefillSpan], span_tables: list[np.ndarray],
                       tables: np.ndarray | None, lens: np.ndarray | None, buffers: StepBuffers) -> None:
     """Long spans to the tile kernel (kernels.tiles_span); the short ones' queries join the decode
-    rows in the row kernel, each a row whose context ends at its own position."""
+    rows (`md.decode`) in the row kernel, each a row whose context ends at its own position."""
     tiled = [tiles_span(s.q_len) for s in spans]
     if any(tiled):
-        md.spans = _tiled_spans([(s, t) for s, t, ok in zip(spans, span_tables, tiled) if ok])
+        long = [(s, t) for s, t, ok in zip(spans, span_tables, tiled) if ok]
+        q_starts, q_lens, starts = (torch.tensor(column, dtype=torch.int32)
+                                    for column in zip(*((s.q_start, s.q_len, s.start) for s, _ in long)))
+        md.spans = TiledSpans(torch.from_numpy(_padded_tables([t for _, t in long])), q_starts, q_lens, starts)
     short = [(s, t) for s, t, ok in zip(spans, span_tables, tiled) if not ok]
-    num_decodes = 0 if lens is None else len(lens)
     if not short:
-        if num_decodes:
-            md.decode = PagedRows(slice(md.num_prefill_tokens, None), torch.from_numpy(tables), torch.from_numpy(lens))
         return
-    width = max(tables.shape[1] if num_decodes else 0, *(len(t) for _, t in short))
-    row_tables = np.zeros((sum(s.q_len for s, _ in short) + num_decodes, width), dtype=np.int32)
-    row_lens = np.empty(len(row_tables), dtype=np.int32)
-    row = 0
-    for span, table in short:
-        row_tables[row:row + span.q_len, :len(table)] = table
-        row_lens[row:row + span.q_len] = buffers.arange(span.start + span.q_len + 1)[span.start + 1:]
-        row += span.q_len
-    if num_decodes:
-        row_tables[row:, :tables.shape[1]] = tables
-        row_lens[row:] = lens
+    num_decodes = 0 if lens is None else len(lens)
+    decode_tables, decode_lens = ([], []) if lens is None else (list(tables), [lens])
+    row_tables = _padded_tables([t for s, t in short for _ in range(s.q_len)] + decode_tables)
+    row_lens = np.concatenate([buffers.arange(s.start + s.q_len + 1)[s.start + 1:] for s, _ in short] + decode_lens)
     rows = slice(None) if md.spans is None else torch.from_numpy(np.concatenate(
         [buffers.arange(s.q_start + s.q_len)[s.q_start:] for s, _ in short]
         + [buffers.arange(md.num_prefill_tokens + num_decodes)[md.num_prefill_tokens:]]))
-    md.decode = PagedRows(rows, torch.from_numpy(row_tables), torch.from_numpy(row_lens))
-
-
-def _tiled_spans(spans: list[tuple[PrefillSpan, np.ndarray]]) -> TiledSpans:
-    tables = _padded_tables([t for _, t in spans])
-    q_starts, q_lens, starts = (torch.tensor(column, dtype=torch.int32)
-                                for column in zip(*((s.q_start, s.q_len, s.start) for s, _ in spans)))
-    return TiledSpans(torch.from_numpy(tables), q_starts, q_lens, starts)
+    md.decode = PagedRows(rows, torch.from_numpy(row_tables), torch.from_numpy(row_lens.astype(np.int32)))
 
 
 def _prepare_decode(decodes: list[ScheduledSeq], block_size: int, buffers: StepBuffers, tokens: np.ndarray,

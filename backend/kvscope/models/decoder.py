@@ -96,22 +96,20 @@ class RMSNorm(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp: TPGroup):
         super().__init__()
-        self.num_heads = split(cfg.num_heads, tp, "num_attention_heads")
-        self.num_kv_heads = split(cfg.num_kv_heads, tp, "num_key_value_heads")
-        self.head_dim = cfg.head_dim
+        heads = split(cfg.num_heads, tp, "num_attention_heads")
+        kv_heads = split(cfg.num_kv_heads, tp, "num_key_value_heads")
+        self.heads = [heads, kv_heads, kv_heads]   # this rank's q, k and v heads
         full_q, full_kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [full_q, full_kv, full_kv], cfg.qkv_bias, tp,
                                              "attention heads")
         self.o_proj = RowParallelLinear(full_q, cfg.hidden_size, tp, "attention heads")
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, layer_idx)
+        self.attn = PagedAttention(heads, kv_heads, cfg.head_dim, layer_idx)
         self.ops = Elementwise()   # its own: see parallel.own
 
     def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.qkv_proj.local_sizes, dim=-1)   # this rank's heads
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k, v = k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).view(x.shape[0], -1, self.attn.head_dim).split(self.heads, dim=1)
         if self.q_norm is not None:   # Qwen3
             q, k = self.q_norm(q), self.k_norm(k)
         return self.o_proj(self.attn(*self.ops.rotary(q, k, *rope), v))

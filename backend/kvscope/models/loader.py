@@ -15,8 +15,6 @@ from kvscope.layers.parallel import (ColumnParallelLinear, RowParallelLinear, TP
                                      store_for_cpu_kernels)
 from kvscope.models.decoder import CausalLM
 
-IGNORED_TENSORS = ("rotary_emb.inv_freq",)
-
 
 # -- the architecture facts -----------------------------------------------------------------
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
@@ -80,10 +78,6 @@ class ModelConfig:
         attn, mlp = h * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads), 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp) + self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
 
-    @property
-    def kv_elements_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
-
 
 def _rope_settings(cfg: dict) -> tuple[dict, float]:
     """transformers 5 nests them in `rope_parameters`, older files in `rope_theta`/`rope_scaling`."""
@@ -103,36 +97,29 @@ SIXTEEN_BIT = {"bfloat16", "float16"}
 TINY_PARAMS = 50_000_000   # below this the weights are cache-sized: bandwidth is not the limit
 
 
-@dataclass(frozen=True)
-class DtypeChoice:
-    dtype: torch.dtype
-    reason: str
-
-
 def choose_dtype(name: str, device: torch.device, cfg: ModelConfig,
-                 native_bf16: list[str] | None = None) -> DtypeChoice:
-    """bfloat16 on a GPU; on a CPU only where it computes bfloat16 natively (else each matmul
-    converts), the checkpoint is 16-bit and the model is not cache-sized. `native_bf16`: the
-    CPU's flags (read from /proc/cpuinfo when None)."""
+                 native_bf16: list[str] | None = None) -> tuple[torch.dtype, str]:
+    """The dtype and why: bfloat16 on a GPU; on a CPU only where it computes bfloat16 natively
+    (else each matmul converts), the checkpoint is 16-bit and the model is not cache-sized.
+    `native_bf16`: the CPU's flags (read from /proc/cpuinfo when None)."""
     if name != "auto":
         if name not in DTYPES:
             raise ValueError(f"unsupported dtype {name!r}: use one of {', '.join(DTYPES)}")
-        return DtypeChoice(DTYPES[name], "asked for")
+        return DTYPES[name], "asked for"
     if device.type == "cuda":
-        return DtypeChoice(torch.bfloat16, "auto: GPUs compute bfloat16 natively")
+        return torch.bfloat16, "auto: GPUs compute bfloat16 natively"
     flags = cpu_bf16_flags() if native_bf16 is None else native_bf16
     stored = (cfg.torch_dtype or "float32").removeprefix("torch.")
     params = cfg.approx_params
     if not flags:
-        return DtypeChoice(torch.float32, "auto: this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16), "
-                                          "so float32 is faster")
+        return torch.float32, "auto: this CPU has no native bfloat16 (no avx512_bf16 or amx_bf16), so float32 is faster"
     if stored not in SIXTEEN_BIT:
-        return DtypeChoice(torch.float32, f"auto: the checkpoint is stored in {stored}")
+        return torch.float32, f"auto: the checkpoint is stored in {stored}"
     if params < TINY_PARAMS:
-        return DtypeChoice(torch.float32, f"auto: a tiny model ({params / 1e6:.0f}M parameters) is not "
-                                          "limited by memory bandwidth, and float32 is exact")
-    return DtypeChoice(torch.bfloat16, f"auto: a {stored} checkpoint and a CPU with native bfloat16 "
-                                       f"({', '.join(flags)}): half the bytes per step")
+        return torch.float32, (f"auto: a tiny model ({params / 1e6:.0f}M parameters) is not limited by memory "
+                               "bandwidth, and float32 is exact")
+    return torch.bfloat16, (f"auto: a {stored} checkpoint and a CPU with native bfloat16 ({', '.join(flags)}): "
+                            "half the bytes per step")
 
 
 # -- finding and loading a checkpoint ---------------------------------------------------------
@@ -197,14 +184,12 @@ def load_weights(model: CausalLM, path: Path) -> None:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    if not name.endswith(IGNORED_TENSORS):
+                    if not name.endswith("rotary_emb.inv_freq"):   # older checkpoints keep RoPE's frequencies
                         _load_tensor(model, params, name, f.get_slice(name), file, loaded)
         except ModelLoadError:
             raise
         except Exception as exc:
             raise ModelLoadError(f"cannot read {file}: {exc}") from None
-    if model.config.tie_word_embeddings:
-        loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
         raise ModelLoadError(f"{path} lacks weights for: {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}")

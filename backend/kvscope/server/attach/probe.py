@@ -178,7 +178,7 @@ def local_model_facts(model: str, block_size: int) -> dict | None:
             "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": float(cfg.rope_theta),
             "num_params": params, "dtype": dtype, "dtype_reason": "as vLLM's checkpoint stores it (attached)",
             "dtype_bytes": nbytes, "weight_bytes": weight_bytes,
-            "kv_bytes_per_token": cfg.kv_elements_per_token * nbytes,
+            "kv_bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * nbytes,   # K and V
             "tie_word_embeddings": bool(cfg.tie_word_embeddings)}
 
 
