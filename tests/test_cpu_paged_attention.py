@@ -17,6 +17,7 @@ from kvscope.instrumentation import capture
 from kvscope.layers import attention, kernels
 from kvscope.layers.attention import DecodeGroup, PrefillSpan, Route, TiledSpans
 from kvscope.engine.block_manager import cdiv
+from kvscope.instrumentation.weights import cpu_weights
 
 
 def random_decode_step(block_size: int, context_lens: list[int], seed: int, heads=8, kv_heads=2,
@@ -271,7 +272,7 @@ def test_weights_equal_capture_s_pytorch_path(heads, kv_heads, head_dim, dtype):
                                            dtype=dtype)
     out = torch.full((len(lens), heads, 52), float("nan"), dtype=torch.float16)
     mean = torch.full((len(lens), 52), float("nan"), dtype=torch.float16)
-    kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 0.3, out, mean)
+    cpu_weights(q, k_cache, md.block_tables, md.context_lens, 0.3, out, mean)
     for r, n in enumerate(lens):
         keys = attention.gather_context(k_cache, md.block_tables[r].long(), n)
         want = capture.attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]   # [H, n]
@@ -288,7 +289,7 @@ def test_weights_of_a_causal_span_see_no_key_past_each_row():
     rows = torch.randn(6, 8, 16, generator=torch.Generator().manual_seed(5))
     positions = list(range(14, 20))
     out = torch.empty(6, 8, 20, dtype=torch.float16)
-    kernels.cpu_weights(rows, k_cache, md.block_tables.expand(6, -1).contiguous(),
+    cpu_weights(rows, k_cache, md.block_tables.expand(6, -1).contiguous(),
                         torch.tensor(positions, dtype=torch.int32) + 1, 0.25, out)
     keys = attention.gather_context(k_cache, md.block_tables[0].long(), 20)
     want = capture.attention_weights(rows, keys, positions, 0.25).half()
@@ -302,7 +303,7 @@ def test_weights_in_half_precision_round_as_torch_does():
     q, k_cache, _, md = random_decode_step(4, [40], seed=9)
     q = q * 1.5   # sharp weights: a third of them below float16's smallest normal number
     out = torch.empty(1, 8, 40, dtype=torch.float16)
-    kernels.cpu_weights(q[:1], k_cache, md.block_tables[:1], md.context_lens[:1], 1.0, out)
+    cpu_weights(q[:1], k_cache, md.block_tables[:1], md.context_lens[:1], 1.0, out)
     keys = attention.gather_context(k_cache, md.block_tables[0].long(), 40)
     want = capture.attention_weights(q[:1], keys, [39], 1.0)[:, 0]
     assert ((want > 1e-7) & (want < 6.1e-5)).sum() > 20   # the subnormal range is exercised
@@ -313,15 +314,15 @@ def test_weights_in_half_precision_round_as_torch_does():
 def test_weights_refuse_lengths_past_the_output_or_the_table():
     q, k_cache, _, md = random_decode_step(4, [9, 12], seed=1)
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+        cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
                             torch.empty(2, 8, 10, dtype=torch.float16))
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, torch.tensor([9, 13], dtype=torch.int32), 1.0,
+        cpu_weights(q, k_cache, md.block_tables, torch.tensor([9, 13], dtype=torch.int32), 1.0,
                             torch.empty(2, 8, 13, dtype=torch.float16))
     with pytest.raises(ValueError):   # float32 out, or a mean that does not fit it
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 12))
+        cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0, torch.empty(2, 8, 12))
     with pytest.raises(ValueError):
-        kernels.cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
+        cpu_weights(q, k_cache, md.block_tables, md.context_lens, 1.0,
                             torch.empty(2, 8, 12, dtype=torch.float16), torch.empty(2, 13, dtype=torch.float16))
 
 
@@ -425,20 +426,27 @@ def test_engine_matches_transformers_under_preemption(checkpoint):
     assert sum(o.metrics.num_preemptions for o in outs) > 0
 
 
+def clear_kernels() -> None:
+    """Forget the built library and its functions: the next call builds (or fails) again."""
+    kernels._library.cache_clear()
+    kernels.c_function.cache_clear()
+    kernels._kernel.cache_clear()
+
+
 def test_a_machine_that_cannot_build_it_gets_the_reference(monkeypatch, tmp_path):
     from kvscope import native_build
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native_build.NativeBuildError, match="no-such-compiler"):
         native_build.load(kernels.SOURCE)
-    kernels._entry_points.cache_clear()
+    clear_kernels()
     try:
         llm = LLM(None, device="cpu")
         assert llm.engine.plan.attention_backend == "torch"
         with pytest.raises(ValueError, match="cpu_paged.*no-such-compiler"):
             LLM(None, device="cpu", attention_backend="cpu_paged")
     finally:
-        kernels._entry_points.cache_clear()
+        clear_kernels()
 
 
 def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatch, tmp_path):
@@ -446,12 +454,12 @@ def test_a_source_missing_from_the_install_is_an_error_not_a_fallback(monkeypatc
     source is broken, and says so (NativeBuildError, raised when the engine starts)."""
     from kvscope import native_build
     monkeypatch.setattr(kernels, "SOURCE", tmp_path / "cpu_paged_attention.c")
-    kernels._entry_points.cache_clear()
+    clear_kernels()
     try:
         with pytest.raises(native_build.NativeBuildError, match="cpu_paged_attention.c is missing"):
             LLM(None, device="cpu")
     finally:
-        kernels._entry_points.cache_clear()
+        clear_kernels()
     with pytest.raises(native_build.NativeBuildError, match="is missing"):
         native_build.load(tmp_path / "cpu_paged_attention.c")
 

@@ -103,13 +103,13 @@ def test_padded_rows_of_a_graph_batch_give_zeros_not_nan():
 
 
 def test_watched_rows_weights_read_in_place_match_pytorch():
-    """capture's Triton weights (instrumentation/gpu_weights.py): ragged contexts through
+    """capture's Triton weights (instrumentation/weights.py): ragged contexts through
     shuffled block tables, GQA groups of 1, 2 and 8, a block bigger than the tile, float32
     and bfloat16 caches, against softmax(q·k) over the gathered keys; zero past each context."""
     out = run_kernel_code("""
         import torch
         from kvscope.instrumentation.capture import attention_weights
-        from kvscope.instrumentation.gpu_weights import paged_weights
+        from kvscope.instrumentation.weights import triton_weights
         from kvscope.layers.attention import gather_context
 
         def case(lens, heads, kv_heads, bs, dtype, dim=16, seed=0):
@@ -120,7 +120,7 @@ def test_watched_rows_weights_read_in_place_match_pytorch():
             tables = torch.randperm(blocks, generator=g)[:len(lens) * width].view(len(lens), width).int().contiguous()
             q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
             lens_t = torch.tensor(lens, dtype=torch.int32)
-            got = paged_weights(*(t.to(DEVICE) for t in (q, k_cache, tables, lens_t)), 0.3, max(lens) + 3).cpu()
+            got = triton_weights(*(t.to(DEVICE) for t in (q, k_cache, tables, lens_t)), 0.3, max(lens) + 3).cpu()
             for r, n in enumerate(lens):
                 keys = gather_context(k_cache, tables[r].long(), n)
                 want = attention_weights(q[r:r + 1], keys, [n - 1], 0.3)[:, 0]
@@ -147,14 +147,14 @@ def test_a_watched_request_on_the_triton_backend_matches_transformers(tmp_path):
         from attention_frames import per_layer
         from transformers import AutoModelForCausalLM
         from kvscope import LLM, SamplingParams
-        from kvscope.instrumentation import Instrumentation, WatchSpec, gpu_weights
+        from kvscope.instrumentation import Instrumentation, WatchSpec
         from kvscope.instrumentation.encode import binary_frame, decode
         torch.set_num_threads(1)
         from kvscope.instrumentation import capture
         capture.in_place = lambda layer: False   # a GPU's: the C kernel reads CPU caches only
         calls = []
-        real = gpu_weights.paged_weights
-        gpu_weights.paged_weights = lambda *a: calls.append(1) or real(*a)
+        real = capture.triton_weights
+        capture.triton_weights = lambda *a: calls.append(1) or real(*a)
         ck = make_checkpoint("qwen3", Path({str(tmp_path)!r}) / "m", num_hidden_layers=2)
         llm = LLM(str(ck), device=DEVICE, dtype="float32", attention_backend="triton", block_size=8)
         events = []

@@ -10,8 +10,7 @@ graph keeps the shapes it was recorded with, the watched rows' in a step with pr
 the step, the watched rows' weights are computed from those queries and the keys the step
 has just written to the paged cache, for the layers and heads viewers asked for: on a CPU by
 the C kernel beside the decode kernel, which reads each row's keys in place through its block
-table (layers/kernels.py cpu_weights); on a GPU the decode rows' by a Triton kernel that does
-the same (gpu_weights.py); elsewhere (a quantized cache, a GPU's prompt rows) from keys
+table; on a GPU the decode rows' by a Triton kernel that does the same (both in weights.py); elsewhere (a quantized cache, a GPU's prompt rows) from keys
 gathered out of the pool, the decode rows of every watched sequence and layer in one batched
 product. Kept in half precision and copied to the host without waiting (HostCopy).
 
@@ -36,8 +35,8 @@ from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
 from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
-from kvscope.instrumentation import gpu_weights
-from kvscope.layers.kernels import cpu_unavailable, cpu_weights
+from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights
+from kvscope.layers.kernels import cpu_unavailable
 
 
 @dataclass
@@ -368,9 +367,9 @@ def _decode_weights(layers, decodes: list[WatchedRows], queries: dict, block_siz
             cpu_weights(q[i], layer.k_cache, tables, lens, layer.scale, halves[i], means[i])
     else:   # a GPU: Triton reads each row's keys in place (a quantized cache: gathered, dequantized)
         tables = torch.tensor(tables, dtype=torch.int32, device=device)
-        if gpu_weights.usable(wanted[0]):
+        if triton_usable(wanted[0]):
             lens = torch.tensor([w.end for w in decodes], dtype=torch.int32, device=device)
-            probs = torch.stack([gpu_weights.paged_weights(q[i], layer.k_cache, tables, lens, layer.scale, context)
+            probs = torch.stack([triton_weights(q[i], layer.k_cache, tables, lens, layer.scale, context)
                                  for i, layer in enumerate(wanted)])
         else:
             probs = _gathered_decode_weights(wanted, decodes, q, tables, context)

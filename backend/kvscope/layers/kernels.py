@@ -26,44 +26,43 @@ if TYPE_CHECKING:
 SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
 CPU_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 WATCH_FIELDS = 6   # the decode kernel's watch descriptor (cpu_paged_attention.c, watched_slot)
-# each kernel's pointer arguments; then six ints, the scale and the thread count
-POINTERS = {"paged_decode": 7, "paged_prefill": 8}
+# each kernel's pointer and int arguments (then the scale and the thread count)
+SIGNATURES = {"paged_decode": (7, 6), "paged_prefill": (8, 6)}
 
 
 @functools.cache
-def _entry_points() -> dict[tuple[str, torch.dtype], object] | str:
-    """The kernels by (name, dtype), or why they could not be built; a missing source raises."""
+def _library() -> ctypes.CDLL | str:
+    """The C kernels, or why they could not be built; a missing source raises."""
     if not SOURCE.is_file():
         raise NativeBuildError(f"{SOURCE} is missing: this kvscope install is incomplete (reinstall it)")
     try:
-        lib = load(SOURCE)
+        return load(SOURCE)
     except NativeBuildError as exc:
         return str(exc)
-    kernels = {(name, dtype): getattr(lib, f"{name}_{suffix}")
-               for name in POINTERS for dtype, suffix in CPU_DTYPES.items()}
-    for (name, _), fn in kernels.items():
-        fn.argtypes = [ctypes.c_void_p] * POINTERS[name] + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
-        fn.restype = None
-    for dtype, suffix in CPU_DTYPES.items():   # capture's weights: six pointers, seven ints
-        fn = kernels["paged_weights", dtype] = getattr(lib, f"paged_weights_{suffix}")
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 7 + [ctypes.c_float, ctypes.c_int]
-        fn.restype = None
-    return kernels
+
+
+@functools.cache
+def c_function(name: str, dtype: torch.dtype, pointers: int, ints: int):
+    """The C function `name` for `dtype`, taking that many pointers and ints, a float and an int."""
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    fn = getattr(lib, f"{name}_{CPU_DTYPES[dtype]}")
+    fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int] * ints + [ctypes.c_float, ctypes.c_int]
+    fn.restype = None
+    return fn
 
 
 @functools.cache
 def _kernel(name: str, dtype: torch.dtype):
-    kernels = _entry_points()
-    if isinstance(kernels, str):
-        raise RuntimeError(kernels)
-    return kernels[name, dtype]
+    return c_function(name, dtype, *SIGNATURES[name])
 
 
 def cpu_unavailable(dtype: torch.dtype) -> str | None:
     if dtype not in CPU_DTYPES:
         return f"the CPU paged-attention kernel takes float32 or bfloat16, not {str(dtype).removeprefix('torch.')}"
-    kernels = _entry_points()
-    return kernels if isinstance(kernels, str) else None
+    lib = _library()
+    return lib if isinstance(lib, str) else None
 
 
 def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -74,7 +73,7 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    _check_layout(q, k_cache, v_cache, out, block_tables, context_lens)
+    check_layout(q, k_cache, v_cache, out, block_tables, context_lens)
     if context_lens.shape != (batch,) or block_tables.shape[0] != batch:
         raise ValueError(f"{batch} query rows need {batch} block tables and context lengths, got "
                          f"{tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
@@ -87,28 +86,7 @@ def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bl
     return out
 
 
-def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                scale: float, out: torch.Tensor, mean: torch.Tensor | None = None) -> None:
-    """The softmax weights of q [n, H, D] over each row's first context_lens[r] keys, read in
-    place through its block table, into out [n, H, width] float16 (zero past a row's length),
-    and their mean over the heads into mean [n, width] float16 when given."""
-    _check_layout(q, k_cache, k_cache, q, block_tables, context_lens)
-    width = out.shape[2]
-    if not (out.is_contiguous() and out.dtype == torch.float16 and out.shape[:2] == q.shape[:2]
-            and context_lens.shape == q.shape[:1] and block_tables.shape[0] == q.shape[0]
-            and int(context_lens.max()) <= min(width, block_tables.shape[1] * k_cache.shape[1])
-            and (mean is None or (mean.is_contiguous() and mean.dtype == torch.float16
-                                  and mean.shape == (q.shape[0], width)))):
-        raise ValueError(f"weights for queries {tuple(q.shape)} do not fit out {tuple(out.shape)} {out.dtype}, "
-                         f"mean {None if mean is None else (tuple(mean.shape), mean.dtype)}, "
-                         f"tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}")
-    _kernel("paged_weights", q.dtype)(
-        q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(),
-        None if mean is None else mean.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
-        k_cache.shape[1], block_tables.shape[1], width, scale, torch.get_num_threads())
-
-
-def _check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
+def check_layout(q, k_cache, v_cache, out, *int32s: torch.Tensor) -> None:
     """The C kernels trust raw pointers: refuse what they would misread (not asserts: python -O
     drops those), as plain comparisons (generators and all() cost more than the checks)."""
     for t in (q, k_cache, v_cache, out) + int32s:
@@ -145,7 +123,7 @@ def cpu_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     """Causal attention for `spans`' rows of q into out, their keys (this step's too) in the caches."""
     _, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    _check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
+    check_layout(q, k_cache, v_cache, out, spans.block_tables, spans.q_starts, spans.q_lens, spans.starts)
     _kernel("paged_prefill", q.dtype)(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), spans.block_tables.data_ptr(),
         spans.q_starts.data_ptr(), spans.q_lens.data_ptr(), spans.starts.data_ptr(), out.data_ptr(),

@@ -1,8 +1,10 @@
-"""Watched decode rows' attention weights on a GPU, each row's keys read where they lie in the
-paged cache (the Triton twin of the C kernel's weights, layers/cpu_paged_attention.c): no
-gathered copy of the keys, no float32 copy of them. One program a row and KV head, with that
-head's query heads: a first pass over the context for the softmax's max and sum, a second
-that writes each key's probability. Tested against PyTorch under Triton's interpreter."""
+"""A watched row's attention weights, each row's keys read where they lie in the paged cache
+(no gathered copy of them): on a CPU by the C kernel beside the decode kernel
+(layers/cpu_paged_attention.c, `paged_weights`), which writes float16 weights and their mean
+over the heads; on a GPU by a Triton kernel, one program a row and KV head with that head's
+query heads, a first pass over the context for the softmax's max and sum and a second that
+writes each key's probability. The Triton kernel is tested against PyTorch under its
+interpreter."""
 from __future__ import annotations
 
 import os
@@ -16,17 +18,40 @@ try:
 except ImportError:   # CPU-only installs
     HAS_TRITON = False
 
+from kvscope.layers import kernels
+
 TILE_TOKENS = 32   # keys a loop step reads (the decode kernel's tile)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # Triton runs kernels on the CPU (tests)
 
 
-def usable(layer) -> bool:
+def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+                scale: float, out: torch.Tensor, mean: torch.Tensor | None = None) -> None:
+    """The softmax weights of q [n, H, D] over each row's first context_lens[r] keys, read in
+    place through its block table, into out [n, H, width] float16 (zero past a row's length),
+    and their mean over the heads into mean [n, width] float16 when given."""
+    kernels.check_layout(q, k_cache, k_cache, q, block_tables, context_lens)
+    width = out.shape[2]
+    if not (out.is_contiguous() and out.dtype == torch.float16 and out.shape[:2] == q.shape[:2]
+            and context_lens.shape == q.shape[:1] and block_tables.shape[0] == q.shape[0]
+            and int(context_lens.max()) <= min(width, block_tables.shape[1] * k_cache.shape[1])
+            and (mean is None or (mean.is_contiguous() and mean.dtype == torch.float16
+                                  and mean.shape == (q.shape[0], width)))):
+        raise ValueError(f"weights for queries {tuple(q.shape)} do not fit out {tuple(out.shape)} {out.dtype}, "
+                         f"mean {None if mean is None else (tuple(mean.shape), mean.dtype)}, "
+                         f"tables {tuple(block_tables.shape)}, lengths {tuple(context_lens.shape)}")
+    kernels.c_function("paged_weights", q.dtype, 6, 7)(
+        q.data_ptr(), k_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(),
+        None if mean is None else mean.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2], q.shape[2],
+        k_cache.shape[1], block_tables.shape[1], width, scale, torch.get_num_threads())
+
+
+def triton_usable(layer) -> bool:
     """Whether a layer's watched weights can be read in place here: a plain cache where Triton
     runs (a CUDA GPU, or anywhere under its interpreter)."""
     return HAS_TRITON and (layer.k_cache.is_cuda or INTERPRETED) and not layer.kv_format.quantized
 
 
-def paged_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+def triton_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
                   scale: float, width: int) -> torch.Tensor:
     """q [n, H, D], one decode row each → softmax weights [n, H, width] float32, row r over its
     first context_lens[r] keys (read through block_tables[r]), zero past them."""
