@@ -10,7 +10,7 @@ import torch
 
 from hf_models import VOCAB, hf_greedy, make_checkpoint
 from kvscope import LLM, SamplingParams
-from kvscope.layers.attention import AttentionContext, attention_context, step_metadata
+from kvscope.layers.attention import AttentionContext, step_metadata
 
 MAX_NEW = 12
 
@@ -61,9 +61,9 @@ def test_two_engines_stepping_from_two_threads_each_match_transformers(checkpoin
 def test_each_model_has_one_context_that_all_its_layers_read(checkpoints):
     with LLM(str(checkpoints[0]), device="cpu", dtype="float32", enforce_eager=True) as a, \
             LLM(str(checkpoints[1]), device="cpu", dtype="float32", enforce_eager=True) as b:
-        ctx_a, ctx_b = attention_context(a.engine.model), attention_context(b.engine.model)
+        ctx_a, ctx_b = a.engine.model.attention_context, b.engine.model.attention_context
         assert isinstance(ctx_a, AttentionContext) and ctx_a is not ctx_b
-        assert {id(layer.context) for layer in a.engine.runner.attn_layers} == {id(ctx_a)}
+        assert {id(layer.attention_context) for layer in a.engine.runner.attn_layers} == {id(ctx_a)}
         marker = object()
         with step_metadata(a.engine.model, marker):
             assert ctx_a.metadata is marker and ctx_b.metadata is None

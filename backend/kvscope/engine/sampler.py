@@ -178,9 +178,3 @@ def grammar_key(params: StructuredOutputsParams) -> tuple:
     if params.choice is not None:   # an EBNF grammar whose language is exactly the choices
         return "grammar", "root ::= " + " | ".join(json.dumps(c) for c in params.choice)
     return "grammar", params.grammar
-
-
-def token_bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
-    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.flatten(1)[:, :vocab_size]

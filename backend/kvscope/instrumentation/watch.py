@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p, token_bits
+from kvscope.engine.sampler import apply_min_p, apply_temperature, apply_top_k, apply_top_p
 from kvscope.engine.sequence import Sequence
 
 TOP_CANDIDATES = 10
@@ -125,6 +125,12 @@ def rounded(t: torch.Tensor) -> list:
 STAGES = (("temperature", apply_temperature, lambda p: p.temperature, 1.0),   # name, filter, its argument, a no-op one
           ("top_k", apply_top_k, lambda p: p.top_k, 0), ("top_p", apply_top_p, lambda p: p.top_p, 1.0),
           ("min_p", apply_min_p, lambda p: p.min_p, 0.0))
+
+
+def token_bits(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The first vocab_size bits of each row of an int32 bitmask, as 0/1 ints."""
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.flatten(1)[:, :vocab_size]
 
 
 def grammar_allowed(grammar, width: int) -> torch.Tensor | None:

@@ -147,25 +147,11 @@ class AttentionContext:
         self.metadata: AttentionMetadata | None = None
 
 
-def attention_context(model: nn.Module) -> AttentionContext:
-    """The model's context, bound to its attention layers the first time (a lone layer: its own)."""
-    if isinstance(model, PagedAttention):
-        return model.context
-    context = getattr(model, "attention_context", None)
-    if context is None:
-        context = AttentionContext()
-        for layer in model.modules():
-            if isinstance(layer, PagedAttention):
-                layer.context = context
-        model.attention_context = context
-    return context
-
-
 class step_metadata:
     """The model's layers read `md` inside the block (a class: dynamo traces it in a compiled step)."""
 
     def __init__(self, model: nn.Module, metadata: AttentionMetadata):
-        self.context, self.metadata = attention_context(model), metadata
+        self.context, self.metadata = model.attention_context, metadata
 
     def __enter__(self) -> AttentionMetadata:
         self.previous, self.context.metadata = self.context.metadata, self.metadata
@@ -254,7 +240,7 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.layer_idx = layer_idx
-        self.context = AttentionContext()   # the model's, once attention_context(model) binds it
+        self.attention_context = AttentionContext()   # its model's, which shares one with all its layers
         # [num_blocks + 1, block_size, KVH, D], bound by the model runner (+1: a scratch block)
         self.k_cache = self.v_cache = torch.empty(0)
         # a quantized cache (kv_cache_dtype): its format, per-token-head scales, per-tensor scales
@@ -293,7 +279,7 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [tokens, H, D]; k, v: [tokens, KVH, D] → [tokens, H * D]."""
-        md = self.context.metadata
+        md = self.attention_context.metadata
         if md is None:
             raise RuntimeError("attention called outside a step: wrap the forward in step_metadata(model, md)")
         store(self.k_cache, self.k_scales, md.slot_mapping, k, self.kv_format, self.k_scale)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvscope.layers.attention import PagedAttention
+from kvscope.layers.attention import AttentionContext, PagedAttention
 from kvscope.layers.parallel import (ColumnParallelLinear, ParallelLMHead, RowParallelLinear, TPGroup,
                                      VocabParallelEmbedding, split)
 
@@ -168,6 +168,10 @@ class CausalLM(nn.Module):
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.attention_context = AttentionContext()   # the step's metadata, read by every attention layer
+        for module in self.modules():
+            if isinstance(module, PagedAttention):
+                module.attention_context = self.attention_context
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
