@@ -17,7 +17,7 @@ from kvscope.instrumentation import capture
 from kvscope.layers import attention, kernels
 from kvscope.layers.attention import DecodeGroup, PrefillSpan, Route, TiledSpans
 from kvscope.engine.block_manager import cdiv
-from kvscope.instrumentation.weights import cpu_weights
+from kvscope.instrumentation.weights import cpu_weights, watch_rows
 
 
 def random_decode_step(block_size: int, context_lens: list[int], seed: int, heads=8, kv_heads=2,
@@ -342,7 +342,7 @@ def test_the_decode_kernel_writes_watched_rows_weights(heads, kv_heads, head_dim
     slots = torch.tensor([watched.get(r, -1) for r in range(len(lens))], dtype=torch.int32)
     weights = torch.full((4, heads, 610), float("nan"), dtype=torch.float16)
     means = torch.full((4, 610), float("nan"), dtype=torch.float16)
-    layer.watch_rows(slots, weights, means)
+    watch_rows(layer, slots, weights, means)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -358,7 +358,7 @@ def test_the_decode_kernel_writes_watched_rows_weights(heads, kv_heads, head_dim
                                    rtol=0)
         torch.testing.assert_close(means[w, :n], want.mean(0).half(), atol=1e-3, rtol=0)
         assert (weights[w, :, n:] == 0).all() and (means[w, n:] == 0).all()
-    layer.watch_rows(None)
+    watch_rows(layer, None)
     assert not layer.watch.any() and layer.watched == ()
 
 
@@ -371,14 +371,14 @@ def test_a_watch_written_for_another_step_writes_nothing_outside_what_it_names()
     weights = torch.full((2, 8, 20), float("nan"), dtype=torch.float16)
     means = torch.full((2, 20), float("nan"), dtype=torch.float16)
     # row 0 in slot 7 (past the 2 watched), row 1's 40 positions wider than 20, row 2 not listed
-    layer.watch_rows(torch.tensor([7, 0], dtype=torch.int32), weights, means)
+    watch_rows(layer, torch.tensor([7, 0], dtype=torch.int32), weights, means)
     out = kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, 1.0, layer.watch)
     assert torch.equal(out, kernel(q, k_cache, v_cache, md, 1.0))
     assert weights.isnan().all() and means.isnan().all()
     with pytest.raises(ValueError, match="watched rows"):
-        layer.watch_rows(torch.tensor([0, 1]), weights, means)   # int64 slots
+        watch_rows(layer, torch.tensor([0, 1]), weights, means)   # int64 slots
     with pytest.raises(ValueError, match="watched rows"):
-        layer.watch_rows(torch.tensor([0, 1], dtype=torch.int32), weights.float(), means)
+        watch_rows(layer, torch.tensor([0, 1], dtype=torch.int32), weights.float(), means)
 
 
 def test_other_dtypes_are_refused_with_a_reason():

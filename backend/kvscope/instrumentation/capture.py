@@ -3,7 +3,7 @@
 The step runs as it would unwatched (compiled on a CPU, CUDA graphs on a GPU). In a decode
 step on the CPU kernels, the decode kernel itself writes the watched rows' attention weights
 and their mean over the heads, in half precision, while their keys are in cache
-(PagedAttention.watch_rows: the same graph, no second read of the keys). Otherwise each
+(weights.py watch_rows: the same graph, no second read of the keys). Otherwise each
 attention layer copies queries into a tensor made before the step (attention.KeptQueries, a
 copy_ that a compiled graph and a CUDA graph make too): every row's in a decode step, whose
 graph keeps the shapes it was recorded with, the watched rows' in a step with prompts. After
@@ -35,7 +35,7 @@ from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
 from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
-from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights
+from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights, watch_rows
 from kvscope.layers.kernels import cpu_unavailable
 
 
@@ -199,7 +199,7 @@ class HostView:
 @dataclass
 class StepWeights:
     """A decode step's watched rows' weights, written by the CPU decode kernel as it read their
-    keys (PagedAttention.watch_rows): every layer's, every head's."""
+    keys (weights.py watch_rows): every layer's, every head's."""
     weights: torch.Tensor                                    # [layers, rows, H, width] float16
     means: torch.Tensor                                      # [layers, rows, width] float16
     by_seq: dict[int, int]                                   # seq_id -> its row among them
@@ -236,7 +236,7 @@ class QueryKeeper:
     def release(self) -> None:
         if self.writing:
             for layer in self.layers:
-                layer.watch_rows(None)
+                watch_rows(layer, None)
             self.writing = False
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
@@ -272,7 +272,7 @@ class QueryKeeper:
                            torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
         slots = torch.from_numpy(np.array(slots, dtype=np.int32))
         for layer, weights, means in zip(self.layers, kept.weights, kept.means):
-            layer.watch_rows(slots, weights, means)
+            watch_rows(layer, slots, weights, means)
         self.writing = True
         return kept
 

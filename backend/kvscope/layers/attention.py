@@ -247,29 +247,10 @@ class PagedAttention(nn.Module):
         self.kv_format = kv_cache_format("auto", torch.float32)
         self.k_scales = self.v_scales = None
         self.k_scale = self.v_scale = 1.0
-        # rows whose weights the CPU decode kernel writes while it reads their keys (watch_rows)
+        # the CPU decode kernel's watch descriptor: rows whose weights it also writes this step,
+        # and the tensors it writes them into (instrumentation/weights.py watch_rows fills both)
         self.watch = torch.zeros(kernels.WATCH_FIELDS, dtype=torch.int64, device="cpu")
-        self._descriptor = self.watch.numpy()   # written through numpy: a torch op costs microseconds
         self.watched: tuple[torch.Tensor, ...] = ()
-
-    def watch_rows(self, slots: torch.Tensor | None, weights: torch.Tensor | None = None,
-                   means: torch.Tensor | None = None) -> None:
-        """From the next step on, the CPU decode kernel also writes the softmax weights of each
-        row r with slots[r] >= 0 into weights[slots[r]] [H, width] and their mean over the heads
-        into means[slots[r]] [width] (float16, zero past the row's context); None: no rows.
-        The layer holds the tensors whose addresses its kernel writes through."""
-        if slots is None:
-            self._descriptor[:] = 0
-            self.watched = ()
-            return
-        n, heads, width = weights.shape
-        if not (slots.dtype == torch.int32 and weights.dtype == means.dtype == torch.float16 and heads == self.num_heads
-                and means.shape == (n, width) and slots.is_cpu and weights.is_cpu and means.is_cpu
-                and slots.is_contiguous() and weights.is_contiguous() and means.is_contiguous()):
-            raise ValueError(f"watched rows need int32 slots and float16 weights [n, {self.num_heads}, width] and "
-                             f"means [n, width] on the CPU; got {slots.dtype}, {tuple(weights.shape)}, {tuple(means.shape)}")
-        self.watched = (slots, weights, means)
-        self._descriptor[:] = (slots.data_ptr(), weights.data_ptr(), means.data_ptr(), len(slots), n, width)
 
     def readable_caches(self):
         if not self.kv_format.quantized:

@@ -67,8 +67,8 @@ def cpu_unavailable(dtype: torch.dtype) -> str | None:
 
 def cpu_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                context_lens: torch.Tensor, scale: float, watch: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention for one query row per sequence; `watch` (WATCH_FIELDS int64, PagedAttention.watch_rows
-    fills it) also asks for some rows' softmax weights."""
+    """Attention for one query row per sequence; `watch` (WATCH_FIELDS int64,
+    instrumentation/weights.py watch_rows fills it) also asks for some rows' softmax weights."""
     q = q.contiguous()
     out = torch.empty_like(q)
     batch, num_heads, head_dim = q.shape
