@@ -129,7 +129,7 @@ class LLMEngine:
             attention_backend=runner.attention_backend, attention=runner.routes, decode=runner.decode,
             kv_format=runner.kv_format, kv_cache_bytes=runner.kv_cache_bytes, num_blocks=runner.num_blocks,
             kv_cache_sizing=sizing, block_size=config.block_size, enable_prefix_caching=config.enable_prefix_caching,
-            tensor_parallel_size=config.tensor_parallel_size)
+            tensor_parallel_size=config.tensor_parallel_size, scratch_slot=runner.scratch_slot)
         self.device, self.dtype = device, dtype   # the plan's, at hand
         self.tokenizer = load_tokenizer(self.model_path)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching,

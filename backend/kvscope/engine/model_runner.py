@@ -13,8 +13,8 @@ from kvscope.engine.sampler import apply_masks, logprob_entries, sample
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
 from kvscope.hardware import to_device
-from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, PagedAttention, as_bytes, kv_cache_format,
-                                      pick_routes, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, as_bytes, kv_cache_format, pick_routes,
+                                      step_metadata)
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
@@ -42,7 +42,7 @@ class ModelRunner:
         self.attention_backend = pick_attention_backend(config.attention_backend, device, dtype, self.block_size,
                                                         model.config.head_dim, self.kv_format)
         self.routes = pick_routes(self.attention_backend, None, dtype, self.block_size)   # until a graph is made
-        self.attn_layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+        self.attn_layers = model.attention_layers
         self._allocate_kv_cache()
         self.generator = torch.Generator(device=device).manual_seed(config.seed)   # for rows without a seed
         self.buffers = StepBuffers(device)

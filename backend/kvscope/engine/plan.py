@@ -34,6 +34,7 @@ class ExecutionPlan:
     enable_prefix_caching: bool
     kv_cache_sizing: str      # how the pool's size was chosen
     tensor_parallel_size: int
+    scratch_slot: int         # the block past the pool's first slot: K/V written there is never read
 
     @property
     def dtype_name(self) -> str:

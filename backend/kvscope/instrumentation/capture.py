@@ -18,7 +18,7 @@ A side pass runs only for what the step did not compute: rows the prefix cache s
 engine (the first step a request is watched, so every prompt row shows) and a watch of the
 model's internals (the residual stream and the MLP, caught by forward hooks on every decoder
 layer). It re-runs those sequences' rows, no further than the deepest layer needed, writing
-their K/V to the runner's scratch slot (the cache holds them already), and keeps its queries
+their K/V to the engine's scratch slot (the cache holds them already), and keeps its queries
 the same way.
 
 With nobody watching nothing is kept and nothing runs after the step."""
@@ -221,9 +221,9 @@ class QueryKeeper:
     The step is handed a plain KeptQueries, the type the compiled graph was warmed up with
     (a subclass fails its guards and recompiles it)."""
 
-    def __init__(self, runner):
-        self.layers, self.dtype, self.device = runner.attn_layers, runner.dtype, runner.device
-        self.in_kernel = runner.routes.eager is Route.CPU_KERNELS and in_place(self.layers[0])
+    def __init__(self, engine):
+        self.layers, self.dtype, self.device = engine.model.attention_layers, engine.dtype, engine.device
+        self.in_kernel = engine.plan.attention.eager is Route.CPU_KERNELS and in_place(self.layers[0])
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
         self.kept: StepQueries | StepWeights | None = None   # what the last step run kept
         self.writing = False   # whether the layers' decode kernels write weights
@@ -291,14 +291,15 @@ class Capture:
 
 
 @torch.inference_mode()
-def capture(runner, watched: list[WatchedRows], kept: StepQueries | StepWeights | None,
+def capture(engine, watched: list[WatchedRows], kept: StepQueries | StepWeights | None,
             buffers: StepBuffers) -> Capture:
     """Attention weights (and internals) for the step's watched rows: as the step wrote them, or
     from their queries, which the step kept or a side pass computes."""
     result = Capture(watched)
+    layers, block_size = engine.model.attention_layers, engine.plan.block_size
     if isinstance(kept, StepWeights):   # the decode kernel wrote them: every layer, every head
         written = [w for w in watched if not w.side and w.seq.seq_id in kept.by_seq]
-        _hand_out(written, [kept.by_seq[w.seq.seq_id] for w in written], [layer.layer_idx for layer in runner.attn_layers],
+        _hand_out(written, [kept.by_seq[w.seq.seq_id] for w in written], [layer.layer_idx for layer in layers],
                   kept.weights.numpy(), kept.means.numpy(), result)
         watched = [w for w in watched if w not in written]
         kept = None
@@ -307,8 +308,7 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | StepWeights 
     queries = {w.seq.seq_id: stacked[:, kept.by_seq[w.seq.seq_id]] for w in from_step}
     # the side pass runs as deep as any row is drawn: decode rows are computed together
     if rest := [w for w in watched if w.seq.seq_id not in queries]:
-        queries |= side_pass(runner, rest, max(w.depth(len(runner.attn_layers)) for w in watched), buffers, result)
-    layers = runner.attn_layers
+        queries |= side_pass(engine, rest, max(w.depth(len(layers)) for w in watched), buffers, result)
     # decode rows in groups of similar context length (as the reference attention groups them):
     # each group is padded to its own longest context, not to the longest of all. The C
     # kernel reads no padding, so it takes them all in one call a layer
@@ -316,10 +316,10 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | StepWeights 
         groups = 1 if in_place(layers[0]) else min(MAX_DECODE_GROUPS, cdiv(len(decodes), MIN_DECODE_GROUP))
         size = cdiv(len(decodes), groups)
         for start in range(0, len(decodes), size):
-            _decode_weights(layers, decodes[start:start + size], queries, runner.block_size, result)
+            _decode_weights(layers, decodes[start:start + size], queries, block_size, result)
     for w in watched:
         if w.end - w.first > 1:
-            table = w.view.block_table[:cdiv(w.end, runner.block_size)]
+            table = w.view.block_table[:cdiv(w.end, block_size)]
             drawn, per_layer, means = [layer for layer in layers if w.wants(layer.layer_idx)], [], []
             for layer in drawn:
                 q = queries[w.seq.seq_id][layer.layer_idx]
@@ -331,7 +331,7 @@ def capture(runner, watched: list[WatchedRows], kept: StepQueries | StepWeights 
                         layer.scale, halves, mean)
                     halves = halves.transpose(0, 1)
                 else:
-                    keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=runner.device), w.end)
+                    keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=engine.device), w.end)
                     probs = attention_weights(q, keys, w.positions, layer.scale)
                     halves, mean = probs.half(), probs.mean(0).half()
                 per_layer.append(_heads(halves, w.heads))
@@ -427,23 +427,23 @@ def _heads(probs: torch.Tensor, heads: list[int] | None) -> torch.Tensor:
     return probs if isinstance(index, slice) else probs[index]
 
 
-def side_pass(runner, watched: list[WatchedRows], depth: int, buffers: StepBuffers,
+def side_pass(engine, watched: list[WatchedRows], depth: int, buffers: StepBuffers,
               result: Capture) -> dict[int, torch.Tensor]:
     """Run these sequences' rows again through the first `depth` layers, keeping their
     queries (returned: seq_id -> [layers, rows, H, D]) and, for a watch of the internals,
     each decoder layer's tensors (into result.tensors)."""
-    model, layers = runner.model, runner.model.model.layers
+    model, layers = engine.model, engine.model.model.layers
     out = SchedulerOutput(step=-1, entries=[w.entry() for w in watched])
     row = 0
     by_view = {id(w.view): w for w in watched}
     for e in batch_order(out.entries):   # where prepare_inputs puts each sequence's rows
         by_view[id(e.seq)].row_start = row
         row += e.num_new_tokens
-    inputs = prepare_inputs(out, runner.block_size, buffers, runner.routes.eager)
+    inputs = prepare_inputs(out, engine.plan.block_size, buffers, engine.plan.attention.eager)
     # every layer's room (those past `depth` stay unused)
-    kept = KeptQueries(slice(None), query_room(runner.attn_layers, row, runner.dtype, runner.device))
+    kept = KeptQueries(slice(None), query_room(model.attention_layers, row, engine.dtype, engine.device))
     md = replace(inputs.metadata, queries=kept,   # K/V to the scratch slot: the cache holds them already
-                 slot_mapping=torch.full_like(inputs.metadata.slot_mapping, runner.scratch_slot))
+                 slot_mapping=torch.full_like(inputs.metadata.slot_mapping, engine.plan.scratch_slot))
     handles = _internals_hooks(layers, watched, result) if any(w.internals for w in watched) else []
     try:
         with step_metadata(model, md):   # the decoder's forward, stopped after `depth` layers

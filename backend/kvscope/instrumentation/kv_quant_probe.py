@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvscope.layers.attention import (SCALE_DTYPE, KVCacheFormat, PagedAttention, PrefillSpan, kv_cache_format,
-                                      span_metadata, step_metadata)
+from kvscope.layers.attention import (SCALE_DTYPE, KVCacheFormat, PrefillSpan, kv_cache_format, span_metadata,
+                                      step_metadata)
 from kvscope.models.loader import ModelConfig
 
 
@@ -77,8 +77,7 @@ def probe_model(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model`'s module tree that shares its weights (every parameter and buffer)
     but has attention layers (and attention context) of its own, their caches empty until
     `bind_cache`. The engine's modules, which its compiled decode reads, are never rebound."""
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    caches = [t for m in layers for t in (m.k_cache, m.v_cache, m.k_scales, m.v_scales) if t is not None]
+    caches = [t for m in model.attention_layers for t in (m.k_cache, m.v_cache, m.k_scales, m.v_scales) if t is not None]
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
     memo.update({id(t): torch.empty(0) for t in caches})   # the engine's pool is not copied
     return copy.deepcopy(model, memo)
@@ -88,14 +87,13 @@ def bind_cache(model: torch.nn.Module, fmt: KVCacheFormat, num_blocks: int, bloc
                device: torch.device) -> None:
     """Give every attention layer of `model` (a `probe_model`) a fresh cache of `num_blocks`
     blocks in format `fmt`, read by the PyTorch reference attention."""
-    for m in model.modules():
-        if isinstance(m, PagedAttention):
-            shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
-            m.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
-            m.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
-            scales = (lambda: torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=device)) if fmt.per_token_head else None
-            m.k_scales, m.v_scales = (scales(), scales()) if scales else (None, None)
-            m.kv_format, m.k_scale, m.v_scale, m.backend = fmt, 1.0, 1.0, "torch"
+    for m in model.attention_layers:
+        shape = (num_blocks, block_size, m.num_kv_heads, m.head_dim)
+        m.k_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
+        m.v_cache = torch.zeros(shape, dtype=fmt.dtype, device=device)
+        scales = (lambda: torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=device)) if fmt.per_token_head else None
+        m.k_scales, m.v_scales = (scales(), scales()) if scales else (None, None)
+        m.kv_format, m.k_scale, m.v_scale, m.backend = fmt, 1.0, 1.0, "torch"
 
 
 @torch.inference_mode()

@@ -173,7 +173,7 @@ class Instrumentation(EngineObserver):
             self._keeper.kept = None
         keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
         if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
-            self._keeper = self._keeper or QueryKeeper(self.engine.runner)
+            self._keeper = self._keeper or QueryKeeper(self.engine)
             self._keeper.seq_ids = keep
             self.engine.keep_queries = self._keeper
         else:
@@ -289,7 +289,7 @@ class Instrumentation(EngineObserver):
         if self._side_buffers is None:
             self._side_buffers = StepBuffers(self.engine.device)
         kept = self._keeper.take() if self._keeper is not None else None
-        caught = capture(self.engine.runner, drawn_rows, kept, self._side_buffers)
+        caught = capture(self.engine, drawn_rows, kept, self._side_buffers)
         return events + self._attention_events(caught, watches, step, ts) + self._internals_events(caught, step, ts)
 
     def _attention_events(self, capture: Capture, watches: dict[int, Watch], step: int, ts: float) -> list[dict]:

@@ -169,9 +169,9 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.attention_context = AttentionContext()   # the step's metadata, read by every attention layer
-        for module in self.modules():
-            if isinstance(module, PagedAttention):
-                module.attention_context = self.attention_context
+        self.attention_layers = [m for m in self.modules() if isinstance(m, PagedAttention)]
+        for layer in self.attention_layers:
+            layer.attention_context = self.attention_context
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
