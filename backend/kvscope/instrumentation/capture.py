@@ -10,9 +10,10 @@ graph keeps the shapes it was recorded with, the watched rows' in a step with pr
 the step, the watched rows' weights are computed from those queries and the keys the step
 has just written to the paged cache, for the layers and heads viewers asked for: on a CPU by
 the C kernel beside the decode kernel, which reads each row's keys in place through its block
-table; on a GPU the decode rows' by a Triton kernel that does the same (both in weights.py); elsewhere (a quantized cache, a GPU's prompt rows) from keys
-gathered out of the pool, the decode rows of every watched sequence and layer in one batched
-product. Kept in half precision and copied to the host without waiting (HostCopy).
+table; on a GPU the decode rows' by a Triton kernel that does the same (both in weights.py);
+elsewhere (a quantized cache, a GPU's prompt rows) from keys gathered out of the pool, the
+decode rows of every watched sequence and layer in one batched product. Kept in half
+precision and copied to the host without waiting (HostCopy).
 
 A side pass runs only for what the step did not compute: rows the prefix cache spared the
 engine (the first step a request is watched, so every prompt row shows) and a watch of the
@@ -34,8 +35,8 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
-from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
 from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights, watch_rows
+from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
 from kvscope.layers.kernels import cpu_unavailable
 
 
