@@ -3,7 +3,7 @@ tokens out of the tokens it has). From the recording (budget 32, prompt lookup, 
 the four buttons reach a prompt chunk (part of a prompt, the rest still missing), a decode
 (a gap of one), a verify (a gap of 1 + its drafts) and a preemption (computed count back to
 0); each bar is the step event's own numbers. Live, the learner's button sends a long prompt
-in chunks beside two short ones, and the bars are the live steps'."""
+in chunks beside two short ones (held, then released together), and the bars are the live steps'."""
 from __future__ import annotations
 
 import json
@@ -92,6 +92,9 @@ def test_live_chunks_and_decodes(page, live_server, screenshot, assert_clean):
     kept = {s["step"] for s in widget.evaluate("el => el.exportData()")["steps"]}
     every = page.evaluate("() => window.steps")
     chunks = {e["step"]: s for e in every for s in e["seqs"] if s["request_id"] == long_rid and s["reason"] == "prefill chunk"}
+    # held, then released by one command: the three start in the same step
+    first = next(e for e in every if any(s["request_id"] in mine for s in e["seqs"]))
+    assert {s["request_id"] for s in first["seqs"]} >= set(mine)
     prompt_end = max(s["start"] + s["num_tokens"] for s in chunks.values())
     mixed = next(e for e in every if e["step"] in kept and e["step"] in chunks
                  and chunks[e["step"]]["start"] + chunks[e["step"]]["num_tokens"] < prompt_end   # a chunk, not the last

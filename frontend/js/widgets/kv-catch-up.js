@@ -159,12 +159,18 @@ class KvCatchUp extends KvWidget {
     return runBusy(this, this.runButton, this.errorEl, async () => {
       this.show('live');
       this.following = true;
+      // submitted held and released by one `pace` command (interval 0: full speed), so all three
+      // start in the same step and the shorts decode beside the long prompt's middle chunks
       const params = { temperature: 0, ignore_eos: true };
-      const acks = await Promise.all([
-        ...SHORT.map((prompt) => this.client.command('submit', { prompt, params: { ...params, max_tokens: 12 } })),
-        this.client.command('submit', { prompt: `Story ${Date.now() % 100000}. ${LONG}`, params: { ...params, max_tokens: 2 }, prefill_chunk_tokens: CHUNK })]);
-      this.dataset.lastRun = acks.map((a) => a.request_id).join(' ');
-      this.announce(`Sent ${acks.map((a) => a.request_id).join(', ')}; the long prompt at most ${CHUNK} tokens a step.`);
+      const sent = await Promise.allSettled([
+        ...SHORT.map((prompt) => this.client.command('submit', { prompt, hold: true, params: { ...params, max_tokens: 12 } })),
+        this.client.command('submit', { prompt: `Story ${Date.now() % 100000}. ${LONG}`, hold: true, params: { ...params, max_tokens: 2 }, prefill_chunk_tokens: CHUNK })]);
+      const ids = sent.filter((r) => r.status === 'fulfilled').map((r) => r.value.request_id);
+      if (ids.length) await this.client.command('pace', { request_ids: ids, interval_s: 0 });
+      const refused = sent.find((r) => r.status === 'rejected');
+      if (refused) throw refused.reason;
+      this.dataset.lastRun = ids.join(' ');
+      this.announce(`Sent ${ids.join(', ')}; the long prompt at most ${CHUNK} tokens a step.`);
     });
   }
 
