@@ -49,7 +49,8 @@ def test_the_wheel_installs_and_generates_on_a_cpu(tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    # --ignore-installed: an editable kvscope in the system site-packages must not stand in for the wheel
+    run([str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", str(wheel)])
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": ""}
     done = run([str(python), "-c", SCRIPT], cwd=tmp_path, env=env)
     assert "generated" in done.stdout
