@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from kvscope.engine.sampler import StructuredOutputManager, apply_masks  # noqa: E402
+from kvscope.structured_output import StructuredOutputManager, apply_masks  # noqa: E402
 from kvscope.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

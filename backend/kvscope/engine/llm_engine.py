@@ -19,12 +19,12 @@ from kvscope.engine.model_runner import ModelRunner, StepResult, run_isolating
 from kvscope.engine.plan import ExecutionPlan, kv_cache_blocks, resolve_device
 from kvscope.engine.scheduler import Scheduler, SchedulerOutput, TokenDelta, check_chunking
 from kvscope.engine.distributed import TPWorkers
-from kvscope.engine.sampler import StructuredOutputManager, grammar_key
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.spec_decode import Speculator
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.loader import choose_dtype, load_tokenizer, read_model_config, resolve_model_path
 from kvscope.sampling_params import SamplingParams
+from kvscope.structured_output import StructuredOutputManager, grammar_key
 
 # the scheduler's settings an instructor may change between steps (set_knobs)
 KNOBS = ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "enable_chunked_prefill")

@@ -9,7 +9,7 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.engine.graphs import record_decode
 from kvscope.engine.plan import pick_attention_backend
-from kvscope.engine.sampler import apply_masks, logprob_entries, sample
+from kvscope.engine.sampler import logprob_entries, sample
 from kvscope.engine.scheduler import SchedulerOutput
 from kvscope.engine.step_inputs import StepBuffers, prepare_inputs, sampled_rows
 from kvscope.hardware import to_device
@@ -18,6 +18,7 @@ from kvscope.layers.attention import (SCALE_DTYPE, KeptQueries, as_bytes, kv_cac
 from kvscope.layers.parallel import TPGroup
 from kvscope.models.decoder import CausalLM
 from kvscope.models.loader import build_model
+from kvscope.structured_output import apply_masks
 
 @dataclass
 class StepResult:

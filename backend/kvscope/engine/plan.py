@@ -10,8 +10,8 @@ import torch
 from kvscope.config import EngineConfig
 from kvscope.hardware import host_memory
 from kvscope.layers import kernels
-from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, KVCacheFormat, PagedAttention, PrefillSpan, Routes,
-                                      flash_fits, kv_cache_format, span_metadata, step_metadata)
+from kvscope.layers.attention import (FLASH_PAGE_MULTIPLE, KVCacheFormat, PrefillSpan, Routes, flash_fits,
+                                      kv_cache_format, span_metadata, step_metadata)
 from kvscope.layers.kernels import HAS_TRITON
 from kvscope.models.loader import ModelConfig
 
@@ -104,10 +104,9 @@ def _free_gpu_budget(config: EngineConfig, cfg: ModelConfig, model, device: torc
     torch.cuda.reset_peak_memory_stats(device)
     n = config.max_num_batched_tokens
     dtype = next(model.parameters()).dtype
-    for layer in model.modules():
-        if isinstance(layer, PagedAttention):
-            layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
-            layer.v_cache = torch.zeros_like(layer.k_cache)
+    for layer in model.attention_layers:
+        layer.k_cache = torch.zeros(1, 1, cfg.num_kv_heads, cfg.head_dim, dtype=dtype, device=device)
+        layer.v_cache = torch.zeros_like(layer.k_cache)
     zeros = torch.zeros(n, dtype=torch.long, device=device)   # token 0 everywhere, its K/V all to slot 0
     pos = torch.arange(n, device=device) % model.model.rotary.cos_cache.shape[0]
     with step_metadata(model, span_metadata(zeros, PrefillSpan(0, n, 0))):
