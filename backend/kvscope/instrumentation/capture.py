@@ -25,6 +25,7 @@ the same way.
 With nobody watching nothing is kept and nothing runs after the step."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,18 +36,26 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
+from kvscope.instrumentation.watch import Watch
 from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights, watch_rows
 from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
 from kvscope.layers.kernels import cpu_unavailable
 
 
-@dataclass
 class SeqView:
     """What capture reads of a sequence, as it was when the step was scheduled (by the time
-    capture runs the engine has appended tokens, and freed a finished one's blocks)."""
-    token_ids: list[int]
-    block_table: list[int]
-    forks: list = field(default_factory=list)
+    capture runs the engine has appended tokens, and freed a finished one's blocks). Its
+    tokens are the sequence's own up to the step's end, read when asked for (the engine only
+    appends to a sequence, past where this step ended; most rows never need them)."""
+
+    def __init__(self, seq: Sequence, end: int, spec_token_ids: list[int]):
+        self.seq, self.end, self.spec_token_ids = seq, end, spec_token_ids
+        self.block_table = list(seq.block_table)
+        self.forks: list = []
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[:self.end - len(self.spec_token_ids)] + self.spec_token_ids
 
 
 @dataclass
@@ -98,25 +107,15 @@ class WatchedRows:
         return ScheduledSeq(self.view, n, self.first, False, "decode" if n == 1 else "prefill")
 
 
-@dataclass
-class WatchWanted:
-    """What the viewers of one sequence asked for (the registry's union)."""
-    first: int                      # positions before it have been captured already
-    layers: set[int] | None
-    heads: list[int] | None
-    internals: bool
-
-
-def watched_rows(scheduled: SchedulerOutput, wanted: dict[int, WatchWanted]) -> list[WatchedRows]:
-    """The watched sequences (seq_id -> what is wanted) in this step's batch."""
+def watched_rows(scheduled: SchedulerOutput, watches: Mapping[int, Watch], num_heads: int) -> list[WatchedRows]:
+    """The watched sequences (seq_id -> its watch) in this step's batch."""
     found, sample = [], 0
     for e in batch_order(scheduled.entries):
-        w = wanted.get(e.seq.seq_id)
+        w = watches.get(e.seq.seq_id)
         if w is not None:
-            end = e.start + e.num_new_tokens
-            view = SeqView(e.seq.token_ids[:end - len(e.spec_token_ids)] + e.spec_token_ids, list(e.seq.block_table))
-            found.append(WatchedRows(e.seq, min(w.first, e.start), e.start, end, view,
-                                     sample if e.samples else None, w.layers, w.heads, w.internals))
+            end, wanted = e.start + e.num_new_tokens, w.wanted(num_heads)
+            found.append(WatchedRows(e.seq, min(w.covered, e.start), e.start, end, SeqView(e.seq, end, e.spec_token_ids),
+                                     sample if e.samples else None, wanted.layers, wanted.heads, wanted.internals))
         if e.samples:   # logits rows: one per draft and one more, and one per choice forking here
             sample += 1 + len(e.spec_token_ids) + len(e.forks)
     return found
@@ -302,7 +301,10 @@ def capture(engine, watched: list[WatchedRows], kept: StepQueries | StepWeights 
         written = [w for w in watched if not w.side and w.seq.seq_id in kept.by_seq]
         _hand_out(written, [kept.by_seq[w.seq.seq_id] for w in written], [layer.layer_idx for layer in layers],
                   kept.weights.numpy(), kept.means.numpy(), result)
-        watched = [w for w in watched if w not in written]
+        if len(written) == len(watched):
+            return result
+        done = {id(w) for w in written}
+        watched = [w for w in watched if id(w) not in done]
         kept = None
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
     stacked = torch.stack(kept.kept.out) if from_step else None   # [layers, rows, H, D]

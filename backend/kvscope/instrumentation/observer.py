@@ -20,7 +20,7 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, WatchWanted, capture, watched_rows
+from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, capture, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
 from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, grammar_allowed, sampling_events,
@@ -165,10 +165,7 @@ class Instrumentation(EngineObserver):
         if not self.watches:
             self._stop_keeping()   # after a step that failed before on_step
             return False
-        num_heads = self.facts.num_heads
-        wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
-                  for seq_id, w in self.watches.by_seq_id().items()}
-        self._watched = watched_rows(scheduled, wanted)
+        self._watched = watched_rows(scheduled, self.watches.by_seq_id(), self.facts.num_heads)
         if self._keeper is not None:
             self._keeper.kept = None
         keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
@@ -272,14 +269,15 @@ class Instrumentation(EngineObserver):
         (and internals, from a side pass)."""
         watches: dict[int, Watch] = self.watches.by_seq_id()
         step, drawn = record.scheduled.step, record.result.tokens
+        num_heads = self.facts.num_heads
         sampled = [r for r in watched if r.sample_row is not None and r.seq.seq_id in drawn
-                   and (w := watches.get(r.seq.seq_id)) is not None and w.sampling]
+                   and (w := watches.get(r.seq.seq_id)) is not None and w.wanted(num_heads).sampling]
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
             events += sampling_events([r.seq for r in sampled], step, logits,
                                       [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts,
-                                      [watches[r.seq.seq_id].internals for r in sampled])
+                                      [watches[r.seq.seq_id].wanted(num_heads).internals for r in sampled])
         for r in watched:
             if (w := watches.get(r.seq.seq_id)) is not None:
                 w.covered = max(w.covered, r.end)
