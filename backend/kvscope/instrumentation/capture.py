@@ -235,8 +235,7 @@ class QueryKeeper:
 
     def release(self) -> None:
         if self.writing:
-            for layer in self.layers:
-                watch_rows(layer, None)
+            watch_rows(self.layers, None)
             self.writing = False
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
@@ -259,20 +258,21 @@ class QueryKeeper:
 
     def _in_kernel(self, out: SchedulerOutput) -> StepWeights | None:
         """Ask each layer's decode kernel for the watched rows' weights (rows in batch order)."""
-        slots, by_seq, width = [], {}, 0
+        slots, by_seq, width, kept_ids = [], {}, 0, self.seq_ids
         for e in batch_order(out.entries):
-            if e.seq.seq_id in self.seq_ids:
-                by_seq[e.seq.seq_id] = len(by_seq)
+            seq_id = e.seq.seq_id
+            if seq_id in kept_ids:
+                slots.append(len(by_seq))
+                by_seq[seq_id] = len(by_seq)
                 width = max(width, e.start + 1)
-            slots.append(by_seq.get(e.seq.seq_id, -1))
+            else:
+                slots.append(-1)
         if not by_seq:
             return None
         layer = self.layers[0]
         kept = StepWeights(torch.empty(len(self.layers), len(by_seq), layer.num_heads, width, dtype=torch.float16),
                            torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
-        slots = torch.from_numpy(np.array(slots, dtype=np.int32))
-        for layer, weights, means in zip(self.layers, kept.weights, kept.means):
-            watch_rows(layer, slots, weights, means)
+        watch_rows(self.layers, torch.tensor(slots, dtype=torch.int32), kept.weights, kept.means)
         self.writing = True
         return kept
 
