@@ -3,7 +3,9 @@ version 3: a watched request's per-layer `attention` events of one step (consecu
 the stream) become one event carrying every layer; lists stay lists (version 1), float16
 payloads are regrouped byte for byte (version 2). Version 4: a `sampling` event lists its
 candidates once and each stage carries arrays parallel to them. Version 5: a stage the
-request does not apply keeps only its name and `applied: false`. The numbers are not touched.
+request does not apply keeps only its name and `applied: false`, and an `attention` event
+keeps the `token_ids` new since the request's previous one (all of them in its first). The
+numbers are not touched.
 
     python scripts/upgrade_recordings.py frontend/recordings/*.jsonl
 """
@@ -64,6 +66,20 @@ def unapplied_bare(event: dict) -> dict:
                                 for st in event["stages"]]}
 
 
+def new_tokens_only(lines: list[str]) -> list[str]:
+    """Version 5 attention lines: after a request's first event, only the ids of the key
+    positions from its first query position on (those earlier came with earlier events)."""
+    out, seen = [], set()
+    for line in lines:
+        event = json.loads(line)
+        if event.get("type") == "attention" and len(event["token_ids"]) == event["context_len"]:
+            if event["request_id"] in seen:
+                line = compact({**event, "token_ids": event["token_ids"][event["query_positions"][0]:]})
+            seen.add(event["request_id"])
+        out.append(line)
+    return out
+
+
 def upgrade(lines: list[str]) -> list[str]:
     head = json.loads(lines[0])
     if head.get("schema_version") == SCHEMA_VERSION:
@@ -83,7 +99,7 @@ def upgrade(lines: list[str]) -> list[str]:
             out.append(compact(unapplied_bare(columns(event) if "candidates" in event["stages"][0] else event)))
         elif event is not None:
             out.append(line)
-    return out
+    return new_tokens_only(out)
 
 
 def main(paths: list[str]) -> None:

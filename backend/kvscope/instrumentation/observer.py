@@ -52,16 +52,16 @@ class RequestLabel:
     watched: bool = False
 
 
-def attention_event(seq: Sequence, step: int, layers: list[int], positions: list[int], token_ids: list[int],
-                    weights, mean, heads: list[int], kv_heads: list[int], num_heads: int, ts: float,
-                    recomputed: bool = False) -> dict:
+def attention_event(seq: Sequence, step: int, layers: list[int], positions: list[int], context: int,
+                    token_ids: list[int], weights, mean, heads: list[int], kv_heads: list[int], num_heads: int,
+                    ts: float, recomputed: bool = False) -> dict:
     """weights: [len(layers), len(heads), rows, context] and mean (over every head): [len(layers),
     rows, context], arrays (float16, possibly still on their way to the host: encode.py reads
-    them off the engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt
-    by the side pass."""
+    them off the engine thread); token_ids: the ids at the context's last len(token_ids)
+    positions; `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layers": layers,
             "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
-            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
+            "query_positions": positions, "context_len": context, "token_ids": token_ids,
             "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
@@ -299,13 +299,16 @@ class Instrumentation(EngineObserver):
         events = []
         for (seq_id, recomputed), (layers, positions, weights, mean) in sorted(
                 capture.attention.items(), key=lambda item: (item[0][0], not item[0][1])):
-            if seq_id not in watches:
+            if (w := watches.get(seq_id)) is None:
                 continue
             r = rows[seq_id]
             context = positions[-1] + 1 if recomputed else r.end
             heads = r.heads if r.heads is not None else every_head
-            events.append(attention_event(r.seq, step, layers, positions, r.seq.token_ids[:context], weights, mean,
-                                          heads, [h // group for h in heads], num_heads, ts, recomputed))
+            # the tokens new since its last event (every one for a viewer that just joined)
+            start, w.fresh = 0 if w.fresh else positions[0], False
+            events.append(attention_event(r.seq, step, layers, positions, context, r.seq.token_ids[start:context],
+                                          weights, mean, heads, [h // group for h in heads], num_heads, ts,
+                                          recomputed))
         return events
 
     def _internals_events(self, capture: Capture, step: int, ts: float) -> list[dict]:

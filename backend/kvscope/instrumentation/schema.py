@@ -12,7 +12,8 @@ import json
 # 4: a `sampling` event lists its candidates once (`candidates`: ids, texts) and each stage
 # carries arrays parallel to them (`logits`, `probs`) instead of a list of candidate objects.
 # 5: a sampling stage a request does not apply carries only its name and `applied: false`
-# (no `kept`, `logits`, `probs`: they are those of the last applied stage before it).
+# (no `kept`, `logits`, `probs`: they are those of the last applied stage before it), and an
+# attention event's `token_ids` are the context's positions new since the request's last one.
 # Recordings of versions 1 to 4 are converted by scripts/upgrade_recordings.py.
 SCHEMA_VERSION = 5
 READABLE_VERSIONS = [5]
@@ -191,6 +192,7 @@ PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 TENSOR = obj({"name": {"enum": ["weights", "mean"]}, "dtype": {"const": "float16"}, "shape": arr(NAT)})
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layers": arr(NAT, minItems=1), "heads": arr(NAT), "kv_heads": arr(NAT),
+    # token_ids: the ids at the context's last len(token_ids) positions (those new since the last event)
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT, "token_ids": arr(NAT)},
     {"recomputed": BOOL, "tensors": arr(TENSOR, minItems=2, maxItems=2),
      "payload": {"type": "string", "contentEncoding": "base64"},

@@ -47,10 +47,12 @@ class Watch:
     seq: Sequence
     viewers: dict[str, WatchSpec] = field(default_factory=dict)   # viewer id -> what it wants
     covered: int = 0   # positions [0, covered) have had their rows captured
+    fresh: bool = True  # a viewer joined since its last attention event: the next one lists every token
     _wanted: WatchWanted | None = field(default=None, repr=False, compare=False)
 
     def add(self, viewer: str, spec: WatchSpec) -> None:
         self.viewers[viewer] = spec
+        self.fresh = True
         self._wanted = None
 
     def remove(self, viewer: str) -> None:
