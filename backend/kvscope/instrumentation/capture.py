@@ -71,6 +71,7 @@ class WatchedRows:
     heads: list[int] | None = None  # heads to keep (None: every head)
     internals: bool = False         # also the residual stream and the MLP's activations
     row_start: int = 0              # its first row in the side pass, when it takes one
+    batch_index: int = 0            # its place in the step's batch order
 
     @property
     def positions(self) -> list[int]:
@@ -110,12 +111,13 @@ class WatchedRows:
 def watched_rows(scheduled: SchedulerOutput, watches: Mapping[int, Watch], num_heads: int) -> list[WatchedRows]:
     """The watched sequences (seq_id -> its watch) in this step's batch."""
     found, sample = [], 0
-    for e in batch_order(scheduled.entries):
+    for i, e in enumerate(batch_order(scheduled.entries)):
         w = watches.get(e.seq.seq_id)
         if w is not None:
             end, wanted = e.start + e.num_new_tokens, w.wanted(num_heads)
             found.append(WatchedRows(e.seq, min(w.covered, e.start), e.start, end, SeqView(e.seq, end, e.spec_token_ids),
-                                     sample if e.samples else None, wanted.layers, wanted.heads, wanted.internals))
+                                     sample if e.samples else None, wanted.layers, wanted.heads, wanted.internals,
+                                     batch_index=i))
         if e.samples:   # logits rows: one per draft and one more, and one per choice forking here
             sample += 1 + len(e.spec_token_ids) + len(e.forks)
     return found
@@ -225,6 +227,7 @@ class QueryKeeper:
         self.layers, self.dtype, self.device = engine.model.attention_layers, engine.dtype, engine.device
         self.in_kernel = engine.plan.attention.eager is Route.CPU_KERNELS and in_place(self.layers[0])
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
+        self.rows: list[WatchedRows] = []  # theirs, in batch order (where a decode step's kernel finds them)
         self.kept: StepQueries | StepWeights | None = None   # what the last step run kept
         self.writing = False   # whether the layers' decode kernels write weights
 
@@ -258,17 +261,12 @@ class QueryKeeper:
 
     def _in_kernel(self, out: SchedulerOutput) -> StepWeights | None:
         """Ask each layer's decode kernel for the watched rows' weights (rows in batch order)."""
-        slots, by_seq, width, kept_ids = [], {}, 0, self.seq_ids
-        for e in batch_order(out.entries):
-            seq_id = e.seq.seq_id
-            if seq_id in kept_ids:
-                slots.append(len(by_seq))
-                by_seq[seq_id] = len(by_seq)
-                width = max(width, e.start + 1)
-            else:
-                slots.append(-1)
-        if not by_seq:
+        if not self.rows:
             return None
+        slots, by_seq, width = [-1] * len(out.entries), {}, 0
+        for r in self.rows:   # a decode row's batch index is its row
+            slots[r.batch_index] = by_seq[r.seq.seq_id] = len(by_seq)
+            width = max(width, r.end)
         layer = self.layers[0]
         kept = StepWeights(torch.empty(len(self.layers), len(by_seq), layer.num_heads, width, dtype=torch.float16),
                            torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
@@ -322,25 +320,27 @@ def capture(engine, watched: list[WatchedRows], kept: StepQueries | StepWeights 
             _decode_weights(layers, decodes[start:start + size], queries, block_size, result)
     for w in watched:
         if w.end - w.first > 1:
-            table = w.view.block_table[:cdiv(w.end, block_size)]
-            drawn, per_layer, means = [layer for layer in layers if w.wants(layer.layer_idx)], [], []
-            for layer in drawn:
-                q = queries[w.seq.seq_id][layer.layer_idx]
-                if in_place(layer):   # causal: row r sees the keys up to its own position
-                    halves = torch.empty(len(w.positions), q.shape[1], w.end, dtype=torch.float16)
-                    mean = torch.empty(len(w.positions), w.end, dtype=torch.float16)
-                    cpu_weights(q.contiguous(), layer.k_cache, torch.tensor([table], dtype=torch.int32).expand(
-                        len(w.positions), -1).contiguous(), torch.tensor(w.positions, dtype=torch.int32) + 1,
-                        layer.scale, halves, mean)
-                    halves = halves.transpose(0, 1)
-                else:
+            table, positions = w.view.block_table[:cdiv(w.end, block_size)], w.positions
+            drawn = [layer for layer in layers if w.wants(layer.layer_idx)]
+            if drawn and in_place(drawn[0]):   # causal: row r sees the keys up to its own position
+                tables = torch.tensor([table], dtype=torch.int32).expand(len(positions), -1).contiguous()
+                lens = torch.arange(w.first + 1, w.end + 1, dtype=torch.int32)
+                written = torch.empty(len(drawn), len(positions), layers[0].num_heads, w.end, dtype=torch.float16)
+                means = torch.empty(len(drawn), len(positions), w.end, dtype=torch.float16)   # each layer's, in place
+                for layer, out, mean in zip(drawn, written, means):
+                    cpu_weights(queries[w.seq.seq_id][layer.layer_idx].contiguous(), layer.k_cache, tables, lens,
+                                layer.scale, out, mean)
+                per_layer = [_heads(halves, w.heads) for halves in written.transpose(1, 2)]
+            else:
+                per_layer, means = [], []
+                for layer in drawn:
                     keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=engine.device), w.end)
-                    probs = attention_weights(q, keys, w.positions, layer.scale)
-                    halves, mean = probs.half(), probs.mean(0).half()
-                per_layer.append(_heads(halves, w.heads))
-                means.append(mean)
+                    probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, positions, layer.scale)
+                    per_layer.append(_heads(probs.half(), w.heads))
+                    means.append(probs.mean(0).half())
+                means = torch.stack(means) if drawn else None
             if drawn:   # one copy for every layer: [layers, heads, rows, context], [layers, rows, context]
-                kept_heads, mean = HostCopy(torch.stack(per_layer)).parts(), HostCopy(torch.stack(means)).parts()
+                kept_heads, mean = HostCopy(torch.stack(per_layer)).parts(), HostCopy(means).parts()
                 numbers = [layer.layer_idx for layer in drawn]
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     result.attention[(w.seq.seq_id, recomputed)] = (

@@ -168,10 +168,10 @@ class Instrumentation(EngineObserver):
         self._watched = watched_rows(scheduled, self.watches.by_seq_id(), self.facts.num_heads)
         if self._keeper is not None:
             self._keeper.kept = None
-        keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
+        keep = [r for r in self._watched if (r.layers is None or r.layers) and not r.side]
         if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
             self._keeper = self._keeper or QueryKeeper(self.engine)
-            self._keeper.seq_ids = keep
+            self._keeper.rows, self._keeper.seq_ids = keep, {r.seq.seq_id for r in keep}
             self.engine.keep_queries = self._keeper
         else:
             self._stop_keeping()
@@ -270,17 +270,19 @@ class Instrumentation(EngineObserver):
         watches: dict[int, Watch] = self.watches.by_seq_id()
         step, drawn = record.scheduled.step, record.result.tokens
         num_heads = self.facts.num_heads
-        sampled = [r for r in watched if r.sample_row is not None and r.seq.seq_id in drawn
-                   and (w := watches.get(r.seq.seq_id)) is not None and w.wanted(num_heads).sampling]
+        sampled, with_logits = [], []   # the rows whose draw is shown, and which also send their logits
+        for r in watched:
+            if (w := watches.get(r.seq.seq_id)) is None:
+                continue
+            w.covered = max(w.covered, r.end)
+            if r.sample_row is not None and r.seq.seq_id in drawn and (wanted := w.wanted(num_heads)).sampling:
+                sampled.append(r)
+                with_logits.append(wanted.internals)
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
             events += sampling_events([r.seq for r in sampled], step, logits,
-                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts,
-                                      [watches[r.seq.seq_id].wanted(num_heads).internals for r in sampled])
-        for r in watched:
-            if (w := watches.get(r.seq.seq_id)) is not None:
-                w.covered = max(w.covered, r.end)
+                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts, with_logits)
         drawn_rows = [r for r in watched if r.internals or r.layers is None or r.layers]
         if not drawn_rows or self.tensor_parallel:   # a side pass would need every rank: sampling only there
             return events
