@@ -205,7 +205,8 @@ class Instrumentation(EngineObserver):
             self._watched = []
             self._stop_keeping()
         events += [self._finished_event(seq, ts) for seq in record.finished]
-        events.append(self._step_event(record, ts))
+        step_event = self._step_event(record, ts)
+        events.append(step_event)
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
@@ -217,7 +218,7 @@ class Instrumentation(EngineObserver):
         for seq in record.finished:
             self._forget_watch(seq)
             self._spec_stats.pop(seq.seq_id, None)
-        self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
+        self._last_work = (step_event["num_batched_tokens"], sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
             events.append(self.memory())
