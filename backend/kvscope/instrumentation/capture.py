@@ -45,8 +45,8 @@ from kvscope.layers.kernels import cpu_unavailable
 class SeqView:
     """What capture reads of a sequence, as it was when the step was scheduled (by the time
     capture runs the engine has appended tokens, and freed a finished one's blocks). Its
-    tokens are the sequence's own up to the step's end, read when asked for (the engine only
-    appends to a sequence, past where this step ended; most rows never need them)."""
+    tokens are the sequence's own up to the step's end, read when asked for: the engine only
+    appends past them (a stop string cuts only what the step drew), and most rows never ask."""
 
     def __init__(self, seq: Sequence, end: int, spec_token_ids: list[int]):
         self.seq, self.end, self.spec_token_ids = seq, end, spec_token_ids

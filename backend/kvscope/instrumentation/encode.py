@@ -42,9 +42,10 @@ _LENGTH = struct.Struct("<I")
 
 
 def has_tensors(event: dict) -> bool:
-    """True for an event whose arrays are still arrays (not lists, as converted recordings hold them)."""
-    names = TENSOR_FIELDS.get(event["type"])
-    return names is not None and not isinstance(event[names[0]], list)
+    """True for an event whose arrays are still arrays (not lists, as converted recordings hold
+    them, nor bytes already in a recorded `payload`)."""
+    names = TENSOR_FIELDS.get(event.get("type"))
+    return names is not None and event.get(names[0]) is not None and not isinstance(event[names[0]], list)
 
 
 def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:

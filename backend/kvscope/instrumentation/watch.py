@@ -36,7 +36,7 @@ class WatchSpec:
 class WatchWanted:
     """What every viewer of one request asks for, together."""
     layers: frozenset[int] | None   # None: every layer
-    heads: list[int] | None         # those of num_heads asked for (all of them when any viewer wants every head)
+    heads: list[int]                # those of num_heads asked for (all of them when any viewer wants every head)
     sampling: bool
     internals: bool
     num_heads: int
