@@ -1,8 +1,11 @@
-"""Convert recordings of schema versions 1 to 3 to the current one (docs/events.md). Up to
+"""Convert recordings of schema versions 1 to 4 to the current one (docs/events.md). Up to
 version 3: a watched request's per-layer `attention` events of one step (consecutive in
 the stream) become one event carrying every layer; lists stay lists (version 1), float16
 payloads are regrouped byte for byte (version 2). Version 4: a `sampling` event lists its
-candidates once and each stage carries arrays parallel to them. The numbers are not touched.
+candidates once and each stage carries arrays parallel to them. Version 5: a stage the
+request does not apply keeps only its name and `applied: false`, and an `attention` event
+keeps the `token_ids` new since the request's previous one (all of them in its first). The
+numbers are not touched.
 
     python scripts/upgrade_recordings.py frontend/recordings/*.jsonl
 """
@@ -39,7 +42,7 @@ def merged(group: list[dict]) -> str:
     return compact({**first, "weights": [e["weights"] for e in group], "mean": [e["mean"] for e in group]})
 
 
-def columns(event: dict) -> str:
+def columns(event: dict) -> dict:
     """A version-4 sampling line from an older one: each stage's candidate objects become the
     event's `candidates` (ids, texts, once) and the stage's `logits` and `probs` arrays."""
     listed = event["stages"][0]["candidates"]
@@ -54,7 +57,27 @@ def columns(event: dict) -> str:
             out["candidates"] = {"ids": [c["id"] for c in listed], "texts": [c["text"] for c in listed]}
             value = stages
         out[key] = value
-    return compact(out)
+    return out
+
+
+def unapplied_bare(event: dict) -> dict:
+    """A version-5 sampling event: a stage not applied keeps only its name and `applied`."""
+    return {**event, "stages": [st if st["applied"] else {"name": st["name"], "applied": False}
+                                for st in event["stages"]]}
+
+
+def new_tokens_only(lines: list[str]) -> list[str]:
+    """Version 5 attention lines: after a request's first event, only the ids of the key
+    positions from its first query position on (those earlier came with earlier events)."""
+    out, seen = [], set()
+    for line in lines:
+        event = json.loads(line)
+        if event.get("type") == "attention" and len(event["token_ids"]) == event["context_len"]:
+            if event["request_id"] in seen:
+                line = compact({**event, "token_ids": event["token_ids"][event["query_positions"][0]:]})
+            seen.add(event["request_id"])
+        out.append(line)
+    return out
 
 
 def upgrade(lines: list[str]) -> list[str]:
@@ -72,11 +95,11 @@ def upgrade(lines: list[str]) -> list[str]:
             group.append(event)
         elif event is not None and event.get("type") == "hello":
             out.append(compact({**event, "schema_version": SCHEMA_VERSION}))
-        elif event is not None and event.get("type") == "sampling" and "candidates" in event["stages"][0]:
-            out.append(columns(event))
+        elif event is not None and event.get("type") == "sampling":
+            out.append(compact(unapplied_bare(columns(event) if "candidates" in event["stages"][0] else event)))
         elif event is not None:
             out.append(line)
-    return out
+    return new_tokens_only(out)
 
 
 def main(paths: list[str]) -> None:

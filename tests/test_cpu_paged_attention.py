@@ -342,7 +342,7 @@ def test_the_decode_kernel_writes_watched_rows_weights(heads, kv_heads, head_dim
     slots = torch.tensor([watched.get(r, -1) for r in range(len(lens))], dtype=torch.int32)
     weights = torch.full((4, heads, 610), float("nan"), dtype=torch.float16)
     means = torch.full((4, 610), float("nan"), dtype=torch.float16)
-    watch_rows(layer, slots, weights, means)
+    watch_rows([layer], slots, weights[None], means[None])
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -358,7 +358,7 @@ def test_the_decode_kernel_writes_watched_rows_weights(heads, kv_heads, head_dim
                                    rtol=0)
         torch.testing.assert_close(means[w, :n], want.mean(0).half(), atol=1e-3, rtol=0)
         assert (weights[w, :, n:] == 0).all() and (means[w, n:] == 0).all()
-    watch_rows(layer, None)
+    watch_rows([layer], None)
     assert not layer.watch.any() and layer.watched == ()
 
 
@@ -371,14 +371,14 @@ def test_a_watch_written_for_another_step_writes_nothing_outside_what_it_names()
     weights = torch.full((2, 8, 20), float("nan"), dtype=torch.float16)
     means = torch.full((2, 20), float("nan"), dtype=torch.float16)
     # row 0 in slot 7 (past the 2 watched), row 1's 40 positions wider than 20, row 2 not listed
-    watch_rows(layer, torch.tensor([7, 0], dtype=torch.int32), weights, means)
+    watch_rows([layer], torch.tensor([7, 0], dtype=torch.int32), weights[None], means[None])
     out = kernels.cpu_decode(q, k_cache, v_cache, md.block_tables, md.context_lens, 1.0, layer.watch)
     assert torch.equal(out, kernel(q, k_cache, v_cache, md, 1.0))
     assert weights.isnan().all() and means.isnan().all()
     with pytest.raises(ValueError, match="watched rows"):
-        watch_rows(layer, torch.tensor([0, 1]), weights, means)   # int64 slots
+        watch_rows([layer], torch.tensor([0, 1]), weights[None], means[None])   # int64 slots
     with pytest.raises(ValueError, match="watched rows"):
-        watch_rows(layer, torch.tensor([0, 1], dtype=torch.int32), weights.float(), means)
+        watch_rows([layer], torch.tensor([0, 1], dtype=torch.int32), weights[None].float(), means[None])
 
 
 def test_other_dtypes_are_refused_with_a_reason():

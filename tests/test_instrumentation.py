@@ -182,7 +182,29 @@ def check_against_transformers(att: list[dict], seq) -> None:
         assert torch.allclose(ours, want, atol=F16_ATOL), (a["layer"], a["query_positions"][0])
         assert torch.allclose(torch.from_numpy(a["mean"]), ref[a["layer"]][0].mean(0)[a["query_positions"], :a["context_len"]],
                               atol=F16_ATOL)
-        assert a["token_ids"] == seq.token_ids[:a["context_len"]]
+        first = a["context_len"] - len(a["token_ids"])   # the whole context, or what is new since the last event
+        assert first in (0, a["query_positions"][0]) and a["token_ids"] == seq.token_ids[first:a["context_len"]]
+
+
+def test_attention_token_ids_are_sent_once_and_again_whole_to_a_viewer_that_joins(engine):
+    """A request's first attention event lists its whole context, each later one the key
+    positions new since the last; a viewer joining the watch gets the whole context again."""
+    events = []
+    instr = Instrumentation(engine, events.extend)
+    seq = engine.add_request(PROMPTS[2], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    instr.watch(seq.request_id, "first", WatchSpec(layers=frozenset({0})), seq)
+    for _ in range(3):
+        engine.step()
+    instr.watch(seq.request_id, "second", WatchSpec(layers=frozenset({1})), seq)
+    run_to_end(engine)
+    instr.detach()
+    att = [e for e in events if e["type"] == "attention"]
+    starts = [a["context_len"] - len(a["token_ids"]) for a in att]
+    joined = next(i for i, a in enumerate(att) if 1 in a["layers"])   # the first after the second viewer
+    assert joined == 3 and len(att) > joined + 1 and starts[0] == starts[joined] == 0
+    assert all(starts[i] == att[i]["query_positions"][0] > 0 for i in range(1, len(att)) if i != joined)
+    for a, first in zip(att, starts):
+        assert a["token_ids"] == seq.token_ids[first:a["context_len"]]
 
 
 def test_watching_leaves_the_others_compiled_and_their_tokens_unchanged():
@@ -248,7 +270,7 @@ def test_sampling_event_follows_each_filter(engine):
     for s in samples[:3]:
         stage = {st["name"]: st for st in s["stages"]}
         assert stage["top_k"]["kept"] == 50 and stage["top_p"]["kept"] <= 50
-        assert not stage["min_p"]["applied"] and stage["min_p"]["kept"] == stage["top_p"]["kept"]
+        assert stage["min_p"] == {"name": "min_p", "applied": False}   # not applied: no numbers of its own
         raw = stage["logits"]["probs"][:10]
         assert raw == sorted(raw, reverse=True)
         assert s["draw"]["cdf_low"] < s["draw"]["cdf_high"] <= 1.0

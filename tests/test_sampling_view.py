@@ -1,6 +1,6 @@
 """The sampling view (`watch.sampling_events`, every watched row at once) against the rule
 docs/events.md states, computed here one row at a time: each stage filters the row before
-it (or shows it again where the request does not apply it), the candidates are the 10
+it (or, where the request does not apply it, says so and sends no numbers), the candidates are the 10
 likeliest allowed tokens plus the chosen one, the draw is the chosen token's slice of the
 final distribution. Rows of every kind share a batch, as a class's do."""
 from __future__ import annotations
@@ -111,6 +111,9 @@ def test_sampling_view_follows_the_rule_row_by_row(seed, n, vocab, masked_share)
         assert e.get("allowed_tokens") == want["allowed"]
         assert e["candidates"] == {"ids": want["ids"], "texts": [f"t{i}" for i in want["ids"]]}
         for got, ref in zip(e["stages"], want["stages"], strict=True):
+            if not ref["applied"]:   # it changed nothing: its name and flag, no numbers
+                assert got == {"name": ref["name"], "applied": False}
+                continue
             assert list(got) == ["name", "applied", "kept", "logits", "probs"]
             assert (got["name"], got["applied"], got["kept"]) == (ref["name"], ref["applied"], ref["kept"])
             assert [v is None for v in got["logits"]] == [v is None for v in ref["logits"]]   # parallel to the ids
@@ -122,9 +125,10 @@ def test_sampling_view_follows_the_rule_row_by_row(seed, n, vocab, masked_share)
         assert (draw["cdf_low"], draw["cdf_high"]) == pytest.approx(want["cdf"], abs=2e-6)
         assert e["chosen"] == {"id": chosen[r], "text": f"t{chosen[r]}", "prob": pytest.approx(want["prob"], abs=2e-6),
                                "logprob": pytest.approx(want["logprob"], abs=2e-6)}
-        numbers = [v for st in e["stages"] for v in st["logits"] if v is not None]
+        applied = [st for st in e["stages"] if st["applied"]]
+        numbers = [v for st in applied for v in st["logits"] if v is not None]
         assert all(round(v, 4) == v for v in numbers)   # sent rounded: 4 decimals a logit, 6 a probability
-        assert all(round(v, 6) == v for v in [v for st in e["stages"] for v in st["probs"]]
+        assert all(round(v, 6) == v for v in [v for st in applied for v in st["probs"]]
                    + [draw["cdf_low"], draw["cdf_high"], e["chosen"]["prob"], e["chosen"]["logprob"]])
         kinds |= {"masked" * (want["allowed"] is not None), "below the top" * (want["rank"] > 0),
                   "chosen added" * (len(e["candidates"]["ids"]) > min(10, want["allowed"] or vocab))}

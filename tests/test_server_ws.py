@@ -55,7 +55,7 @@ def test_connect_sends_hello_session_engine(server, learner):
     for block, fields in HELLO_FIELDS.items():
         assert set(hello[block]) == fields
     cfg = server.engine.model_config
-    assert hello["schema_version"] == SCHEMA_VERSION == 4
+    assert hello["schema_version"] == SCHEMA_VERSION == 5
     assert hello["model"]["num_layers"] == cfg.num_layers and hello["model"]["vocab_size"] == cfg.vocab_size
     assert hello["model"]["kv_bytes_per_token"] == 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4
     assert hello["engine"]["num_blocks"] == server.num_blocks

@@ -25,6 +25,7 @@ the same way.
 With nobody watching nothing is kept and nothing runs after the step."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,18 +36,26 @@ from kvscope.engine.scheduler import ScheduledSeq, SchedulerOutput
 from kvscope.engine.sequence import Sequence
 from kvscope.engine.step_inputs import (MAX_DECODE_GROUPS, MIN_DECODE_GROUP, StepBuffers, batch_order,
                                        prepare_inputs)
+from kvscope.instrumentation.watch import Watch
 from kvscope.instrumentation.weights import cpu_weights, triton_usable, triton_weights, watch_rows
 from kvscope.layers.attention import KeptQueries, Route, gather_context, query_room, step_metadata
 from kvscope.layers.kernels import cpu_unavailable
 
 
-@dataclass
 class SeqView:
     """What capture reads of a sequence, as it was when the step was scheduled (by the time
-    capture runs the engine has appended tokens, and freed a finished one's blocks)."""
-    token_ids: list[int]
-    block_table: list[int]
-    forks: list = field(default_factory=list)
+    capture runs the engine has appended tokens, and freed a finished one's blocks). Its
+    tokens are the sequence's own up to the step's end, read when asked for: the engine only
+    appends past them (a stop string cuts only what the step drew), and most rows never ask."""
+
+    def __init__(self, seq: Sequence, end: int, spec_token_ids: list[int]):
+        self.seq, self.end, self.spec_token_ids = seq, end, spec_token_ids
+        self.block_table = list(seq.block_table)
+        self.forks: list = []
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[:self.end - len(self.spec_token_ids)] + self.spec_token_ids
 
 
 @dataclass
@@ -62,6 +71,7 @@ class WatchedRows:
     heads: list[int] | None = None  # heads to keep (None: every head)
     internals: bool = False         # also the residual stream and the MLP's activations
     row_start: int = 0              # its first row in the side pass, when it takes one
+    batch_index: int = 0            # its place in the step's batch order
 
     @property
     def positions(self) -> list[int]:
@@ -98,25 +108,16 @@ class WatchedRows:
         return ScheduledSeq(self.view, n, self.first, False, "decode" if n == 1 else "prefill")
 
 
-@dataclass
-class WatchWanted:
-    """What the viewers of one sequence asked for (the registry's union)."""
-    first: int                      # positions before it have been captured already
-    layers: set[int] | None
-    heads: list[int] | None
-    internals: bool
-
-
-def watched_rows(scheduled: SchedulerOutput, wanted: dict[int, WatchWanted]) -> list[WatchedRows]:
-    """The watched sequences (seq_id -> what is wanted) in this step's batch."""
+def watched_rows(scheduled: SchedulerOutput, watches: Mapping[int, Watch], num_heads: int) -> list[WatchedRows]:
+    """The watched sequences (seq_id -> its watch) in this step's batch."""
     found, sample = [], 0
-    for e in batch_order(scheduled.entries):
-        w = wanted.get(e.seq.seq_id)
+    for i, e in enumerate(batch_order(scheduled.entries)):
+        w = watches.get(e.seq.seq_id)
         if w is not None:
-            end = e.start + e.num_new_tokens
-            view = SeqView(e.seq.token_ids[:end - len(e.spec_token_ids)] + e.spec_token_ids, list(e.seq.block_table))
-            found.append(WatchedRows(e.seq, min(w.first, e.start), e.start, end, view,
-                                     sample if e.samples else None, w.layers, w.heads, w.internals))
+            end, wanted = e.start + e.num_new_tokens, w.wanted(num_heads)
+            found.append(WatchedRows(e.seq, min(w.covered, e.start), e.start, end, SeqView(e.seq, end, e.spec_token_ids),
+                                     sample if e.samples else None, wanted.layers, wanted.heads, wanted.internals,
+                                     batch_index=i))
         if e.samples:   # logits rows: one per draft and one more, and one per choice forking here
             sample += 1 + len(e.spec_token_ids) + len(e.forks)
     return found
@@ -226,6 +227,7 @@ class QueryKeeper:
         self.layers, self.dtype, self.device = engine.model.attention_layers, engine.dtype, engine.device
         self.in_kernel = engine.plan.attention.eager is Route.CPU_KERNELS and in_place(self.layers[0])
         self.seq_ids: set[int] = set()   # whose rows the next step keeps
+        self.rows: list[WatchedRows] = []  # theirs, in batch order (where a decode step's kernel finds them)
         self.kept: StepQueries | StepWeights | None = None   # what the last step run kept
         self.writing = False   # whether the layers' decode kernels write weights
 
@@ -236,8 +238,7 @@ class QueryKeeper:
 
     def release(self) -> None:
         if self.writing:
-            for layer in self.layers:
-                watch_rows(layer, None)
+            watch_rows(self.layers, None)
             self.writing = False
 
     def __call__(self, out: SchedulerOutput, decode: bool) -> KeptQueries | None:
@@ -260,20 +261,16 @@ class QueryKeeper:
 
     def _in_kernel(self, out: SchedulerOutput) -> StepWeights | None:
         """Ask each layer's decode kernel for the watched rows' weights (rows in batch order)."""
-        slots, by_seq, width = [], {}, 0
-        for e in batch_order(out.entries):
-            if e.seq.seq_id in self.seq_ids:
-                by_seq[e.seq.seq_id] = len(by_seq)
-                width = max(width, e.start + 1)
-            slots.append(by_seq.get(e.seq.seq_id, -1))
-        if not by_seq:
+        if not self.rows:
             return None
+        slots, by_seq, width = [-1] * len(out.entries), {}, 0
+        for r in self.rows:   # a decode row's batch index is its row
+            slots[r.batch_index] = by_seq[r.seq.seq_id] = len(by_seq)
+            width = max(width, r.end)
         layer = self.layers[0]
         kept = StepWeights(torch.empty(len(self.layers), len(by_seq), layer.num_heads, width, dtype=torch.float16),
                            torch.empty(len(self.layers), len(by_seq), width, dtype=torch.float16), by_seq)
-        slots = torch.from_numpy(np.array(slots, dtype=np.int32))
-        for layer, weights, means in zip(self.layers, kept.weights, kept.means):
-            watch_rows(layer, slots, weights, means)
+        watch_rows(self.layers, torch.tensor(slots, dtype=torch.int32), kept.weights, kept.means)
         self.writing = True
         return kept
 
@@ -302,7 +299,10 @@ def capture(engine, watched: list[WatchedRows], kept: StepQueries | StepWeights 
         written = [w for w in watched if not w.side and w.seq.seq_id in kept.by_seq]
         _hand_out(written, [kept.by_seq[w.seq.seq_id] for w in written], [layer.layer_idx for layer in layers],
                   kept.weights.numpy(), kept.means.numpy(), result)
-        watched = [w for w in watched if w not in written]
+        if len(written) == len(watched):
+            return result
+        done = {id(w) for w in written}
+        watched = [w for w in watched if id(w) not in done]
         kept = None
     from_step = [w for w in watched if not w.side and kept is not None and w.seq.seq_id in kept.by_seq]
     stacked = torch.stack(kept.kept.out) if from_step else None   # [layers, rows, H, D]
@@ -320,25 +320,27 @@ def capture(engine, watched: list[WatchedRows], kept: StepQueries | StepWeights 
             _decode_weights(layers, decodes[start:start + size], queries, block_size, result)
     for w in watched:
         if w.end - w.first > 1:
-            table = w.view.block_table[:cdiv(w.end, block_size)]
-            drawn, per_layer, means = [layer for layer in layers if w.wants(layer.layer_idx)], [], []
-            for layer in drawn:
-                q = queries[w.seq.seq_id][layer.layer_idx]
-                if in_place(layer):   # causal: row r sees the keys up to its own position
-                    halves = torch.empty(len(w.positions), q.shape[1], w.end, dtype=torch.float16)
-                    mean = torch.empty(len(w.positions), w.end, dtype=torch.float16)
-                    cpu_weights(q.contiguous(), layer.k_cache, torch.tensor([table], dtype=torch.int32).expand(
-                        len(w.positions), -1).contiguous(), torch.tensor(w.positions, dtype=torch.int32) + 1,
-                        layer.scale, halves, mean)
-                    halves = halves.transpose(0, 1)
-                else:
+            table, positions = w.view.block_table[:cdiv(w.end, block_size)], w.positions
+            drawn = [layer for layer in layers if w.wants(layer.layer_idx)]
+            if drawn and in_place(drawn[0]):   # causal: row r sees the keys up to its own position
+                tables = torch.tensor([table], dtype=torch.int32).expand(len(positions), -1).contiguous()
+                lens = torch.arange(w.first + 1, w.end + 1, dtype=torch.int32)
+                written = torch.empty(len(drawn), len(positions), layers[0].num_heads, w.end, dtype=torch.float16)
+                means = torch.empty(len(drawn), len(positions), w.end, dtype=torch.float16)   # each layer's, in place
+                for layer, out, mean in zip(drawn, written, means):
+                    cpu_weights(queries[w.seq.seq_id][layer.layer_idx].contiguous(), layer.k_cache, tables, lens,
+                                layer.scale, out, mean)
+                per_layer = [_heads(halves, w.heads) for halves in written.transpose(1, 2)]
+            else:
+                per_layer, means = [], []
+                for layer in drawn:
                     keys = gather_context(layer.readable_caches()[0], torch.tensor(table, device=engine.device), w.end)
-                    probs = attention_weights(q, keys, w.positions, layer.scale)
-                    halves, mean = probs.half(), probs.mean(0).half()
-                per_layer.append(_heads(halves, w.heads))
-                means.append(mean)
+                    probs = attention_weights(queries[w.seq.seq_id][layer.layer_idx], keys, positions, layer.scale)
+                    per_layer.append(_heads(probs.half(), w.heads))
+                    means.append(probs.mean(0).half())
+                means = torch.stack(means) if drawn else None
             if drawn:   # one copy for every layer: [layers, heads, rows, context], [layers, rows, context]
-                kept_heads, mean = HostCopy(torch.stack(per_layer)).parts(), HostCopy(torch.stack(means)).parts()
+                kept_heads, mean = HostCopy(torch.stack(per_layer)).parts(), HostCopy(means).parts()
                 numbers = [layer.layer_idx for layer in drawn]
                 for rows, positions, context, recomputed in w.parts():   # the recomputed rows, the step's
                     result.attention[(w.seq.seq_id, recomputed)] = (

@@ -19,10 +19,12 @@ def attention_pairs(start: int, num_tokens: int) -> int:
 
 def step_cost(facts: ModelFacts, work: list[tuple[int, int, bool]], model_seconds: float) -> dict:
     """work: (start, num_tokens, samples) per scheduled sequence."""
-    tokens = sum(n for _, n, _ in work)
-    sampled = sum(1 for _, _, s in work if s)
-    context = sum(start + n for start, n, _ in work)
-    pairs = sum(attention_pairs(start, n) for start, n, _ in work)
+    tokens = sampled = context = pairs = 0
+    for start, n, samples in work:   # one pass: every step of a served class computes this
+        tokens += n
+        sampled += samples
+        context += start + n
+        pairs += attention_pairs(start, n)
     kv_token = facts.kv_bytes_per_token
     weight_bytes = facts.read_weight_bytes
     kv_read, kv_write = context * kv_token, tokens * kv_token

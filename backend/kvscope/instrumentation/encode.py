@@ -38,12 +38,14 @@ except ImportError:   # pragma: no cover - the standard library is the fallback
 TENSOR_FIELDS = {"attention": ("weights", "mean")}   # event type -> its array fields, in payload order
 WIRE_DTYPE = np.dtype("<f2")
 ALIGN = 8
+_LENGTH = struct.Struct("<I")
 
 
 def has_tensors(event: dict) -> bool:
-    """True for an event whose arrays are still arrays (not lists, as converted recordings hold them)."""
+    """True for an event whose arrays are still arrays (not lists, as converted recordings hold
+    them, nor bytes already in a recorded `payload`)."""
     names = TENSOR_FIELDS.get(event.get("type"))
-    return names is not None and hasattr(event.get(names[0]), "__array__")
+    return names is not None and event.get(names[0]) is not None and not isinstance(event[names[0]], list)
 
 
 def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:
@@ -51,8 +53,8 @@ def _parts(event: dict) -> tuple[dict, list[np.ndarray]]:
     so what costs here is per call; nothing is copied that is already float16 in order."""
     names = TENSOR_FIELDS[event["type"]]
     header = event.copy()
-    arrays = [np.ascontiguousarray(np.asarray(header.pop(name)), WIRE_DTYPE) for name in names]
-    header["tensors"] = [{"name": name, "dtype": "float16", "shape": list(a.shape)} for name, a in zip(names, arrays)]
+    arrays = [np.ascontiguousarray(header.pop(name), WIRE_DTYPE) for name in names]
+    header["tensors"] = [{"name": name, "dtype": "float16", "shape": a.shape} for name, a in zip(names, arrays)]
     return header, arrays
 
 
@@ -66,7 +68,7 @@ def binary_frame(event: dict) -> bytes:
     header, arrays = _parts(event)
     text = dump_bytes(header)
     pad = -(4 + len(text)) % ALIGN
-    return b"".join((struct.pack("<I", len(text) + pad), text, b" " * pad, *arrays))
+    return b"".join((_LENGTH.pack(len(text) + pad), text, b" " * pad, *arrays))
 
 
 def cut_attention(event: dict, layers: frozenset[int] | None, heads: frozenset[int] | None) -> dict:

@@ -19,11 +19,14 @@ def block_state(ref: int, h: bytes | None, owners: dict[str, int], seqs: dict[st
     """(ref, filled, hash, owners); `owners` maps request id -> index of the block in its table."""
     if ref == 0:
         return 0, block_size if h is not None else 0, short_hash(h), ()
+    if len(owners) == 1:   # most blocks (a decode step touches one a sequence)
+        (rid, idx), = owners.items()
+        filled = seqs[rid].num_computed_tokens - idx * block_size
+        return ref, min(max(filled, 0), block_size), short_hash(h), (rid,)
     filled = 0
     for rid, idx in owners.items():   # a shared block is as full as its fullest owner has it
         filled = max(filled, seqs[rid].num_computed_tokens - idx * block_size)
-    names = tuple(owners) if len(owners) == 1 else tuple(sorted(owners))
-    return ref, min(filled, block_size), short_hash(h), names
+    return ref, min(filled, block_size), short_hash(h), tuple(sorted(owners))
 
 
 def block_dict(block_id: int, state: tuple) -> dict:
@@ -108,8 +111,9 @@ class KVTracker:
         for b in sorted(dirty):
             state, old = self._state(b), self.states[b]
             if state != old:
-                self.totals["num_free"] += (state[0] == 0) - (old[0] == 0)
-                self.totals["num_cached"] += _is_cached(state) - _is_cached(old)
+                if state[0] != old[0] or state[2] != old[2]:   # not only filled further: the totals move
+                    self.totals["num_free"] += (state[0] == 0) - (old[0] == 0)
+                    self.totals["num_cached"] += _is_cached(state) - _is_cached(old)
                 self.states[b] = state
                 blocks.append(block_dict(b, state))
         if not blocks and not changed_tables and not published:

@@ -20,7 +20,7 @@ from kvscope.instrumentation.cost import step_cost
 from kvscope.instrumentation.facts import model_facts
 from kvscope.instrumentation import internals
 from kvscope.instrumentation.kv_state import KVTracker
-from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, WatchWanted, capture, watched_rows
+from kvscope.instrumentation.capture import Capture, QueryKeeper, WatchedRows, capture, watched_rows
 from kvscope.instrumentation.memory import memory_event
 from kvscope.instrumentation.spec import spec_events
 from kvscope.instrumentation.watch import (Watch, WatchRegistry, WatchSpec, grammar_allowed, sampling_events,
@@ -52,16 +52,16 @@ class RequestLabel:
     watched: bool = False
 
 
-def attention_event(seq: Sequence, step: int, layers: list[int], positions: list[int], token_ids: list[int],
-                    weights, mean, heads: list[int], kv_heads: list[int], num_heads: int, ts: float,
-                    recomputed: bool = False) -> dict:
+def attention_event(seq: Sequence, step: int, layers: list[int], positions: list[int], context: int,
+                    token_ids: list[int], weights, mean, heads: list[int], kv_heads: list[int], num_heads: int,
+                    ts: float, recomputed: bool = False) -> dict:
     """weights: [len(layers), len(heads), rows, context] and mean (over every head): [len(layers),
     rows, context], arrays (float16, possibly still on their way to the host: encode.py reads
-    them off the engine thread); `recomputed`: rows the prefix cache spared the engine, rebuilt
-    by the side pass."""
+    them off the engine thread); token_ids: the ids at the context's last len(token_ids)
+    positions; `recomputed`: rows the prefix cache spared the engine, rebuilt by the side pass."""
     return {"type": "attention", "ts": ts, "request_id": seq.request_id, "step": step, "layers": layers,
             "heads": heads, "kv_heads": kv_heads, "num_heads": num_heads,
-            "query_positions": positions, "context_len": len(token_ids), "token_ids": token_ids,
+            "query_positions": positions, "context_len": context, "token_ids": token_ids,
             "weights": weights, "mean": mean, "recomputed": recomputed}
 
 
@@ -165,16 +165,13 @@ class Instrumentation(EngineObserver):
         if not self.watches:
             self._stop_keeping()   # after a step that failed before on_step
             return False
-        num_heads = self.facts.num_heads
-        wanted = {seq_id: WatchWanted(w.covered, w.layers(), w.heads(num_heads), w.internals)
-                  for seq_id, w in self.watches.by_seq_id().items()}
-        self._watched = watched_rows(scheduled, wanted)
+        self._watched = watched_rows(scheduled, self.watches.by_seq_id(), self.facts.num_heads)
         if self._keeper is not None:
             self._keeper.kept = None
-        keep = {r.seq.seq_id for r in self._watched if (r.layers is None or r.layers) and not r.side}
+        keep = [r for r in self._watched if (r.layers is None or r.layers) and not r.side]
         if keep and not self.tensor_parallel:   # a rank's queries are its own heads only: sampling only there
             self._keeper = self._keeper or QueryKeeper(self.engine)
-            self._keeper.seq_ids = keep
+            self._keeper.rows, self._keeper.seq_ids = keep, {r.seq.seq_id for r in keep}
             self.engine.keep_queries = self._keeper
         else:
             self._stop_keeping()
@@ -208,7 +205,8 @@ class Instrumentation(EngineObserver):
             self._watched = []
             self._stop_keeping()
         events += [self._finished_event(seq, ts) for seq in record.finished]
-        events.append(self._step_event(record, ts))
+        step_event = self._step_event(record, ts)
+        events.append(step_event)
         touched = [s for e in out.entries for s in (e.seq, *e.forks)] + out.preempted + record.finished
         ranges = [(e.seq, e.start, e.num_new_tokens) for e in out.entries]
         delta = self.kv.update(touched, ranges, record.block_events, out.step, ts)
@@ -220,7 +218,7 @@ class Instrumentation(EngineObserver):
         for seq in record.finished:
             self._forget_watch(seq)
             self._spec_stats.pop(seq.seq_id, None)
-        self._last_work = (out.num_batched_tokens, sum(1 for e in out.entries if e.samples))
+        self._last_work = (step_event["num_batched_tokens"], sum(1 for e in out.entries if e.samples))
         if ts - self._last_memory >= self.memory_interval:
             self._last_memory = ts
             events.append(self.memory())
@@ -272,17 +270,20 @@ class Instrumentation(EngineObserver):
         (and internals, from a side pass)."""
         watches: dict[int, Watch] = self.watches.by_seq_id()
         step, drawn = record.scheduled.step, record.result.tokens
-        sampled = [r for r in watched if r.sample_row is not None and r.seq.seq_id in drawn
-                   and (w := watches.get(r.seq.seq_id)) is not None and w.sampling]
+        num_heads = self.facts.num_heads
+        sampled, with_logits = [], []   # the rows whose draw is shown, and which also send their logits
+        for r in watched:
+            if (w := watches.get(r.seq.seq_id)) is None:
+                continue
+            w.covered = max(w.covered, r.end)
+            if r.sample_row is not None and r.seq.seq_id in drawn and (wanted := w.wanted(num_heads)).sampling:
+                sampled.append(r)
+                with_logits.append(wanted.internals)
         events = []
         if sampled and record.result.logits is not None:   # one copy to the host for every watched row
             logits = record.result.logits[[r.sample_row for r in sampled]].float().cpu()
             events += sampling_events([r.seq for r in sampled], step, logits,
-                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts,
-                                      [watches[r.seq.seq_id].internals for r in sampled])
-        for r in watched:
-            if (w := watches.get(r.seq.seq_id)) is not None:
-                w.covered = max(w.covered, r.end)
+                                      [drawn[r.seq.seq_id][0] for r in sampled], self._token_text, ts, with_logits)
         drawn_rows = [r for r in watched if r.internals or r.layers is None or r.layers]
         if not drawn_rows or self.tensor_parallel:   # a side pass would need every rank: sampling only there
             return events
@@ -301,13 +302,16 @@ class Instrumentation(EngineObserver):
         events = []
         for (seq_id, recomputed), (layers, positions, weights, mean) in sorted(
                 capture.attention.items(), key=lambda item: (item[0][0], not item[0][1])):
-            if seq_id not in watches:
+            if (w := watches.get(seq_id)) is None:
                 continue
             r = rows[seq_id]
             context = positions[-1] + 1 if recomputed else r.end
             heads = r.heads if r.heads is not None else every_head
-            events.append(attention_event(r.seq, step, layers, positions, r.seq.token_ids[:context], weights, mean,
-                                          heads, [h // group for h in heads], num_heads, ts, recomputed))
+            # the tokens new since its last event (every one for a viewer that just joined)
+            start, w.fresh = 0 if w.fresh else positions[0], False
+            events.append(attention_event(r.seq, step, layers, positions, context, r.seq.token_ids[start:context],
+                                          weights, mean, heads, [h // group for h in heads], num_heads, ts,
+                                          recomputed))
         return events
 
     def _internals_events(self, capture: Capture, step: int, ts: float) -> list[dict]:

@@ -11,9 +11,12 @@ import json
 # (`layers`, weights [layers, heads, rows, context]) instead of one event a layer.
 # 4: a `sampling` event lists its candidates once (`candidates`: ids, texts) and each stage
 # carries arrays parallel to them (`logits`, `probs`) instead of a list of candidate objects.
-# Recordings of versions 1 to 3 are converted by scripts/upgrade_recordings.py.
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = [4]
+# 5: a sampling stage a request does not apply carries only its name and `applied: false`
+# (no `kept`, `logits`, `probs`: they are those of the last applied stage before it), and an
+# attention event's `token_ids` are the context's positions new since the request's last one.
+# Recordings of versions 1 to 4 are converted by scripts/upgrade_recordings.py.
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = [5]
 
 # -- tiny builders ---------------------------------------------------------------------
 INT = {"type": "integer"}
@@ -189,6 +192,7 @@ PROB = {"type": "number", "minimum": 0, "maximum": 1.0001}
 TENSOR = obj({"name": {"enum": ["weights", "mean"]}, "dtype": {"const": "float16"}, "shape": arr(NAT)})
 ATTENTION = event("attention", {
     "request_id": STR, "step": NAT, "layers": arr(NAT, minItems=1), "heads": arr(NAT), "kv_heads": arr(NAT),
+    # token_ids: the ids at the context's last len(token_ids) positions (those new since the last event)
     "num_heads": NAT, "query_positions": arr(NAT, minItems=1), "context_len": NAT, "token_ids": arr(NAT)},
     {"recomputed": BOOL, "tensors": arr(TENSOR, minItems=2, maxItems=2),
      "payload": {"type": "string", "contentEncoding": "base64"},
@@ -196,14 +200,16 @@ ATTENTION = event("attention", {
 ATTENTION["oneOf"] = [{"required": ["tensors"], "not": {"anyOf": [{"required": ["weights"]}, {"required": ["mean"]}]}},
                       {"required": ["weights", "mean"], "not": {"anyOf": [{"required": ["tensors"]},
                                                                          {"required": ["payload"]}]}}]
+STAGE_NAME = {"enum": ["logits", "temperature", "top_k", "top_p", "min_p"]}
 SAMPLING = event("sampling", {
     "request_id": STR, "step": NAT, "index": NAT,
     "params": obj({"temperature": NNUM, "top_k": INT, "top_p": NNUM, "min_p": NNUM}),
     "candidates": obj({"ids": arr(NAT, minItems=1), "texts": arr(STR, minItems=1)}),
-    # each stage's arrays are parallel to `candidates`: a null logit is a token the stage removed
-    "stages": arr(obj({"name": {"enum": ["logits", "temperature", "top_k", "top_p", "min_p"]},
-                       "applied": BOOL, "kept": NAT, "logits": arr(NULL_NUM, minItems=1),
-                       "probs": arr(PROB, minItems=1)}), minItems=5, maxItems=5),
+    # an applied stage's arrays are parallel to `candidates`: a null logit is a token the stage
+    # removed; a stage not applied has no numbers (those of the last applied stage stand)
+    "stages": arr({"oneOf": [obj({"name": STAGE_NAME, "applied": {"const": True}, "kept": NAT,
+                                  "logits": arr(NULL_NUM, minItems=1), "probs": arr(PROB, minItems=1)}),
+                             obj({"name": STAGE_NAME, "applied": {"const": False}})]}, minItems=5, maxItems=5),
     "draw": obj({"method": {"enum": ["greedy", "sample"]}, "rank": NAT, "cdf_low": PROB,
                  "cdf_high": PROB}),
     "chosen": obj({"id": NAT, "text": STR, "prob": PROB, "logprob": NUM})},

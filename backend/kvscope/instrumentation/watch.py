@@ -32,31 +32,43 @@ class WatchSpec:
     internals: bool = False                # embeddings, residual stream, MLP, logit lens
 
 
+@dataclass(frozen=True)
+class WatchWanted:
+    """What every viewer of one request asks for, together."""
+    layers: frozenset[int] | None   # None: every layer
+    heads: list[int]                # those of num_heads asked for (all of them when any viewer wants every head)
+    sampling: bool
+    internals: bool
+    num_heads: int
+
+
 @dataclass
 class Watch:
     seq: Sequence
     viewers: dict[str, WatchSpec] = field(default_factory=dict)   # viewer id -> what it wants
     covered: int = 0   # positions [0, covered) have had their rows captured
+    fresh: bool = True  # a viewer joined since its last attention event: the next one lists every token
+    _wanted: WatchWanted | None = field(default=None, repr=False, compare=False)
 
-    def layers(self) -> set[int] | None:
-        specs = list(self.viewers.values())
-        if any(s.layers is None for s in specs):
-            return None
-        return set().union(*(s.layers for s in specs))
+    def add(self, viewer: str, spec: WatchSpec) -> None:
+        self.viewers[viewer] = spec
+        self.fresh = True
+        self._wanted = None
 
-    def heads(self, num_heads: int) -> list[int]:
-        specs = list(self.viewers.values())
-        if any(s.heads is None for s in specs):
-            return list(range(num_heads))
-        return sorted(h for h in set().union(*(s.heads for s in specs)) if h < num_heads)
+    def remove(self, viewer: str) -> None:
+        self.viewers.pop(viewer, None)
+        self._wanted = None
 
-    @property
-    def sampling(self) -> bool:
-        return any(s.sampling for s in self.viewers.values())
-
-    @property
-    def internals(self) -> bool:
-        return any(s.internals for s in self.viewers.values())
+    def wanted(self, num_heads: int) -> WatchWanted:
+        """The union of its viewers' specs, made again only when they change (every step reads it)."""
+        if self._wanted is None or self._wanted.num_heads != num_heads:
+            specs = list(self.viewers.values())
+            layers = None if any(s.layers is None for s in specs) else frozenset().union(*(s.layers for s in specs))
+            heads = (list(range(num_heads)) if any(s.heads is None for s in specs) else
+                     sorted(h for h in set().union(*(s.heads for s in specs)) if h < num_heads))
+            self._wanted = WatchWanted(layers, heads, any(s.sampling for s in specs),
+                                       any(s.internals for s in specs), num_heads)
+        return self._wanted
 
 
 class WatchRegistry:
@@ -70,21 +82,21 @@ class WatchRegistry:
     def add(self, request_id: str, viewer: str, spec: WatchSpec, seq: Sequence) -> Watch:
         with self._lock:
             w = self._watches.setdefault(request_id, Watch(seq))
-            w.viewers[viewer] = spec
+            w.add(viewer, spec)
             return w
 
     def remove(self, request_id: str, viewer: str) -> None:
         with self._lock:
             w = self._watches.get(request_id)
             if w is not None:
-                w.viewers.pop(viewer, None)
+                w.remove(viewer)
                 if not w.viewers:
                     del self._watches[request_id]
 
     def drop_viewer(self, viewer: str) -> None:
         with self._lock:
             for rid, w in list(self._watches.items()):
-                w.viewers.pop(viewer, None)
+                w.remove(viewer)
                 if not w.viewers:
                     del self._watches[rid]
 
@@ -155,7 +167,9 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     every step shows the likeliest few again); `with_distribution` adds the logits themselves
     (watches that ask for internals). The candidates are listed once (ids and texts); each
     stage shows how many tokens it keeps and the candidates' logits and probabilities, in
-    arrays parallel to them; a stage a request does not apply shows what the one before did. A request under structured outputs is shown as the sampler saw it: the
+    arrays parallel to them; a stage a request does not apply only says so (it changed
+    nothing: a greedy row's numbers are its logits stage's). A request under structured
+    outputs is shown as the sampler saw it: the
     grammar's forbidden tokens at -inf (`allowed_tokens` counts the rest), while `logprob`
     stays the model's own, as on request.token.
 
@@ -200,22 +214,16 @@ def sampling_events(seqs: list[Sequence], step: int, logits: torch.Tensor, chose
     events = []
     for r, (seq, p, c, order, values) in enumerate(zip(seqs, params, chosen, orders, table)):
         width = len(order)   # a row's candidates are its first columns (padding and its chosen token follow)
-        out_stages = []
-        for name, on, block, kept in shown:
-            if block is not None and on[r]:
-                logit_values, prob_values = values[block]
-                stage = {"name": name, "applied": True, "kept": vocab if kept is None else kept[r],
-                         "logits": logit_values[:width], "probs": prob_values[:width]}
-            else:   # a stage that changed nothing for this row (greedy: all of them) shows what the last one did
-                stage = {"name": name, "applied": on[r], "kept": stage["kept"], "logits": stage["logits"],
-                         "probs": stage["probs"]}
-            out_stages.append(stage)
+        stages = [{"name": name, "applied": True, "kept": vocab if kept is None else kept[r],
+                   "logits": values[block][0][:width], "probs": values[block][1][:width]} if on[r]
+                  else {"name": name, "applied": False}   # nothing changed for this row: no numbers
+                  for name, on, block, kept in shown]
         p_chosen = values[-1][1][-1]   # in the last shown stage, rounded
         cdf_low, cdf_high = cdfs[r] or (0.0, p_chosen)
         event = {"type": "sampling", "ts": ts, "request_id": seq.request_id, "step": step,
                  "index": seq.num_output_tokens - 1,
                  "params": {"temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p},
-                 "candidates": {"ids": order, "texts": [texts[i] for i in order]}, "stages": out_stages,
+                 "candidates": {"ids": order, "texts": [texts[i] for i in order]}, "stages": stages,
                  "draw": {"method": "sample" if sampled[r] else "greedy", "rank": ranks[r],
                           "cdf_low": cdf_low, "cdf_high": cdf_high},
                  "chosen": {"id": c, "text": texts[c], "prob": p_chosen, "logprob": logprobs[r]}}

@@ -24,24 +24,32 @@ TILE_TOKENS = 32   # keys a loop step reads (the decode kernel's tile)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"   # Triton runs kernels on the CPU (tests)
 
 
-def watch_rows(layer, slots: torch.Tensor | None, weights: torch.Tensor | None = None,
+def watch_rows(layers, slots: torch.Tensor | None, weights: torch.Tensor | None = None,
                means: torch.Tensor | None = None) -> None:
-    """From the next step on, `layer`'s CPU decode kernel also writes the softmax weights of each
-    row r with slots[r] >= 0 into weights[slots[r]] [H, width] and their mean over the heads
-    into means[slots[r]] [width] (float16, zero past the row's context); None: no rows.
-    The layer holds the tensors whose addresses its kernel writes through."""
+    """From the next step on, the CPU decode kernel of each of `layers` (the i-th) also writes
+    the softmax weights of each row r with slots[r] >= 0 into weights[i, slots[r]] [H, width]
+    and their mean over the heads into means[i, slots[r]] [width] (float16, zero past the row's
+    context); None: no rows. Each layer holds the tensors its kernel writes through (checked
+    once for every layer: a watched step sets them all)."""
     if slots is None:
-        layer.watch.numpy()[:] = 0
-        layer.watched = ()
+        for layer in layers:
+            layer.watch.numpy()[:] = 0
+            layer.watched = ()
         return
-    n, heads, width = weights.shape
-    if not (slots.dtype == torch.int32 and weights.dtype == means.dtype == torch.float16 and heads == layer.num_heads
-            and means.shape == (n, width) and slots.is_cpu and weights.is_cpu and means.is_cpu
+    num_layers, n, heads, width = weights.shape
+    if not (slots.dtype == torch.int32 and weights.dtype == means.dtype == torch.float16
+            and num_layers == len(layers) and all(layer.num_heads == heads for layer in layers)
+            and means.shape == (num_layers, n, width) and slots.is_cpu and weights.is_cpu and means.is_cpu
             and slots.is_contiguous() and weights.is_contiguous() and means.is_contiguous()):
-        raise ValueError(f"watched rows need int32 slots and float16 weights [n, {layer.num_heads}, width] and "
-                         f"means [n, width] on the CPU; got {slots.dtype}, {tuple(weights.shape)}, {tuple(means.shape)}")
-    layer.watched = (slots, weights, means)
-    layer.watch.numpy()[:] = (slots.data_ptr(), weights.data_ptr(), means.data_ptr(), len(slots), n, width)
+        raise ValueError(f"watched rows need int32 slots and float16 weights [{len(layers)}, n, heads, width] and "
+                         f"means [{len(layers)}, n, width] on the CPU; got {slots.dtype}, {tuple(weights.shape)}, "
+                         f"{tuple(means.shape)}")
+    stride_w, stride_m = weights[0].numel() * 2, means[0].numel() * 2   # bytes a layer's part takes
+    ptr_w, ptr_m = weights.data_ptr(), means.data_ptr()
+    held = (slots, weights, means)
+    for i, layer in enumerate(layers):
+        layer.watched = held
+        layer.watch.numpy()[:] = (slots.data_ptr(), ptr_w + i * stride_w, ptr_m + i * stride_m, len(slots), n, width)
 
 
 def cpu_weights(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,

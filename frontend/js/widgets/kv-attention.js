@@ -201,7 +201,8 @@ class KvAttention extends withHandlers(KvWidget) {
     if (added) this.onAdded(added);
     else if (e.query_positions.length > 1) this.numPrompt = e.query_positions[e.query_positions.length - 1] + 1;
     for (const token of this.seenTokens.splice(0)) if (token.request_id === this.rid) this.onToken(token);
-    this.labelFromRecording(e.token_ids);
+    // a request's first event lists its whole context; a later one only what is new
+    this.labelFromRecording(e.token_ids.length === e.context_len ? e.token_ids : this.tokenIds.slice(0, this.numPrompt));
     return true;
   }
 
@@ -242,7 +243,8 @@ class KvAttention extends withHandlers(KvWidget) {
   onAttention(e) {
     if (!this.accept(e)) return;
     this.numHeads = e.num_heads;
-    e.token_ids.forEach((id, i) => { this.tokenIds[i] = id; });
+    const first = e.context_len - e.token_ids.length;   // the ids new since the last event (all in the first)
+    e.token_ids.forEach((id, i) => { this.tokenIds[first + i] = id; });
     this.store.add(e);
     if (e.recomputed) e.query_positions.forEach((p) => this.recomputed.add(p));
     this.requestRender();
