@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
 from widget_checks import wait_idle, wait_waiting
 
 OPS = [
@@ -227,7 +229,15 @@ def test_prefix_demo_shares_blocks_and_computes_less(page, live_server, screensh
     cached = [int(r.get_attribute("data-cached")) for r in (first, second)]
     assert computed[1] < computed[0] and cached[0] == 0 and cached[1] > 0
     assert computed[1] + cached[1] == computed[0]          # same prompt length, split differently
-    page.wait_for_function("el => el.exportData().pool.blocks.some(b => b.ref === 2)", arg=widget.element_handle())
+    try:
+        page.wait_for_function("el => el.exportData().pool.blocks.some(b => b.ref === 2)", arg=widget.element_handle())
+    except PlaywrightTimeout:   # say what the page's pool held instead (CI saw this once, never again here)
+        pool = widget.evaluate("el => el.exportData().pool")
+        rids = [r.get_attribute("data-request") for r in (first, second)]
+        held = {rid: pool["tables"].get(rid) for rid in rids}
+        shared = [b for b in pool["blocks"] if b["ref"] > 1 or set(b["owners"]) & set(rids)]
+        raise AssertionError(f"no block with ref 2 in the page's pool at step {pool['step']}: tables {held}, "
+                             f"their blocks {shared[:12]}, totals {[pool[k] for k in ('num_free', 'prefix_hits')]}")
     shared = widget.evaluate("el => el.exportData().pool.blocks.filter(b => b.ref === 2).length")
     assert shared * int(widget.evaluate("el => el.exportData().pool.block_size")) == cached[1]
     widget.scroll_into_view_if_needed()
